@@ -1,0 +1,36 @@
+"""Backend registry: one module per backend, looked up by `AttentionBackendEnum`."""
+import importlib
+
+from mmenc.attention.backend_enum import AttentionBackendEnum
+from mmenc.attention.backends.base import AttentionBackend
+
+_MODULES: dict[AttentionBackendEnum, str] = {
+    AttentionBackendEnum.NAIVE: "naive:NaiveBackend",
+    AttentionBackendEnum.TORCH_SDPA: "sdpa:TorchSDPABackend",
+    AttentionBackendEnum.TORCH_VARLEN: "torch_varlen:TorchVarlenBackend",
+    AttentionBackendEnum.FLEX_ATTENTION: "flex:FlexAttentionBackend",
+    AttentionBackendEnum.FLASH_ATTN: "flash_attn:FlashAttnBackend",
+    AttentionBackendEnum.XFORMERS: "xformers:XFormersBackend",
+    AttentionBackendEnum.ROCM_AITER_FA: "rocm_aiter:AiterBackend",
+    AttentionBackendEnum.PALLAS: "pallas:PallasBackend",
+}
+
+
+def registered_backends() -> list[AttentionBackendEnum]:
+    return [b for b in AttentionBackendEnum if b in _MODULES]
+
+
+def register_backend(backend: AttentionBackendEnum, target: str) -> None:
+    """Register `target` ("module.path:Class", or a name relative to this package) for `backend`."""
+    _MODULES[backend] = target
+
+
+def get_backend_class(backend: AttentionBackendEnum) -> type[AttentionBackend]:
+    target = _MODULES.get(backend)
+    if target is None:
+        raise ValueError(f"attention backend {backend.name} is not registered in this build of mmenc; "
+                         f"registered: {', '.join(b.name for b in registered_backends())}")
+    module, _, cls = target.partition(":")
+    if "." not in module:
+        module = f"{__name__}.{module}"
+    return getattr(importlib.import_module(module), cls)

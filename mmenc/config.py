@@ -1,0 +1,48 @@
+"""Typed, validated configuration."""
+import dataclasses
+import hashlib
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from mmenc.attention.backend_enum import AttentionBackendEnum
+
+TPMode = Literal["weights", "data"]
+_TP_MODE_ALIASES = {"weights": "weights", "weight": "weights", "data": "data"}
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiModalConfig:
+    """How the vision encoder runs.
+
+    mm_encoder_attn_backend: a backend name (any case) or AttentionBackendEnum member; None lets
+        the platform choose. Stored as the enum member after validation.
+    mm_encoder_tp_mode: "weights" shards the tower across tensor-parallel ranks ("weight" is an
+        alias); "data" keeps a full replica per rank and splits the images.
+    custom_ops: which CustomOps use their platform forward: ("all",) or ("none",) followed by
+        "+name" / "-name" entries (e.g. ("all", "-mm_encoder_attn")); a disabled op runs
+        forward_native. A comma-separated string is accepted.
+    """
+
+    mm_encoder_attn_backend: "AttentionBackendEnum | str | None" = None
+    mm_encoder_tp_mode: TPMode = "weights"
+    custom_ops: tuple[str, ...] = ("all",)
+
+    def __post_init__(self):
+        from mmenc.attention.backend_enum import AttentionBackendEnum
+        from mmenc.custom_op import parse_custom_ops
+
+        if self.mm_encoder_attn_backend is not None:
+            backend = AttentionBackendEnum.from_name(self.mm_encoder_attn_backend)
+            object.__setattr__(self, "mm_encoder_attn_backend", backend)
+        mode = self.mm_encoder_tp_mode
+        if not isinstance(mode, str) or mode.lower() not in _TP_MODE_ALIASES:
+            raise ValueError(f"mm_encoder_tp_mode={mode!r} is not valid; expected 'weights' or 'data' "
+                             f"('weight' is accepted for 'weights')")
+        object.__setattr__(self, "mm_encoder_tp_mode", _TP_MODE_ALIASES[mode.lower()])
+        object.__setattr__(self, "custom_ops", parse_custom_ops(self.custom_ops))
+
+    def compute_hash(self) -> str:
+        """A digest of every field that changes the computation (compile caches key on it)."""
+        backend = self.mm_encoder_attn_backend
+        fields = [backend.name if backend is not None else "auto", self.mm_encoder_tp_mode, ",".join(self.custom_ops)]
+        return hashlib.sha256("|".join(fields).encode()).hexdigest()[:16]

@@ -1,0 +1,112 @@
+"""CustomOp: a module whose forward is chosen once, at construction, for the current platform.
+
+Subclasses implement `forward_native` (plain PyTorch) and may override `forward_cuda`,
+`forward_hip`, `forward_cpu`, `forward_xpu`, `forward_tpu` or `forward_oot`; each defaults to
+`forward_native`. A device plugin replaces a whole class with `@CustomOp.register_oot(name=...)`.
+Which ops are enabled follows a `custom_ops` setting: ("all",) or ("none",), then "+name" /
+"-name" entries; a disabled op runs `forward_native`.
+"""
+from collections.abc import Sequence
+
+import torch.nn as nn
+
+from mmenc.logger import init_logger
+
+logger = init_logger(__name__)
+
+_REGISTRY: dict[str, type["CustomOp"]] = {}
+_OOT_REGISTRY: dict[str, type] = {}
+
+
+def parse_custom_ops(spec: Sequence[str]) -> tuple[str, ...]:
+    """Validate a custom_ops setting; returns it as a tuple. Raises ValueError naming a bad entry."""
+    if isinstance(spec, str):
+        spec = tuple(s for s in spec.split(",") if s)
+    spec = tuple(s.strip() for s in spec)
+    for item in spec:
+        if item not in ("all", "none") and not (len(item) > 1 and item[0] in "+-"):
+            raise ValueError(f"custom_ops entry {item!r} is not valid; expected 'all', 'none', '+name' or '-name'")
+    return spec
+
+
+def op_enabled(name: str, custom_ops: Sequence[str]) -> bool:
+    """Whether op `name` is enabled under `custom_ops` (default all); later entries win."""
+    enabled = True
+    for item in custom_ops:
+        if item in ("all", "none"):
+            enabled = item == "all"
+        elif item[1:] == name:
+            enabled = item[0] == "+"
+    return enabled
+
+
+class CustomOp(nn.Module):
+    name: str = ""  # set by @CustomOp.register
+
+    def __new__(cls, *args, **kwargs):
+        oot = _OOT_REGISTRY.get(cls.name) or _OOT_REGISTRY.get(cls.__name__)
+        if oot is not None and not issubclass(cls, oot):
+            obj = super().__new__(oot)
+            if not isinstance(obj, cls):  # Python calls __init__ only on instances of cls
+                obj.__init__(*args, **kwargs)
+            return obj
+        return super().__new__(cls)
+
+    def __init__(self, custom_ops: Sequence[str] = ("all",)):
+        super().__init__()
+        from mmenc.platforms import current_platform
+
+        if op_enabled(self.name, custom_ops):
+            self._forward_method = getattr(self, f"forward_{current_platform.custom_op_key}")
+        else:
+            self._forward_method = self.forward_native
+
+    def forward(self, *args, **kwargs):
+        return self._forward_method(*args, **kwargs)
+
+    def forward_native(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def forward_cuda(self, *args, **kwargs):
+        return self.forward_native(*args, **kwargs)
+
+    def forward_hip(self, *args, **kwargs):
+        return self.forward_cuda(*args, **kwargs)
+
+    def forward_cpu(self, *args, **kwargs):
+        return self.forward_native(*args, **kwargs)
+
+    def forward_xpu(self, *args, **kwargs):
+        return self.forward_native(*args, **kwargs)
+
+    def forward_tpu(self, *args, **kwargs):
+        return self.forward_native(*args, **kwargs)
+
+    def forward_oot(self, *args, **kwargs):
+        return self.forward_native(*args, **kwargs)
+
+    @classmethod
+    def register(cls, name: str):
+        """Class decorator: register a CustomOp subclass under `name`."""
+        def decorator(op_cls):
+            if name in _REGISTRY and _REGISTRY[name] is not op_cls:
+                raise ValueError(f"custom op {name!r} is already registered by {_REGISTRY[name].__qualname__}")
+            op_cls.name = name
+            _REGISTRY[name] = op_cls
+            return op_cls
+        return decorator
+
+    @classmethod
+    def register_oot(cls, _decorated=None, *, name: str | None = None):
+        """Class decorator for device plugins: constructing the op registered as `name` (its
+        registered name or class name) returns an instance of the decorated class instead."""
+        def decorator(oot_cls):
+            key = name or oot_cls.__name__
+            _OOT_REGISTRY[key] = oot_cls
+            logger.info("custom op %s replaced by out-of-tree %s", key, oot_cls.__qualname__)
+            return oot_cls
+        return decorator(_decorated) if _decorated is not None else decorator
+
+    @staticmethod
+    def registered() -> dict[str, type["CustomOp"]]:
+        return dict(_REGISTRY)

@@ -1,0 +1,33 @@
+"""Tensor-parallel state: which rank this process is and the group it shards the tower over.
+
+With no group set (one process) the size is 1 and the collectives are no-ops.
+"""
+import torch
+import torch.distributed as dist
+
+_TP_GROUP: "dist.ProcessGroup | None" = None
+
+
+def set_tp_group(group: "dist.ProcessGroup | None") -> None:
+    """Set the group the tower's weights are sharded over (None: unsharded)."""
+    global _TP_GROUP
+    _TP_GROUP = group
+
+
+def get_tp_group() -> "dist.ProcessGroup | None":
+    return _TP_GROUP
+
+
+def get_tp_size() -> int:
+    return 1 if _TP_GROUP is None else dist.get_world_size(_TP_GROUP)
+
+
+def get_tp_rank() -> int:
+    return 0 if _TP_GROUP is None else dist.get_rank(_TP_GROUP)
+
+
+def tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    """Sum `x` over the tensor-parallel group, in place; returns it."""
+    if get_tp_size() > 1:
+        dist.all_reduce(x, group=_TP_GROUP)
+    return x

@@ -1,0 +1,54 @@
+"""What every vision tower exposes, and how a tower family is registered.
+
+A tower is an nn.Module built from a typed config:
+    Tower(config, multimodal_config=None, device=None, dtype=None)
+    forward(pixel_values [T, C*tp*p*p] float, grid_thw int64 [N, 3] on CPU) -> TowerOutput
+    load_weights(weights: Iterable[(name, tensor)]) -> set of loaded parameter names
+Tensor names in `load_weights` are the checkpoint's, with the family's tower prefix removed.
+Model files name no platform and no backend: MMEncoderAttention decides.
+"""
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+import torch
+
+
+@dataclasses.dataclass
+class TowerOutput:
+    """embeddings [tokens, out_hidden] in image order; `extras` holds a family's further outputs
+    (Qwen3-VL's deepstack features: "deepstack" -> list of [tokens, out_hidden]), same token order."""
+
+    embeddings: torch.Tensor
+    extras: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class VisionTower(Protocol):
+    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput: ...
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]: ...
+
+    def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
+        """Embedding rows each image yields (after merging)."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """A tower family as the registry knows it.
+
+    architectures: checkpoint `architectures` strings this family serves.
+    tower_cls: the tower nn.Module class.
+    config_from_hf: full config.json dict -> the tower's typed config.
+    weight_prefixes: checkpoint name prefixes of the tower's tensors, tried in order
+        (e.g. "model.visual.", "visual."); stripped before load_weights.
+    processor_from_hf: preprocessor_config.json dict (or {} for defaults) -> image processor.
+    builtin_configs: name -> full config.json dict, for load_format="dummy" with no files.
+    """
+
+    architectures: tuple[str, ...]
+    tower_cls: type
+    config_from_hf: Callable[[Mapping[str, Any]], Any]
+    weight_prefixes: tuple[str, ...]
+    processor_from_hf: Callable[[Mapping[str, Any]], Any]
+    builtin_configs: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)

@@ -1,0 +1,113 @@
+"""Platform: the one place that chooses an encoder-attention backend, and explains the choice."""
+import dataclasses
+from typing import ClassVar
+
+import torch
+
+from mmenc.attention.backend_enum import AttentionBackendEnum
+from mmenc.logger import init_logger, log_once
+from mmenc.platforms.device_info import DeviceInfo
+
+logger = init_logger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendReport:
+    """One row of `explain_vit_attn_backends`: could `backend` run, and why not."""
+
+    backend: AttentionBackendEnum
+    installed: bool
+    version: str | None
+    reasons: tuple[str, ...]
+    in_priority: bool
+
+    @property
+    def usable(self) -> bool:
+        return not self.reasons
+
+
+class Platform:
+    name: ClassVar[str] = "unknown"
+    device_type: ClassVar[str] = "cpu"
+    # Which CustomOp.forward_<key> runs on this platform.
+    custom_op_key: ClassVar[str] = "native"
+
+    def __init__(self, device_info: DeviceInfo | None = None):
+        """`device_info` overrides what is read from the hardware (tests simulate devices with it)."""
+        self._device_info = device_info
+
+    def device_info(self) -> DeviceInfo:
+        if self._device_info is None:
+            self._device_info = self._detect_device_info()
+        return self._device_info
+
+    def _detect_device_info(self) -> DeviceInfo:
+        return DeviceInfo(type=self.device_type, vendor=self.name)
+
+    def vit_attn_priority(self, dtype: torch.dtype) -> list[AttentionBackendEnum]:
+        """This platform's encoder-attention backends, best first."""
+        raise NotImplementedError
+
+    def get_supported_vit_attn_backends(self) -> list[AttentionBackendEnum]:
+        """Every backend this platform may select, best first (for any dtype)."""
+        seen: list[AttentionBackendEnum] = []
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            seen += [b for b in self.vit_attn_priority(dtype) if b not in seen]
+        return seen
+
+    def backend_reasons(self, backend: AttentionBackendEnum, head_size: int, dtype: torch.dtype) -> list[str]:
+        from mmenc.attention.backends import get_backend_class
+
+        reasons = []
+        if backend not in self.get_supported_vit_attn_backends():
+            reasons.append(f"not offered by the {self.name} platform")
+        return reasons + get_backend_class(backend).unsupported_reasons(head_size, dtype, self.device_info())
+
+    def get_vit_attn_backend(self, head_size: int, dtype: torch.dtype,
+                             backend: AttentionBackendEnum | str | None = None) -> AttentionBackendEnum:
+        """The backend for (head_size, dtype) here. An explicit `backend` is checked and returned
+        or rejected with ValueError; it is never replaced by another."""
+        if backend is not None:
+            backend = AttentionBackendEnum.from_name(backend)
+            reasons = self.backend_reasons(backend, head_size, dtype)
+            if reasons:
+                usable = [b.name for b in self._usable(head_size, dtype)]
+                raise ValueError(
+                    f"attention backend {backend.name} cannot run head_size={head_size}, "
+                    f"dtype={_dtype_name(dtype)} on {self.device_info().describe()}: {'; '.join(reasons)}. "
+                    f"Usable here: {', '.join(usable) or 'none'}")
+            log_once(logger, f"encoder attention: {backend.name} (requested) for head_size={head_size}, "
+                             f"dtype={_dtype_name(dtype)}")
+            return backend
+        rejected = []
+        for candidate in self.vit_attn_priority(dtype):
+            reasons = self.backend_reasons(candidate, head_size, dtype)
+            if not reasons:
+                why = f"first usable in the {self.name} priority list"
+                if rejected:
+                    why += " (" + "; ".join(rejected) + ")"
+                log_once(logger, f"encoder attention: {candidate.name} for head_size={head_size}, "
+                                 f"dtype={_dtype_name(dtype)}: {why}")
+                return candidate
+            rejected.append(f"{candidate.name}: {', '.join(reasons)}")
+        raise ValueError(f"no encoder-attention backend can run head_size={head_size}, dtype={_dtype_name(dtype)} "
+                         f"on {self.device_info().describe()}: " + "; ".join(rejected))
+
+    def _usable(self, head_size: int, dtype: torch.dtype) -> list[AttentionBackendEnum]:
+        return [b for b in self.vit_attn_priority(dtype) if not self.backend_reasons(b, head_size, dtype)]
+
+    def explain_vit_attn_backends(self, head_size: int, dtype: torch.dtype) -> list[BackendReport]:
+        """A report for every registered backend: installed, version, reasons it cannot run here."""
+        from mmenc.attention.backends import get_backend_class, registered_backends
+
+        offered = self.get_supported_vit_attn_backends()
+        rows = []
+        for backend in registered_backends():
+            cls = get_backend_class(backend)
+            rows.append(BackendReport(backend, cls.is_installed(), cls.version() if cls.is_installed() else None,
+                                      tuple(self.backend_reasons(backend, head_size, dtype)), backend in offered))
+        return rows
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
