@@ -21,7 +21,10 @@ _OOT_REGISTRY: dict[str, type] = {}
 def parse_custom_ops(spec: Sequence[str]) -> tuple[str, ...]:
     """Validate a custom_ops setting; returns it as a tuple. Raises ValueError naming a bad entry."""
     if isinstance(spec, str):
-        spec = tuple(s for s in spec.split(",") if s)
+        spec = tuple(s for s in spec.split(",") if s.strip())
+    for item in spec:
+        if not isinstance(item, str):
+            raise ValueError(f"custom_ops entry {item!r} is not a string; expected 'all', 'none', '+name' or '-name'")
     spec = tuple(s.strip() for s in spec)
     for item in spec:
         if item not in ("all", "none") and not (len(item) > 1 and item[0] in "+-"):
