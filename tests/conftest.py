@@ -1,0 +1,59 @@
+"""Shared fixtures: platform replacement that is always undone, and log capture for mmenc's logger."""
+import logging
+
+import pytest
+
+import mmenc.platforms as platforms
+from mmenc.logger import log_once
+from mmenc.platforms import Platform
+
+
+@pytest.fixture(autouse=True)
+def _restore_platform():
+    """Whatever a test does with `set_current_platform`, the next test sees the platform from before."""
+    before = platforms._current
+    yield
+    platforms.set_current_platform(before)
+
+
+@pytest.fixture
+def use_platform():
+    """use_platform(platform) makes `platform` the current one for this test; returns it."""
+    def use(platform: Platform) -> Platform:
+        platforms.set_current_platform(platform)
+        return platform
+    return use
+
+
+@pytest.fixture
+def fake_platform_cls():
+    """fake_platform_cls(custom_op_key, priority=(...)) -> a Platform subclass for a simulated CPU-like device."""
+    from mmenc.attention.backend_enum import AttentionBackendEnum as B
+    from mmenc.platforms.device_info import DeviceInfo
+
+    def make(custom_op_key: str = "native", priority=(B.TORCH_SDPA, B.NAIVE), name: str = "fake"):
+        class FakePlatform(Platform):
+            device_type = "cpu"
+
+            def _detect_device_info(self):
+                return DeviceInfo(type="cpu", vendor=name)
+
+            def vit_attn_priority(self, dtype):
+                return list(priority)
+
+        FakePlatform.name = name
+        FakePlatform.custom_op_key = custom_op_key
+        return FakePlatform
+    return make
+
+
+@pytest.fixture
+def mmenc_caplog(caplog, monkeypatch):
+    """caplog that sees mmenc's records (its logger does not propagate) with log_once's memory emptied."""
+    monkeypatch.setattr(logging.getLogger("mmenc"), "propagate", True)
+    seen = log_once.__defaults__[0]
+    saved = set(seen)
+    seen.clear()
+    caplog.set_level(logging.INFO, logger="mmenc")
+    yield caplog
+    seen.update(saved)
