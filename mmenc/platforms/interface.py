@@ -56,11 +56,13 @@ class Platform:
         return seen
 
     def backend_reasons(self, backend: AttentionBackendEnum, head_size: int, dtype: torch.dtype) -> list[str]:
-        from mmenc.attention.backends import get_backend_class
+        from mmenc.attention.backends import get_backend_class, registered_backends
 
         reasons = []
         if backend not in self.get_supported_vit_attn_backends():
             reasons.append(f"not offered by the {self.name} platform")
+        if backend not in registered_backends():  # a priority list may name a backend this build lacks
+            return reasons + ["not registered in this build of mmenc"]
         return reasons + get_backend_class(backend).unsupported_reasons(head_size, dtype, self.device_info())
 
     def get_vit_attn_backend(self, head_size: int, dtype: torch.dtype,
