@@ -1,5 +1,6 @@
 """Backend registry: one module per backend, looked up by `AttentionBackendEnum`."""
 import importlib
+import importlib.util
 
 from mmenc.attention.backend_enum import AttentionBackendEnum
 from mmenc.attention.backends.base import AttentionBackend
@@ -31,6 +32,6 @@ def get_backend_class(backend: AttentionBackendEnum) -> type[AttentionBackend]:
         raise ValueError(f"attention backend {backend.name} is not registered in this build of mmenc; "
                          f"registered: {', '.join(b.name for b in registered_backends())}")
     module, _, cls = target.partition(":")
-    if "." not in module:
-        module = f"{__name__}.{module}"
+    if "." not in module and importlib.util.find_spec(f"{__name__}.{module}") is not None:
+        module = f"{__name__}.{module}"  # a file of this package; else a top-level module (a plugin's)
     return getattr(importlib.import_module(module), cls)
