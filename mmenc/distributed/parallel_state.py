@@ -31,3 +31,12 @@ def tp_all_reduce(x: torch.Tensor) -> torch.Tensor:
     if get_tp_size() > 1:
         dist.all_reduce(x, group=_TP_GROUP)
     return x
+
+
+def tp_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Concatenate every rank's `x` (same shape on each) along `dim`, in rank order."""
+    if get_tp_size() == 1:
+        return x
+    parts = [torch.empty_like(x) for _ in range(get_tp_size())]
+    dist.all_gather(parts, x.contiguous(), group=_TP_GROUP)
+    return torch.cat(parts, dim=dim)

@@ -1,14 +1,19 @@
 """Linear layers that shard over the tensor-parallel group, each parameter with its weight loader.
 
 Every parameter carries `weight_loader(param, loaded, shard_id=None)`, which copies this rank's
-slice of a full checkpoint tensor, so a rank never materialises the unsharded weight on device.
-With tp_size 1 (or `tp_size=1` passed, as in data mode) they are plain linears.
+slice of a full checkpoint tensor: the loader only takes views (`narrow`, `split`) of `loaded` and
+copies the slice into the parameter, so a rank never materialises the unsharded weight on device
+(`loaded` may be a memory-mapped CPU tensor; only this rank's rows are read).
+With tp_size 1 (no group set, or `tp_size=1` passed, as in data mode) they are plain linears.
 
   ReplicatedLinear       y = x W^T + b, full weight on every rank
-  ColumnParallelLinear   output features split; y is this rank's slice (gather_output=False)
+  ColumnParallelLinear   output features split; y is this rank's slice (or gathered: gather_output)
   RowParallelLinear      input features split; partial products summed with an all-reduce
   MergedColumnParallelLinear   several column-parallel outputs stacked in one matmul (gate, up)
-  QKVParallelLinear      q, k, v stacked; each rank holds its heads of each
+  QKVParallelLinear      q, k, v stacked; each rank holds its heads of each (kv heads replicated
+                         when there are fewer of them than ranks)
+
+Shapes: x [..., in_features] -> y [..., out] with `out` this rank's share for the column layers.
 """
 from collections.abc import Sequence
 
@@ -16,18 +21,31 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmenc.distributed.parallel_state import get_tp_rank, get_tp_size, tp_all_reduce
+from mmenc.distributed.parallel_state import get_tp_rank, get_tp_size, tp_all_gather, tp_all_reduce
 
 
 def _divide(n: int, d: int, what: str) -> int:
     if n % d:
-        raise ValueError(f"{what}={n} is not divisible by the tensor-parallel size {d}")
+        raise ValueError(f"{what}={n} is not divisible by the tensor-parallel size {d}; "
+                         f"use a tensor-parallel size that divides it, or mm_encoder_tp_mode='data'")
     return n // d
 
 
 def _check_shape(param: torch.Tensor, loaded: torch.Tensor, name: str = "") -> None:
     if tuple(param.shape) != tuple(loaded.shape):
         raise ValueError(f"weight {name or 'tensor'} has shape {tuple(loaded.shape)}; expected {tuple(param.shape)}")
+
+
+def _resolve_tp(tp_size: int | None) -> tuple[int, int]:
+    """(tp_size, tp_rank): None means the current group; an explicit size > 1 must match it."""
+    group_size = get_tp_size()
+    tp = group_size if tp_size is None else tp_size
+    if tp < 1:
+        raise ValueError(f"tp_size={tp} must be >= 1")
+    if tp > 1 and tp != group_size:
+        raise ValueError(f"tp_size={tp} but the tensor-parallel group has size {group_size}; "
+                         f"call mmenc.distributed.parallel_state.set_tp_group first (or pass tp_size=1)")
+    return tp, (get_tp_rank() if tp > 1 else 0)
 
 
 def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
@@ -37,11 +55,13 @@ def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id=No
 
 
 class _LinearBase(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool, tp_size: int | None,
-                 device=None, dtype=None):
+    """A linear over this rank's [out_features, in_features] weight; `tp_size`/`tp_rank` already resolved."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, tp: tuple[int, int],
+                 prefix: str = "", device=None, dtype=None):
         super().__init__()
-        self.tp_size = get_tp_size() if tp_size is None else tp_size
-        self.tp_rank = get_tp_rank() if self.tp_size > 1 else 0
+        self.tp_size, self.tp_rank = tp
+        self.prefix = prefix
         self.weight = nn.Parameter(torch.empty(out_features, in_features, device=device, dtype=dtype),
                                    requires_grad=False)
         self.bias = (nn.Parameter(torch.empty(out_features, device=device, dtype=dtype), requires_grad=False)
@@ -50,73 +70,126 @@ class _LinearBase(nn.Module):
             p.weight_loader = self.weight_loader
 
     def weight_loader(self, param, loaded, shard_id=None):
-        default_weight_loader(param, loaded)
+        _check_shape(param, loaded, self._pname(param))
+        param.data.copy_(loaded)
+
+    def _pname(self, param) -> str:
+        which = "bias" if param is self.bias else "weight"
+        return f"{self.prefix}.{which}" if self.prefix else which
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
+    def extra_repr(self) -> str:
+        out, inp = self.weight.shape
+        return f"in_features={inp}, out_features={out} (per rank), bias={self.bias is not None}, tp={self.tp_size}"
+
 
 class ReplicatedLinear(_LinearBase):
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
-        super().__init__(in_features, out_features, bias, 1, device, dtype)
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, prefix: str = "",
+                 device=None, dtype=None):
+        super().__init__(in_features, out_features, bias, (1, 0), prefix, device, dtype)
 
 
 class ColumnParallelLinear(_LinearBase):
-    """Splits the output features; returns this rank's [.., out_features / tp] slice."""
+    """Splits the output features; returns this rank's [.., out_features / tp] slice, or the full
+    [.., out_features] with `gather_output=True` (an all-gather)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, tp_size: int | None = None,
-                 device=None, dtype=None):
-        tp = get_tp_size() if tp_size is None else tp_size
-        self.out_per_rank = _divide(out_features, tp, "out_features")
-        super().__init__(in_features, self.out_per_rank, bias, tp, device, dtype)
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, gather_output: bool = False,
+                 tp_size: int | None = None, prefix: str = "", device=None, dtype=None):
+        tp = _resolve_tp(tp_size)
+        self.out_per_rank = _divide(out_features, tp[0], f"{prefix or 'ColumnParallelLinear'}: out_features")
+        super().__init__(in_features, self.out_per_rank, bias, tp, prefix, device, dtype)
+        self.gather_output = gather_output
 
     def weight_loader(self, param, loaded, shard_id=None):
         n = self.out_per_rank
-        default_weight_loader(param, loaded.narrow(0, self.tp_rank * n, n))
+        super().weight_loader(param, loaded.narrow(0, self.tp_rank * n, n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        return tp_all_gather(y, dim=-1) if self.gather_output and self.tp_size > 1 else y
 
 
 class MergedColumnParallelLinear(_LinearBase):
-    """Several column-parallel projections of the same input in one matmul.
+    """Several column-parallel projections of the same input in one matmul; this rank's output is
+    [its slice of projection 0 | its slice of projection 1 | ...].
     Checkpoint tensors load by index: `weight_loader(param, loaded, shard_id=i)`."""
 
     def __init__(self, in_features: int, output_sizes: Sequence[int], bias: bool = True,
-                 tp_size: int | None = None, device=None, dtype=None):
-        tp = get_tp_size() if tp_size is None else tp_size
-        self.sizes_per_rank = [_divide(n, tp, "output size") for n in output_sizes]
-        super().__init__(in_features, sum(self.sizes_per_rank), bias, tp, device, dtype)
+                 tp_size: int | None = None, prefix: str = "", device=None, dtype=None):
+        tp = _resolve_tp(tp_size)
+        self.full_sizes = list(output_sizes)
+        # this rank's rows of each projection, and which slice (index into the projection) they are
+        self.sizes_per_rank, self.shard_index = self._plan(self.full_sizes, *tp, prefix or type(self).__name__)
+        super().__init__(in_features, sum(self.sizes_per_rank), bias, tp, prefix, device, dtype)
+
+    def _plan(self, full_sizes: list[int], tp: int, rank: int, name: str) -> tuple[list[int], list[int]]:
+        return [_divide(n, tp, f"{name}: output size") for n in full_sizes], [rank] * len(full_sizes)
+
+    def _shard_id(self, shard_id) -> int:
+        if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.sizes_per_rank):
+            raise ValueError(f"{self.prefix or type(self).__name__}: shard_id={shard_id!r} is not valid; expected an "
+                             f"index 0..{len(self.sizes_per_rank) - 1} of the merged projections")
+        return shard_id
 
     def weight_loader(self, param, loaded, shard_id=None):
         if shard_id is None:
-            raise ValueError("MergedColumnParallelLinear needs shard_id (the index of the merged projection)")
-        n = self.sizes_per_rank[shard_id]
-        offset = sum(self.sizes_per_rank[:shard_id])
+            raise ValueError(f"{self.prefix or 'MergedColumnParallelLinear'}: weight_loader needs shard_id "
+                             f"(the index of the merged projection)")
+        i = self._shard_id(shard_id)
+        if loaded.shape[0] != self.full_sizes[i]:
+            raise ValueError(f"{self._pname(param)} shard {shard_id!r} has {loaded.shape[0]} rows; "
+                             f"expected {self.full_sizes[i]}")
+        n, offset = self.sizes_per_rank[i], sum(self.sizes_per_rank[:i])
         target = param.data.narrow(0, offset, n)
-        piece = loaded.narrow(0, self.tp_rank * n, n)
-        _check_shape(target, piece)
+        piece = loaded.narrow(0, self.shard_index[i] * n, n)  # a view: only this rank's rows are read
+        _check_shape(target, piece, self._pname(param))
         target.copy_(piece)
 
 
 class QKVParallelLinear(MergedColumnParallelLinear):
     """q, k, v projections stacked: [q heads | k heads | v heads], each split over ranks by heads.
-    Loads a fused checkpoint tensor (shard_id=None, rows q|k|v) or separate ones ("q", "k", "v")."""
+    Loads a fused checkpoint tensor (shard_id=None, rows q|k|v) or separate ones ("q", "k", "v").
+    With fewer kv heads than ranks (tp % num_kv_heads == 0) each kv head is replicated on
+    tp / num_kv_heads ranks. Per-rank head counts: `num_heads_per_rank`, `num_kv_heads_per_rank`."""
 
     def __init__(self, hidden_size: int, head_size: int, num_heads: int, num_kv_heads: int | None = None,
-                 bias: bool = True, tp_size: int | None = None, device=None, dtype=None):
+                 bias: bool = True, tp_size: int | None = None, prefix: str = "", device=None, dtype=None):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        tp = get_tp_size() if tp_size is None else tp_size
-        _divide(num_heads, tp, "num_heads")
-        _divide(num_kv_heads, tp, "num_kv_heads")
-        self.full_sizes = [num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size]
-        super().__init__(hidden_size, self.full_sizes, bias, tp, device, dtype)
+        tp, _ = _resolve_tp(tp_size)
+        name = prefix or "QKVParallelLinear"
+        self.num_heads_per_rank = _divide(num_heads, tp, f"{name}: num_heads")
+        if num_kv_heads >= tp:
+            self.num_kv_heads_per_rank = _divide(num_kv_heads, tp, f"{name}: num_kv_heads")
+        elif tp % num_kv_heads:
+            raise ValueError(f"{name}: num_kv_heads={num_kv_heads} is fewer than the tensor-parallel size {tp} "
+                             f"and does not divide it; expected tp to be a multiple of num_kv_heads")
+        else:
+            self.num_kv_heads_per_rank = 1
+        self.head_size, self.num_heads, self.num_kv_heads = head_size, num_heads, num_kv_heads
+        sizes = [num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size]
+        super().__init__(hidden_size, sizes, bias, tp_size, prefix, device, dtype)
+
+    def _plan(self, full_sizes, tp, rank, name):
+        # kv heads shared by tp / num_kv_heads ranks when there are fewer of them than ranks
+        kv_index = rank if self.num_kv_heads >= tp else rank // (tp // self.num_kv_heads)
+        q, kv = self.num_heads_per_rank * self.head_size, self.num_kv_heads_per_rank * self.head_size
+        return [q, kv, kv], [rank, kv_index, kv_index]
 
     def weight_loader(self, param, loaded, shard_id=None):
         if shard_id is None:  # fused q|k|v rows
             if loaded.shape[0] != sum(self.full_sizes):
-                raise ValueError(f"fused qkv weight has {loaded.shape[0]} rows; expected {sum(self.full_sizes)}")
-            for i, piece in enumerate(loaded.split(self.full_sizes, dim=0)):
+                raise ValueError(f"{self._pname(param)}: fused qkv tensor has {loaded.shape[0]} rows; "
+                                 f"expected {sum(self.full_sizes)} (q {self.full_sizes[0]} + k {self.full_sizes[1]} "
+                                 f"+ v {self.full_sizes[2]})")
+            for i, piece in enumerate(loaded.split(self.full_sizes, dim=0)):  # views
                 super().weight_loader(param, piece, i)
-        else:
-            super().weight_loader(param, loaded, {"q": 0, "k": 1, "v": 2}.get(shard_id, shard_id))
+            return
+        if shard_id not in ("q", "k", "v", 0, 1, 2):
+            raise ValueError(f"{self._pname(param)}: shard_id={shard_id!r} is not valid; expected 'q', 'k', 'v' "
+                             f"or None (fused q|k|v)")
+        super().weight_loader(param, loaded, {"q": 0, "k": 1, "v": 2}.get(shard_id, shard_id))
 
 
 class RowParallelLinear(_LinearBase):
@@ -124,17 +197,17 @@ class RowParallelLinear(_LinearBase):
     The input is this rank's slice (as a ColumnParallelLinear produces); the bias is added once."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, tp_size: int | None = None,
-                 device=None, dtype=None):
-        tp = get_tp_size() if tp_size is None else tp_size
-        self.in_per_rank = _divide(in_features, tp, "in_features")
-        super().__init__(self.in_per_rank, out_features, bias, tp, device, dtype)
+                 prefix: str = "", device=None, dtype=None):
+        tp = _resolve_tp(tp_size)
+        self.in_per_rank = _divide(in_features, tp[0], f"{prefix or 'RowParallelLinear'}: in_features")
+        super().__init__(self.in_per_rank, out_features, bias, tp, prefix, device, dtype)
 
     def weight_loader(self, param, loaded, shard_id=None):
         if param is self.bias:
-            default_weight_loader(param, loaded)
+            super().weight_loader(param, loaded)
         else:
             n = self.in_per_rank
-            default_weight_loader(param, loaded.narrow(1, self.tp_rank * n, n))
+            super().weight_loader(param, loaded.narrow(1, self.tp_rank * n, n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
