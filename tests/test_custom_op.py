@@ -1,0 +1,181 @@
+"""CustomOp: per-platform dispatch fixed at construction, custom_ops switches, register / register_oot."""
+import pytest
+import torch
+import torch.nn as nn
+
+import mmenc.custom_op as custom_op
+from mmenc.attention.backend_enum import AttentionBackendEnum as B
+from mmenc.attention.backends import get_backend_class
+from mmenc.attention.layer import MMEncoderAttention
+from mmenc.config import MultiModalConfig
+from mmenc.custom_op import CustomOp, op_enabled
+
+OP_NAME = "test_dispatch_op"
+
+
+@pytest.fixture
+def op_cls():
+    """A registered op whose every forward says which one ran (forward_hip inherits forward_cuda)."""
+    class Probe(CustomOp):
+        def forward_native(self):
+            return "native"
+
+        def forward_cuda(self):
+            return "cuda"
+
+        def forward_cpu(self):
+            return "cpu"
+
+        def forward_xpu(self):
+            return "xpu"
+
+        def forward_tpu(self):
+            return "tpu"
+
+        def forward_oot(self):
+            return "oot"
+
+    CustomOp.register(OP_NAME)(Probe)
+    yield Probe
+    custom_op._REGISTRY.pop(OP_NAME, None)
+
+
+@pytest.fixture
+def clean_oot():
+    """Undo every register_oot made during the test."""
+    before = dict(custom_op._OOT_REGISTRY)
+    yield
+    custom_op._OOT_REGISTRY.clear()
+    custom_op._OOT_REGISTRY.update(before)
+
+
+@pytest.mark.parametrize("key, expected", [
+    ("cuda", "cuda"), ("hip", "cuda"), ("cpu", "cpu"), ("xpu", "xpu"), ("tpu", "tpu"), ("oot", "oot"),
+    ("native", "native"),
+])
+def test_dispatch_by_platform_key(op_cls, use_platform, fake_platform_cls, key, expected):
+    use_platform(fake_platform_cls(key)())
+    assert op_cls()() == expected
+
+
+def test_dispatch_fixed_at_construction(op_cls, use_platform, fake_platform_cls):
+    use_platform(fake_platform_cls("cuda")())
+    op = op_cls()
+    use_platform(fake_platform_cls("cpu")())
+    assert op() == "cuda"
+    assert op_cls()() == "cpu"
+
+
+def test_unimplemented_platform_forward_falls_back_to_native(use_platform, fake_platform_cls):
+    class OnlyNative(CustomOp):
+        def forward_native(self, x):
+            return x + 1
+
+    for key in ("cuda", "hip", "cpu", "xpu", "tpu", "oot"):
+        use_platform(fake_platform_cls(key)())
+        assert OnlyNative()(1) == 2, key
+
+
+@pytest.mark.parametrize("custom_ops, enabled", [
+    (("all",), True),
+    (("none",), False),
+    ((), True),
+    (("none", f"+{OP_NAME}"), True),
+    (("all", f"-{OP_NAME}"), False),
+    (("all", "-other_op"), True),
+    (("none", "+other_op"), False),
+    ((f"-{OP_NAME}", f"+{OP_NAME}"), True),   # later entries win
+    ((f"+{OP_NAME}", "none"), False),
+])
+def test_custom_ops_semantics(op_cls, use_platform, fake_platform_cls, custom_ops, enabled):
+    assert op_enabled(OP_NAME, custom_ops) is enabled
+    use_platform(fake_platform_cls("cuda")())
+    assert op_cls(custom_ops=custom_ops)() == ("cuda" if enabled else "native")
+
+
+def test_disabled_attention_runs_forward_native(use_platform, fake_platform_cls, monkeypatch):
+    use_platform(fake_platform_cls("cpu", priority=(B.NAIVE,))())
+
+    def boom(*args, **kwargs):
+        raise AssertionError("the platform backend ran although the op is disabled")
+
+    monkeypatch.setattr(get_backend_class(B.NAIVE), "forward", classmethod(boom))
+    config = MultiModalConfig(mm_encoder_attn_backend="naive", custom_ops=("all", "-mm_encoder_attn"))
+    layer = MMEncoderAttention(2, 8, multimodal_config=config)
+    q = torch.randn(1, 5, 16)
+    assert layer(q, q, q).shape == q.shape
+    with pytest.raises(AssertionError, match="disabled"):
+        MMEncoderAttention(2, 8, multimodal_config=MultiModalConfig(mm_encoder_attn_backend="naive"))(q, q, q)
+
+
+def test_register_sets_name_and_lists(op_cls):
+    assert op_cls.name == OP_NAME
+    assert CustomOp.registered()[OP_NAME] is op_cls
+    assert CustomOp.registered()["mm_encoder_attn"] is MMEncoderAttention
+    CustomOp.register(OP_NAME)(op_cls)  # the same class again is fine
+
+
+def test_register_duplicate_name_is_an_error(op_cls):
+    class Other(CustomOp):
+        pass
+
+    with pytest.raises(ValueError) as e:
+        CustomOp.register(OP_NAME)(Other)
+    assert repr(OP_NAME) in str(e.value) and op_cls.__qualname__ in str(e.value)
+    assert CustomOp.registered()[OP_NAME] is op_cls
+    with pytest.raises(ValueError, match="mm_encoder_attn"):
+        CustomOp.register("mm_encoder_attn")(Other)
+
+
+def test_register_oot_subclass_replaces_attention(clean_oot, use_platform, fake_platform_cls):
+    use_platform(fake_platform_cls("oot")())
+    calls = []
+
+    @CustomOp.register_oot(name="MMEncoderAttention")
+    class AcmeAttention(MMEncoderAttention):
+        def __init__(self, *args, **kwargs):
+            calls.append((args, kwargs))
+            super().__init__(*args, **kwargs)
+
+        def forward_oot(self, query, key, value, cu_seqlens=None, max_seqlen=None):
+            return torch.zeros_like(query)
+
+    layer = MMEncoderAttention(2, 8, prefix="blocks.0.attn")
+    assert type(layer) is AcmeAttention
+    assert calls == [((2, 8), {"prefix": "blocks.0.attn"})]  # __init__ ran once, with the arguments given
+    assert layer.num_heads == 2 and layer.prefix == "blocks.0.attn"
+    q = torch.randn(1, 3, 16)
+    assert torch.equal(layer(q, q, q), torch.zeros_like(q))
+    assert type(AcmeAttention(2, 8)) is AcmeAttention  # constructing the plugin's class directly still works
+
+
+def test_register_oot_by_registered_name_and_bare_decorator(clean_oot):
+    @CustomOp.register_oot(name="mm_encoder_attn")
+    class ByOpName(MMEncoderAttention):
+        pass
+
+    assert type(MMEncoderAttention(2, 8)) is ByOpName
+    custom_op._OOT_REGISTRY.clear()
+
+    # Bare decorator: the key is the plugin class's own name.
+    ByClassName = CustomOp.register_oot(type("MMEncoderAttention", (MMEncoderAttention,), {}))
+    layer = MMEncoderAttention(2, 8)
+    assert type(layer) is ByClassName and type(layer) is not MMEncoderAttention
+
+
+def test_register_oot_unrelated_class(clean_oot):
+    inits = []
+
+    @CustomOp.register_oot(name="MMEncoderAttention")
+    class Standalone(nn.Module):
+        def __init__(self, num_heads, head_size, **kwargs):
+            super().__init__()
+            inits.append((num_heads, head_size))
+
+    layer = MMEncoderAttention(4, 16)
+    assert type(layer) is Standalone and inits == [(4, 16)]
+
+
+def test_registry_clean_after_oot_tests():
+    assert type(MMEncoderAttention(2, 8)) is MMEncoderAttention
+    assert "MMEncoderAttention" not in custom_op._OOT_REGISTRY
