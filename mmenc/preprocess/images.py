@@ -1,0 +1,186 @@
+"""Image loading: paths, bytes, PIL images and numpy arrays -> RGB uint8 arrays [H, W, 3].
+
+Accepted inputs (one image each):
+  * str / pathlib.Path: a file PIL can decode; EXIF orientation is applied.
+  * bytes / bytearray / memoryview: an encoded image file held in memory.
+  * PIL.Image.Image: any mode; converted as below.
+  * numpy.ndarray: [H, W] grayscale, [H, W, 1], [H, W, 3] RGB or [H, W, 4] RGBA, dtype uint8,
+    or a floating dtype with values in [0, 1] (mapped to uint8 by round(x * 255)).
+    Channels-first arrays are not guessed: pass [H, W, C].
+
+Colour conversion matches transformers' `convert_to_rgb` for PIL images: an image with an alpha
+channel (or a palette with a transparency entry) is composited onto white, everything else goes
+through `Image.convert("RGB")`. RGBA arrays go through the same PIL path.
+
+Errors are `ImageLoadError` (a ValueError) naming the input (its path, or "image #i") and the
+reason: missing/unreadable file, empty file, not an image, truncated/corrupt data, zero-size
+image, decompression bomb (more pixels than `max_pixels`), wrong array shape or dtype.
+"""
+import dataclasses
+import io
+import os
+import pathlib
+import warnings
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+
+class ImageLoadError(ValueError):
+    """An input could not be turned into an RGB image; the message names the input and why."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadFailure:
+    index: int  # position in the input list
+    name: str  # the path, or "image #i"
+    message: str  # why it failed
+
+
+def _default_max_pixels() -> int | None:
+    return Image.MAX_IMAGE_PIXELS
+
+
+def _name(item: Any, index: int | None) -> str:
+    if isinstance(item, (str, pathlib.Path)):
+        return f"'{os.fspath(item)}'"
+    return "image" if index is None else f"image #{index}"
+
+
+def _pil_to_rgb(img: Image.Image) -> np.ndarray:
+    has_alpha = "A" in img.getbands() or img.info.get("transparency") is not None
+    if has_alpha:
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        img = Image.alpha_composite(white, rgba)
+    if img.mode != "RGB":
+        img = img.convert("RGB")
+    return np.asarray(img)
+
+
+def _open_encoded(src: Any, name: str, max_pixels: int | None) -> Image.Image:
+    with warnings.catch_warnings():
+        # We apply our own limit below; PIL's warning threshold is only its default.
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            img = Image.open(src)
+        except Image.DecompressionBombError as e:
+            raise ImageLoadError(f"{name}: decompression bomb refused by PIL ({e})") from e
+        except UnidentifiedImageError as e:
+            raise ImageLoadError(f"{name}: not an image (PIL cannot identify the format)") from e
+        w, h = img.size
+        if w == 0 or h == 0:
+            raise ImageLoadError(f"{name}: zero-size image ({w}x{h})")
+        if max_pixels is not None and w * h > max_pixels:
+            raise ImageLoadError(
+                f"{name}: decompression bomb: {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels}; "
+                f"raise max_pixels if the image is trusted")
+        try:
+            img.load()
+            img = ImageOps.exif_transpose(img)
+        except (OSError, SyntaxError, ValueError) as e:
+            raise ImageLoadError(f"{name}: corrupt or truncated image data ({e})") from e
+    return img
+
+
+def _load_path(path: str | pathlib.Path, name: str, max_pixels: int | None) -> Image.Image:
+    path = pathlib.Path(path)
+    try:
+        size = path.stat().st_size
+    except OSError as e:
+        raise ImageLoadError(f"{name}: cannot read file ({e.strerror or e})") from e
+    if path.is_dir():
+        raise ImageLoadError(f"{name}: is a directory, expected an image file")
+    if size == 0:
+        raise ImageLoadError(f"{name}: empty file (0 bytes)")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ImageLoadError(f"{name}: cannot read file ({e.strerror or e})") from e
+    return _open_encoded(io.BytesIO(data), name, max_pixels)
+
+
+def _array_to_rgb(a: np.ndarray, name: str) -> np.ndarray:
+    if a.ndim == 3 and a.shape[-1] == 1:
+        a = a[..., 0]
+    if a.ndim not in (2, 3) or (a.ndim == 3 and a.shape[-1] not in (3, 4)):
+        raise ImageLoadError(
+            f"{name}: array shape {tuple(a.shape)} not supported; expected [H, W], [H, W, 1], "
+            f"[H, W, 3] or [H, W, 4] (channels last)")
+    if a.shape[0] == 0 or a.shape[1] == 0:
+        raise ImageLoadError(f"{name}: zero-size image (array shape {tuple(a.shape)})")
+    if np.issubdtype(a.dtype, np.floating):
+        lo, hi = float(np.min(a)), float(np.max(a))
+        if not (np.isfinite(lo) and np.isfinite(hi) and lo >= 0.0 and hi <= 1.0):
+            raise ImageLoadError(
+                f"{name}: float array values must lie in [0, 1], got [{lo}, {hi}]; "
+                f"pass uint8 for 0..255 data")
+        a = np.rint(a.astype(np.float64) * 255.0).astype(np.uint8)
+    elif a.dtype != np.uint8:
+        raise ImageLoadError(
+            f"{name}: array dtype {a.dtype} not supported; expected uint8 (0..255) or float in [0, 1]")
+    if a.ndim == 2:
+        return np.ascontiguousarray(np.repeat(a[:, :, None], 3, axis=2))
+    if a.shape[-1] == 4:
+        return _pil_to_rgb(Image.fromarray(np.ascontiguousarray(a)))
+    return np.ascontiguousarray(a)
+
+
+def load_image(item: Any, *, index: int | None = None, max_pixels: int | None = -1) -> np.ndarray:
+    """One input -> RGB uint8 array [H, W, 3] (C-contiguous).
+
+    max_pixels: refuse encoded images (paths, bytes) with more pixels than this; -1 means PIL's
+    `Image.MAX_IMAGE_PIXELS` read at call time, None means no limit of ours (PIL still refuses
+    images over twice its own limit). Raises ImageLoadError.
+    """
+    name = _name(item, index)
+    limit = _default_max_pixels() if max_pixels == -1 else max_pixels
+    if isinstance(item, (str, pathlib.Path)):
+        return _pil_to_rgb(_load_path(item, name, limit))
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        if len(item) == 0:
+            raise ImageLoadError(f"{name}: empty bytes (0 bytes)")
+        return _pil_to_rgb(_open_encoded(io.BytesIO(bytes(item)), name, limit))
+    if isinstance(item, Image.Image):
+        if item.width == 0 or item.height == 0:
+            raise ImageLoadError(f"{name}: zero-size image ({item.width}x{item.height})")
+        try:
+            return _pil_to_rgb(item)
+        except (OSError, ValueError) as e:
+            raise ImageLoadError(f"{name}: cannot convert PIL image of mode {item.mode} ({e})") from e
+    if isinstance(item, np.ndarray):
+        return _array_to_rgb(item, name)
+    raise ImageLoadError(
+        f"{name}: unsupported input type {type(item).__name__}; expected a path, bytes, "
+        f"PIL.Image.Image or numpy.ndarray")
+
+
+def load_images(
+    items: Sequence[Any],
+    errors: Literal["raise", "skip"] = "raise",
+    *,
+    max_pixels: int | None = -1,
+) -> tuple[list[np.ndarray], list[LoadFailure]]:
+    """Load a batch; returns (images, failures).
+
+    Partial-failure contract: every input is tried, in order, whatever happens to the others.
+      errors="raise": if any input failed, raise one ImageLoadError whose message lists every
+        failed input (index, name, reason); otherwise return (images, []).
+      errors="skip": return the images that loaded, in input order, and the list of failures
+        (LoadFailure(index, name, message)); the caller maps images back with the indices.
+    images: RGB uint8 arrays [H, W, 3]. max_pixels: as in `load_image`.
+    """
+    if errors not in ("raise", "skip"):
+        raise ValueError(f"errors={errors!r} not supported; expected 'raise' or 'skip'")
+    images, failures = [], []
+    for i, item in enumerate(items):
+        try:
+            images.append(load_image(item, index=i, max_pixels=max_pixels))
+        except ImageLoadError as e:
+            failures.append(LoadFailure(i, _name(item, i), str(e)))
+    if failures and errors == "raise":
+        lines = "\n".join(f"  [{f.index}] {f.message}" for f in failures)
+        raise ImageLoadError(f"{len(failures)} of {len(items)} images failed to load:\n{lines}")
+    return images, failures

@@ -1,0 +1,84 @@
+"""Resize and normalize exactly as transformers' two image-processor backends do.
+
+backend="torchvision" (transformers' default whenever torchvision is importable; the only backend
+of its video processors and of Kimi-K2.5): bicubic with antialias through
+`torch.nn.functional.interpolate`. On CPU, uint8 images are resized natively in uint8 (what
+torchvision >= 0.27 does for BICUBIC on CPU); on other devices in float32, then clamped, rounded and
+cast back (torchvision's path there). Rescale+normalize fused: (x - mean/r) / (std/r) in float32.
+torchvision itself is not needed.
+
+backend="pil" (transformers' `...ImageProcessorPil`, the fallback without torchvision): PIL bicubic
+on uint8, then float64 rescale cast to float32, then (x - mean) / std in float32.
+
+Both give bitwise the transformers output of the same backend. They differ from each other by up to
+a few uint8 levels per pixel after resizing (different fixed-point pipelines), i.e. up to ~0.3
+after normalization with CLIP std; unresized images agree to ~1e-6.
+"""
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+BACKENDS = ("torchvision", "pil")
+
+
+def check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} not supported; expected one of {BACKENDS}")
+    return backend
+
+
+def resize_uint8(images: torch.Tensor, height: int, width: int, backend: str) -> torch.Tensor:
+    """Bicubic resize. images uint8 [B, C, H, W] -> uint8 [B, C, height, width]."""
+    if tuple(images.shape[-2:]) == (height, width):
+        return images
+    if backend == "pil":
+        out = np.empty((images.shape[0], height, width, images.shape[1]), dtype=np.uint8)
+        for i, img in enumerate(images.permute(0, 2, 3, 1).cpu().numpy()):
+            out[i] = np.asarray(Image.fromarray(img).resize((width, height), Image.Resampling.BICUBIC))
+        return torch.from_numpy(out).permute(0, 3, 1, 2).to(images.device)
+    if images.device.type == "cpu":
+        return F.interpolate(images, size=(height, width), mode="bicubic", align_corners=False,
+                             antialias=True)
+    out = F.interpolate(images.float(), size=(height, width), mode="bicubic", align_corners=False,
+                        antialias=True)
+    return out.clamp_(0, 255).round_().to(torch.uint8)
+
+
+def rescale_normalize(
+    images: torch.Tensor,
+    *,
+    rescale_factor: float,
+    mean: Sequence[float],
+    std: Sequence[float],
+    do_rescale: bool,
+    do_normalize: bool,
+    backend: str,
+) -> torch.Tensor:
+    """uint8 [..., C, H, W] -> float32 [..., C, H, W] with the backend's exact arithmetic."""
+    c = images.shape[-3]
+    if backend == "pil":
+        x = images.double() * rescale_factor if do_rescale else images
+        x = x.float()
+        if do_normalize:
+            m = torch.tensor(mean, dtype=torch.float32, device=x.device).view(c, 1, 1)
+            s = torch.tensor(std, dtype=torch.float32, device=x.device).view(c, 1, 1)
+            x = (x - m) / s
+        return x
+    x = images.float()
+    if do_normalize:
+        m = torch.tensor(mean, device=x.device)
+        s = torch.tensor(std, device=x.device)
+        if do_rescale:  # transformers fuses the rescale into mean/std
+            m, s = m * (1.0 / rescale_factor), s * (1.0 / rescale_factor)
+        return (x - m.view(c, 1, 1)) / s.view(c, 1, 1)
+    return x * rescale_factor if do_rescale else x
+
+
+def stack_hwc(images: Sequence[np.ndarray], device: torch.device | str | None = None) -> torch.Tensor:
+    """list of same-size uint8 [H, W, C] -> uint8 [B, C, H, W] (one copy)."""
+    t = torch.from_numpy(np.stack(images))  # copies, so read-only inputs are fine
+    t = t.permute(0, 3, 1, 2).contiguous()
+    return t if device is None else t.to(device)
