@@ -32,6 +32,11 @@ def get_backend_class(backend: AttentionBackendEnum) -> type[AttentionBackend]:
         raise ValueError(f"attention backend {backend.name} is not registered in this build of mmenc; "
                          f"registered: {', '.join(b.name for b in registered_backends())}")
     module, _, cls = target.partition(":")
-    if "." not in module and importlib.util.find_spec(f"{__name__}.{module}") is not None:
-        module = f"{__name__}.{module}"  # a file of this package; else a top-level module (a plugin's)
+    if "." not in module:  # a file of this package, else a top-level module (a plugin's)
+        local = f"{__name__}.{module}"
+        if importlib.util.find_spec(local) is not None:
+            module = local
+        elif importlib.util.find_spec(module) is None:
+            raise ModuleNotFoundError(f"attention backend {backend.name} is registered as {target!r} but neither "
+                                      f"{local} nor {module} exists", name=local)
     return getattr(importlib.import_module(module), cls)
