@@ -11,6 +11,7 @@ _MODULES: dict[AttentionBackendEnum, str] = {
     AttentionBackendEnum.TORCH_VARLEN: "torch_varlen:TorchVarlenBackend",
     AttentionBackendEnum.FLEX_ATTENTION: "flex:FlexAttentionBackend",
     AttentionBackendEnum.FLASH_ATTN: "flash_attn:FlashAttnBackend",
+    AttentionBackendEnum.TRITON_ATTN: "triton_attn:TritonAttnBackend",
     AttentionBackendEnum.XFORMERS: "xformers:XFormersBackend",
     AttentionBackendEnum.ROCM_AITER_FA: "rocm_aiter:AiterBackend",
     AttentionBackendEnum.PALLAS: "pallas:PallasBackend",

@@ -1,0 +1,34 @@
+"""TRITON_ATTN: mmenc's own varlen attention kernel (mmenc/kernels/triton_varlen_attn.py).
+
+One launch per layer for any pack: long segments are cut into 128-row query tiles, runs of short
+windows are packed into one tile with a block-diagonal mask. Any head size from 1 to 256 (multiples
+of 8 run fastest); non-powers of two (72, 80) are split into two power-of-two parts rather than
+padded. The kernel's tile table is built once per pack (cached in PackInfo.cache); the kernel is a
+torch custom op, so compiled towers trace through it.
+"""
+from mmenc.attention.backend_enum import AttentionBackendEnum
+from mmenc.attention.backends.base import AttentionBackend, collect, need_half, need_nvidia_capability
+
+MAX_HEAD_SIZE = 256
+
+
+class TritonAttnBackend(AttentionBackend):
+    enum = AttentionBackendEnum.TRITON_ATTN
+    requires = ("triton", "triton")
+
+    @classmethod
+    def _reasons(cls, head_size, dtype, device):
+        if device.is_rocm:
+            gpu = "not validated on ROCm (tested on NVIDIA GPUs only)"
+        else:
+            gpu = need_nvidia_capability(device, 8, 0)
+        size = None
+        if not 1 <= head_size <= MAX_HEAD_SIZE:
+            size = f"head_size {head_size} is not supported (1 to {MAX_HEAD_SIZE})"
+        return collect(gpu, need_half(dtype), size)
+
+    @classmethod
+    def forward(cls, q, k, v, cu_seqlens, max_seqlen, scale):
+        from mmenc.kernels.triton_varlen_attn import varlen_attention
+
+        return varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale)

@@ -1,0 +1,293 @@
+"""mmenc's own varlen encoder-attention kernel (Triton): FlashAttention-2-style online softmax.
+
+    varlen_attention(q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], cu_seqlens int32 [N+1],
+                     max_seqlen int, scale float) -> out [T, Hq, D] (contiguous, q's dtype)
+
+Non-causal attention confined to each segment of the pack; GQA when Hq % Hkv == 0; fp16/bf16 in,
+fp32 accumulation. q/k/v may be strided views as long as stride(-1) == 1.
+
+How the work is cut. One program per (tile, query head). A tile is a run of <= BLOCK_M query rows:
+  * a segment longer than BLOCK_M is cut into tiles that each attend to the whole segment;
+  * consecutive short segments (<= BLOCK_M) are packed into one tile that attends to the tile's
+    own rows, with a block-diagonal mask (per-token segment ids), so 64-token windows fill a
+    128-row tile instead of wasting half of it.
+The tile table (int32 [tiles, 5]: q_lo, q_hi, kv_lo, kv_hi, number of unmasked KV blocks) and the
+per-token segment ids are built on the host from the pack's `PackInfo` (no device read-back) and
+cached in `PackInfo.cache`, so every layer of a forward reuses them.
+
+Head sizes that are not powers of two are split into two power-of-two parts (80 = 64 + 16,
+72 = 64 + 16 with 8 masked columns) instead of being padded to 128.
+
+torch.compile: `varlen_attention` is the custom op `mmenc::triton_varlen_attn` with a fake
+implementation, so compiled towers trace through it without graph breaks. The tile table is not an
+argument: the op's real implementation looks the pack up by `cu_seqlens` (see
+`mmenc.attention.packing.pack_info`) when it runs, i.e. outside the traced graph. A `cu_seqlens`
+made with `make_cu_seqlens` costs nothing; any other tensor is read back once and remembered.
+"""
+import dataclasses
+
+import torch
+
+from mmenc.attention.packing import PackInfo, make_cu_seqlens, pack_info
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the op still registers; calling it explains what is missing
+    triton = None
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """One launch configuration; `split` cuts non-power-of-two head sizes into two dot parts."""
+
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+    split: bool = True
+
+    def __str__(self) -> str:
+        return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}"
+                f"{'' if self.split else '-pad'}")
+
+
+# Candidates per length bucket of the pack ("short": windows, "long": full images), best guess
+# first. With more than one candidate, the first call for a (head_size, dtype, bucket) times them
+# on its own inputs and keeps the fastest. Trim these to the winners of `--kernel-sweep`.
+CONFIGS: dict[str, list[KernelConfig]] = {
+    "short": [KernelConfig(128, 64, 4, 2), KernelConfig(64, 64, 4, 2), KernelConfig(128, 128, 8, 2)],
+    "mid": [KernelConfig(128, 64, 4, 3), KernelConfig(128, 64, 8, 3), KernelConfig(64, 64, 4, 3)],
+    "long": [KernelConfig(128, 64, 4, 3), KernelConfig(128, 64, 8, 3), KernelConfig(128, 128, 8, 3)],
+}
+_CHOSEN: dict[tuple, KernelConfig] = {}
+_LOG2E = 1.4426950408889634  # the softmax runs on exp2
+
+
+def length_bucket(max_seqlen: int) -> str:
+    return "short" if max_seqlen <= 256 else "mid" if max_seqlen <= 2048 else "long"
+
+
+def head_split(head_size: int, split: bool = True) -> tuple[int, int]:
+    """(DA, DB): the head dimension as a power-of-two part plus a second one (0: none); both >= 16
+    as tl.dot needs. 80 -> (64, 16), 72 -> (64, 16), 96 -> (64, 32), 112 -> (128, 0), 17 -> (32, 0)."""
+    whole = max(16, 1 << (head_size - 1).bit_length())
+    if not split or head_size <= 16:
+        return whole, 0
+    da = 1 << (head_size.bit_length() - 1)
+    rest = head_size - da
+    if rest == 0:
+        return da, 0
+    db = max(16, 1 << (rest - 1).bit_length())
+    return (da, db) if da + db < whole else (whole, 0)
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                     max_seqlen: int, scale: float) -> torch.Tensor:
+    """See the module docstring; the custom op `torch.ops.mmenc.triton_varlen_attn`."""
+    return torch.ops.mmenc.triton_varlen_attn(q, k, v, cu_seqlens, int(max_seqlen), float(scale))
+
+
+@torch.library.custom_op("mmenc::triton_varlen_attn", mutates_args=())
+def _op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+        max_seqlen: int, scale: float) -> torch.Tensor:
+    return launch(q, k, v, cu_seqlens, scale)
+
+
+@_op.register_fake
+def _(q, k, v, cu_seqlens, max_seqlen, scale):
+    return q.new_empty(q.shape)
+
+
+def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
+           config: KernelConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Run the kernel eagerly (the op's implementation); `config` skips the tuned choice."""
+    if triton is None:
+        raise RuntimeError("TRITON_ATTN needs the triton package (pip install triton)")
+    num_tokens, hq, d = q.shape
+    hkv = k.shape[1]
+    if k.shape != v.shape or k.shape[0] != num_tokens or k.shape[2] != d or hq % hkv:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: expected q [T, Hq, D] "
+                         f"and k, v [T, Hkv, D] with Hq % Hkv == 0")
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
+    if num_tokens == 0:
+        return out
+    info = pack_info(cu_seqlens, num_tokens)
+    if config is None:
+        config = _choose(info, q, k, v, scale)
+    tiles, seg_ids = tile_table(info, config.block_m, config.block_n, q.device)
+    da, db = head_split(d, config.split)
+    _kernel[(tiles.shape[0], hq)](
+        q, k, v, out, tiles, seg_ids, scale * _LOG2E,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        GROUP=hq // hkv, HEAD_DIM=d, DA=da, DB=max(db, 16), HAS_B=db > 0,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, num_warps=config.num_warps, num_stages=config.num_stages)
+    return out
+
+
+def tile_table(info: PackInfo, block_m: int, block_n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tiles int32 [n, 5], seg_ids int32 [T]) for the pack, built on the host once and cached."""
+    key = ("triton_attn_tiles", block_m, block_n, device)
+    if key not in info.cache:
+        tiles, group, group_start, pos = [], [], 0, 0
+
+        def flush():
+            if group:
+                end = group_start + sum(group)
+                full = (end - group_start) // block_n if len(group) == 1 else 0
+                tiles.append((group_start, end, group_start, end, full))
+                group.clear()
+
+        for n in info.lengths:
+            if n > block_m:
+                flush()
+                tiles += [(s, min(s + block_m, pos + n), pos, pos + n, n // block_n) for s in range(pos, pos + n, block_m)]
+            elif n > 0:
+                if sum(group) + n > block_m:
+                    flush()
+                if not group:
+                    group_start = pos
+                group.append(n)
+            pos += n
+        flush()
+        tiles.sort(key=lambda t: t[2] - t[3])  # longest KV range first: better load balance
+        seg_ids = torch.repeat_interleave(torch.arange(len(info.lengths), dtype=torch.int32),
+                                          torch.tensor(info.lengths, dtype=torch.int64))
+        info.cache[key] = (torch.tensor(tiles, dtype=torch.int32).to(device), seg_ids.to(device))
+    return info.cache[key]
+
+
+def _choose(info: PackInfo, q, k, v, scale) -> KernelConfig:
+    """The config for this (head size, dtype, GQA group, length bucket): tuned once on these inputs."""
+    bucket = length_bucket(info.max_seqlen)
+    key = (q.shape[2], q.dtype, q.shape[1] // k.shape[1], bucket)
+    if key not in _CHOSEN:
+        candidates = CONFIGS[bucket]
+        if len(candidates) == 1 or not q.is_cuda or torch.cuda.is_current_stream_capturing():
+            return candidates[0]
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        cu, _ = make_cu_seqlens(info.lengths, q.device)  # a registered twin: no read-back while tuning
+        times = [triton.testing.do_bench(lambda c=c: launch(q, k, v, cu, scale, c, out), warmup=5, rep=20)
+                 for c in candidates]
+        _CHOSEN[key] = candidates[min(range(len(times)), key=times.__getitem__)]
+    return _CHOSEN[key]
+
+
+if triton is not None:
+
+    @triton.jit
+    def _block(acc_a, acc_b, l_i, m_i, q_a, q_b, seg_q, k_base, v_base, seg_ptr, start, kv_hi,
+               k_off_a, k_off_b, v_off_a, v_off_b, a_ok, b_ok, offs_n, qk_scale,
+               A_FULL: tl.constexpr, B_FULL: tl.constexpr, HAS_B: tl.constexpr, MASKED: tl.constexpr):
+        """One KV block of the online softmax; MASKED applies the segment mask (edge/packed blocks)."""
+        cols = start + offs_n  # [BN]
+        col_ok = cols < kv_hi
+        if MASKED:
+            ka_mask = col_ok[:, None] & a_ok[None, :]
+            kb_mask = col_ok[:, None] & b_ok[None, :]
+        else:
+            ka_mask = a_ok[None, :]
+            kb_mask = b_ok[None, :]
+        if A_FULL and not MASKED:
+            k_a = tl.load(k_base + k_off_a)
+        else:
+            k_a = tl.load(k_base + k_off_a, mask=ka_mask, other=0.0)
+        qk = tl.dot(q_a, tl.trans(k_a))  # [BM, BN] fp32
+        if HAS_B:
+            if B_FULL and not MASKED:
+                k_b = tl.load(k_base + k_off_b)
+            else:
+                k_b = tl.load(k_base + k_off_b, mask=kb_mask, other=0.0)
+            qk = tl.dot(q_b, tl.trans(k_b), qk)
+        if MASKED:
+            seg_k = tl.load(seg_ptr + cols, mask=col_ok, other=-1)
+            qk = tl.where(seg_q[:, None] == seg_k[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        p = p.to(q_a.dtype)
+        if A_FULL and not MASKED:
+            v_a = tl.load(v_base + v_off_a)
+        else:
+            v_a = tl.load(v_base + v_off_a, mask=ka_mask, other=0.0)
+        acc_a = tl.dot(p, v_a, acc_a * alpha[:, None])
+        if HAS_B:
+            if B_FULL and not MASKED:
+                v_b = tl.load(v_base + v_off_b)
+            else:
+                v_b = tl.load(v_base + v_off_b, mask=kb_mask, other=0.0)
+            acc_b = tl.dot(p, v_b, acc_b * alpha[:, None])
+        return acc_a, acc_b, l_i, m_new
+
+    @triton.jit
+    def _kernel(Q, K, V, O, TILES, SEG, qk_scale,
+                stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+                GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
+                HAS_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        tile = tl.program_id(0)
+        head = tl.program_id(1)
+        q_lo = tl.load(TILES + tile * 5)
+        q_hi = tl.load(TILES + tile * 5 + 1)
+        kv_lo = tl.load(TILES + tile * 5 + 2)
+        kv_hi = tl.load(TILES + tile * 5 + 3)
+        n_full = tl.load(TILES + tile * 5 + 4)
+        A_FULL: tl.constexpr = DA <= HEAD_DIM
+        B_FULL: tl.constexpr = DA + DB <= HEAD_DIM
+
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_a = tl.arange(0, DA)
+        offs_b = DA + tl.arange(0, DB)
+        a_ok = offs_a < HEAD_DIM
+        b_ok = offs_b < HEAD_DIM
+        rows = q_lo + offs_m
+        row_ok = rows < q_hi
+
+        # Q tile, loaded once: [BM, DA] (+ [BM, DB])
+        q_rows = Q + q_lo.to(tl.int64) * stride_qt + head * stride_qh + offs_m[:, None] * stride_qt
+        q_a = tl.load(q_rows + offs_a[None, :], mask=row_ok[:, None] & a_ok[None, :], other=0.0)
+        if HAS_B:
+            q_b = tl.load(q_rows + offs_b[None, :], mask=row_ok[:, None] & b_ok[None, :], other=0.0)
+        else:
+            q_b = tl.zeros((BLOCK_M, DB), dtype=q_a.dtype)
+        seg_q = tl.load(SEG + rows, mask=row_ok, other=-1)
+
+        kv_head = head // GROUP
+        k_head = K + kv_head * stride_kh
+        v_head = V + kv_head * stride_vh
+        k_off_a = offs_n[:, None] * stride_kt + offs_a[None, :]  # [BN, DA]
+        k_off_b = offs_n[:, None] * stride_kt + offs_b[None, :]
+        v_off_a = offs_n[:, None] * stride_vt + offs_a[None, :]
+        v_off_b = offs_n[:, None] * stride_vt + offs_b[None, :]
+
+        m_i = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)  # finite: fully masked rows stay NaN-free
+        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        acc_a = tl.zeros((BLOCK_M, DA), dtype=tl.float32)
+        acc_b = tl.zeros((BLOCK_M, DB), dtype=tl.float32)
+
+        k_ptr = k_head + kv_lo.to(tl.int64) * stride_kt  # advanced by one KV block per iteration
+        v_ptr = v_head + kv_lo.to(tl.int64) * stride_vt
+        full_end = kv_lo + n_full * BLOCK_N
+        for start in range(kv_lo, full_end, BLOCK_N):
+            acc_a, acc_b, l_i, m_i = _block(
+                acc_a, acc_b, l_i, m_i, q_a, q_b, seg_q, k_ptr, v_ptr, SEG, start, kv_hi,
+                k_off_a, k_off_b, v_off_a, v_off_b, a_ok, b_ok, offs_n, qk_scale, A_FULL, B_FULL, HAS_B, False)
+            k_ptr += BLOCK_N * stride_kt
+            v_ptr += BLOCK_N * stride_vt
+        for start in range(full_end, kv_hi, BLOCK_N):
+            acc_a, acc_b, l_i, m_i = _block(
+                acc_a, acc_b, l_i, m_i, q_a, q_b, seg_q, k_ptr, v_ptr, SEG, start, kv_hi,
+                k_off_a, k_off_b, v_off_a, v_off_b, a_ok, b_ok, offs_n, qk_scale, A_FULL, B_FULL, HAS_B, True)
+            k_ptr += BLOCK_N * stride_kt
+            v_ptr += BLOCK_N * stride_vt
+
+        inv_l = 1.0 / l_i
+        o_rows = O + q_lo.to(tl.int64) * stride_ot + head * stride_oh + offs_m[:, None] * stride_ot
+        tl.store(o_rows + offs_a[None, :], (acc_a * inv_l[:, None]).to(O.dtype.element_ty),
+                 mask=row_ok[:, None] & a_ok[None, :])
+        if HAS_B:
+            tl.store(o_rows + offs_b[None, :], (acc_b * inv_l[:, None]).to(O.dtype.element_ty),
+                     mask=row_ok[:, None] & b_ok[None, :])
+
