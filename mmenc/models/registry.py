@@ -8,6 +8,8 @@ import importlib
 from mmenc.models.base import ModelSpec
 
 _FAMILIES = [
+    "qwen2_vl",
+    "qwen2_5_vl",
 ]
 _SPECS: dict[str, ModelSpec] = {}
 _loaded = False

@@ -1,0 +1,63 @@
+"""Host-side helpers for towers that take `grid_thw`: reading the grid once, and small LRU caches.
+
+Everything a tower derives from the grid (rotary tables, window permutations, cu_seqlens) is computed
+on the host from the CPU `grid_thw`, once per forward, and cached per (t, h, w) or per whole grid.
+"""
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import torch
+
+Grid = tuple[tuple[int, int, int], ...]
+
+
+def read_grid(grid_thw: torch.Tensor, merge_size: int = 1) -> Grid:
+    """grid_thw int [N, 3] (t, h, w in patches; on CPU, so no device sync) -> ((t, h, w), ...).
+
+    Raises ValueError naming the row when a value is not positive or h, w are not multiples of
+    `merge_size`.
+    """
+    if grid_thw.dim() != 2 or grid_thw.shape[-1] != 3:
+        raise ValueError(f"grid_thw has shape {tuple(grid_thw.shape)}; expected [N, 3] rows of (t, h, w)")
+    if grid_thw.dtype.is_floating_point:
+        raise ValueError(f"grid_thw has dtype {grid_thw.dtype}; expected an integer tensor (int64)")
+    grid = tuple((int(t), int(h), int(w)) for t, h, w in grid_thw.tolist())
+    for i, (t, h, w) in enumerate(grid):
+        if min(t, h, w) <= 0 or h % merge_size or w % merge_size:
+            raise ValueError(f"grid_thw[{i}] = {(t, h, w)}: expected positive t, h, w with h and w multiples of "
+                             f"the spatial merge size {merge_size}")
+    return grid
+
+
+def num_patches(grid: Grid) -> int:
+    return sum(t * h * w for t, h, w in grid)
+
+
+def frame_lengths(grid: Grid) -> list[int]:
+    """Patches per frame, frame by frame: each frame attends to itself (h*w tokens, t times)."""
+    return [h * w for t, h, w in grid for _ in range(t)]
+
+
+class LRUCache:
+    """A small least-recently-used map: `get(key, make)` returns the cached value or `make()`'s."""
+
+    def __init__(self, capacity: int = 64):
+        self.capacity = capacity
+        self._data: OrderedDict[Hashable, Any] = OrderedDict()
+
+    def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        if key in self._data:
+            self._data.move_to_end(key)
+            return self._data[key]
+        value = make()
+        self._data[key] = value
+        if len(self._data) > self.capacity:
+            self._data.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        self._data.clear()
+
+    def __len__(self) -> int:
+        return len(self._data)

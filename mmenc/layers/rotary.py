@@ -1,0 +1,95 @@
+"""2-D rotary position embedding for vision tokens (Qwen2-VL family, GLM-4.1V, MoonViT style).
+
+Each head of size D rotates D/2 pairs: D/4 frequencies for the token's row and D/4 for its column,
+inv_freq[i] = theta ** (-4i / D). Tables are float32 cos/sin [tokens, D], built on the host once per
+(t, h, w) and kept on the device; the same table serves every layer.
+
+Two layouts:
+  split (interleaved=False): angles = [row*f | col*f], cos = [angles | angles], rotate_half pairs
+      (x_i, x_{i+D/2}) -- Qwen2-VL / Qwen2.5-VL / Qwen3-VL.
+  interleaved=True: angles alternate per frequency (row_0, col_0, row_1, ...), adjacent pairs
+      (x_{2i}, x_{2i+1}) rotate -- complex-number style (MoonViT; pass col_first=True for x before y).
+"""
+import torch
+
+from mmenc.layers.grid import Grid, LRUCache
+
+
+def vision_inv_freq(head_dim: int, theta: float = 10000.0) -> torch.Tensor:
+    """float32 [head_dim // 4]: the frequencies shared by the row and column axes."""
+    if head_dim % 4:
+        raise ValueError(f"2-D rotary needs head_dim divisible by 4, got head_dim={head_dim}")
+    half = head_dim // 2
+    return 1.0 / (theta ** (torch.arange(0, half, 2, dtype=torch.float32) / half))
+
+
+def grid_positions(h: int, w: int, merge_size: int = 1) -> torch.Tensor:
+    """(row, col) int64 [h*w, 2] of one frame's patches in the order the tower holds them:
+    merge-block-major (each merge_size x merge_size block of patches contiguous, blocks in raster
+    order), which is raster order for merge_size 1."""
+    m = merge_size
+    rows = torch.arange(h).view(h // m, m, 1, 1).expand(h // m, m, w // m, m)
+    cols = torch.arange(w).view(1, 1, w // m, m).expand(h // m, m, w // m, m)
+    # [h/m, m, w/m, m] -> [h/m, w/m, m, m]: blocks in raster order, patches inside a block in raster order
+    rows = rows.permute(0, 2, 1, 3).reshape(-1)
+    cols = cols.permute(0, 2, 1, 3).reshape(-1)
+    return torch.stack([rows, cols], dim=-1)
+
+
+class VisionRotary2D:
+    """cos/sin tables for a pack of images: `tables(grid, device) -> (cos, sin)` float32 [T, head_dim].
+
+    Tokens are ordered image by image, frame by frame, patches as `grid_positions(h, w, merge_size)`.
+    Per-(t, h, w) tables are cached on their device; `table(t, h, w, device)` returns one.
+    """
+
+    def __init__(self, head_dim: int, theta: float = 10000.0, merge_size: int = 1, interleaved: bool = False,
+                 col_first: bool = False, cache_size: int = 256):
+        self.head_dim, self.merge_size = head_dim, merge_size
+        self.interleaved, self.col_first = interleaved, col_first
+        self.inv_freq = vision_inv_freq(head_dim, theta)
+        self._cache = LRUCache(cache_size)
+
+    def angles(self, positions: torch.Tensor) -> torch.Tensor:
+        """positions int [T, 2] (row, col) -> float32 angles [T, head_dim // 2] in this layout."""
+        pos = positions.flip(-1) if self.col_first else positions
+        freqs = pos.to(torch.float32)[:, :, None] * self.inv_freq  # [T, 2, D/4]
+        if self.interleaved:
+            return freqs.transpose(1, 2).reshape(pos.shape[0], -1)  # a0, b0, a1, b1, ...
+        return freqs.reshape(pos.shape[0], -1)  # a0..a_{D/4-1}, b0..b_{D/4-1}
+
+    def cos_sin(self, angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """angles [T, D/2] -> cos, sin [T, D], laid out for `apply_rotary`."""
+        full = angles.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat([angles, angles], dim=-1)
+        return full.cos(), full.sin()
+
+    def table(self, t: int, h: int, w: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        def make():
+            cos, sin = self.cos_sin(self.angles(grid_positions(h, w, self.merge_size)))
+            return cos.repeat(t, 1).to(device), sin.repeat(t, 1).to(device)
+        return self._cache.get((t, h, w, str(device)), make)
+
+    def tables(self, grid: Grid, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = [self.table(t, h, w, device) for t, h, w in grid]
+        if len(parts) == 1:
+            return parts[0]
+        return torch.cat([c for c, _ in parts]), torch.cat([s for _, s in parts])
+
+
+def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    if interleaved:  # (x0, x1, x2, x3, ...) -> (-x1, x0, -x3, x2, ...)
+        pairs = x.unflatten(-1, (-1, 2))
+        return torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """x [T, ..., D] (any heads in between), cos/sin float32 [T, D] -> x rotated, in x's dtype.
+
+    The rotation runs in float32, as the reference implementations do.
+    """
+    shape = (cos.shape[0],) + (1,) * (x.dim() - 2) + (cos.shape[-1],)
+    xf = x.float()
+    out = xf * cos.view(shape) + _rotate(xf, interleaved) * sin.view(shape)
+    return out.to(x.dtype)

@@ -1,0 +1,191 @@
+"""Building blocks shared by vision towers, all on the parallel linears and MMEncoderAttention.
+
+Every block takes `tp_size=None` (None: the tensor-parallel group's size; 1: unsharded, as in data
+mode) and passes it to each of its parallel linears, and `device=None, dtype=None`.
+
+  PatchEmbed       Conv3d/Conv2d with stride == kernel, as one matmul over flattened patches
+  VisionAttention  QKVParallelLinear -> rotary -> MMEncoderAttention -> RowParallelLinear
+  VisionMLP        fc1 (column) -> act -> fc2 (row)
+  GatedVisionMLP   gate_up_proj (merged column) -> act(gate) * up -> down_proj (row)   (SwiGLU)
+  VisionBlock      pre-norm residual block: x + attn(norm1(x)); x + mlp(norm2(x))
+  PatchMerger      norm -> merge m x m neighbouring patches -> fc1 (column) -> GELU -> fc2 (row)
+
+Names follow the Qwen-VL checkpoints where they can (attn.qkv, attn.proj, mlp.fc1, norm1, ...).
+"""
+import torch
+import torch.nn as nn
+
+from mmenc.attention import MMEncoderAttention
+from mmenc.config import MultiModalConfig
+from mmenc.layers.activation import ActAndMul, get_act_fn
+from mmenc.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
+                                 ReplicatedLinear, RowParallelLinear)
+from mmenc.layers.norm import make_norm
+from mmenc.layers.rotary import apply_rotary
+from mmenc.distributed.parallel_state import get_tp_size
+
+
+def resolve_tp_size(tp_size: int | None) -> int:
+    """None -> the tensor-parallel group's size (1 without a group); an int is kept (1: unsharded)."""
+    return get_tp_size() if tp_size is None else tp_size
+
+
+class PatchEmbed(nn.Module):
+    """A convolution whose stride equals its kernel, run as one matmul: each row of pixel_values is one
+    flattened patch (C, [tp,] p, p) and becomes one token.
+
+    forward(pixel_values [T, in_features]) -> [T, embed_dim] in the weight's dtype.
+    `proj.weight` [embed_dim, in_features] loads the checkpoint's conv weight [embed_dim, C, (tp,) p, p]
+    by reshaping.
+    """
+
+    def __init__(self, in_features: int, embed_dim: int, bias: bool = False, device=None, dtype=None):
+        super().__init__()
+        self.in_features, self.embed_dim = in_features, embed_dim
+        self.proj = ReplicatedLinear(in_features, embed_dim, bias=bias, device=device, dtype=dtype)
+        self.proj.weight.weight_loader = self._load_conv_weight
+
+    def _load_conv_weight(self, param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
+        if loaded.dim() < 2 or loaded.shape[0] != self.embed_dim or loaded[0].numel() != self.in_features:
+            raise ValueError(f"has shape {tuple(loaded.shape)}; expected a convolution weight "
+                             f"[{self.embed_dim}, ...] with {self.in_features} values per output channel "
+                             f"(as a matmul: {tuple(param.shape)})")
+        param.data.copy_(loaded.reshape(param.shape))
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        if pixel_values.dim() != 2 or pixel_values.shape[-1] != self.in_features:
+            raise ValueError(f"pixel_values has shape {tuple(pixel_values.shape)}; expected [patches, "
+                             f"{self.in_features}] (one flattened patch per row)")
+        return self.proj(pixel_values.to(self.proj.weight.dtype))
+
+
+class VisionAttention(nn.Module):
+    """Multi-head self-attention over packed tokens, heads split over tensor-parallel ranks.
+
+    forward(x [T, dim], cu_seqlens int32 [N+1], max_seqlen int, rotary=(cos, sin) float32 [T, head_dim]
+    or None) -> [T, dim]. The same cu_seqlens tensor (from make_cu_seqlens) should serve every layer.
+    """
+
+    def __init__(self, dim: int, num_heads: int, head_dim: int | None = None, qkv_bias: bool = True,
+                 proj_bias: bool = True, rotary_interleaved: bool = False, tp_size: int | None = None,
+                 multimodal_config: MultiModalConfig | None = None, prefix: str = "", device=None, dtype=None):
+        super().__init__()
+        tp = resolve_tp_size(tp_size)
+        head_dim = dim // num_heads if head_dim is None else head_dim
+        if num_heads % tp:
+            raise ValueError(f"{prefix or 'VisionAttention'}: num_heads={num_heads} is not divisible by the "
+                             f"tensor-parallel size {tp}")
+        self.num_heads, self.head_dim, self.local_heads = num_heads, head_dim, num_heads // tp
+        self.rotary_interleaved = rotary_interleaved
+        self.qkv = QKVParallelLinear(dim, head_dim, num_heads, bias=qkv_bias, tp_size=tp, device=device, dtype=dtype)
+        self.attn = MMEncoderAttention(self.local_heads, head_dim, prefix=f"{prefix}.attn" if prefix else "",
+                                       multimodal_config=multimodal_config, dtype=dtype)
+        self.proj = RowParallelLinear(num_heads * head_dim, dim, bias=proj_bias, tp_size=tp, device=device,
+                                      dtype=dtype)
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        seq = x.shape[0]
+        qkv = self.qkv(x).view(seq, 3, self.local_heads, self.head_dim)  # [T, 3, H, D]
+        if rotary is not None:
+            qk = apply_rotary(qkv[:, :2], *rotary, interleaved=self.rotary_interleaved)  # [T, 2, H, D]
+            q, k = qk.unbind(1)
+        else:
+            q, k = qkv[:, 0], qkv[:, 1]
+        v = qkv[:, 2]
+        out = self.attn(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), cu_seqlens, max_seqlen)  # [1, T, H, D]
+        return self.proj(out.reshape(seq, self.local_heads * self.head_dim))
+
+
+class VisionMLP(nn.Module):
+    """fc1 -> act -> fc2; x [T, dim] -> [T, dim]."""
+
+    def __init__(self, dim: int, hidden: int, act: str = "gelu", bias: bool = True, tp_size: int | None = None,
+                 device=None, dtype=None):
+        super().__init__()
+        tp = resolve_tp_size(tp_size)
+        self.fc1 = ColumnParallelLinear(dim, hidden, bias=bias, tp_size=tp, device=device, dtype=dtype)
+        self.act = get_act_fn(act)
+        self.fc2 = RowParallelLinear(hidden, dim, bias=bias, tp_size=tp, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class GatedVisionMLP(nn.Module):
+    """down_proj(act(gate_proj(x)) * up_proj(x)) with gate and up in one merged matmul (gate_up_proj,
+    shards 0 and 1); x [T, dim] -> [T, dim]."""
+
+    def __init__(self, dim: int, hidden: int, act: str = "silu", bias: bool = True, tp_size: int | None = None,
+                 device=None, dtype=None):
+        super().__init__()
+        tp = resolve_tp_size(tp_size)
+        self.gate_up_proj = MergedColumnParallelLinear(dim, [hidden, hidden], bias=bias, tp_size=tp,
+                                                       device=device, dtype=dtype)
+        self.act_and_mul = ActAndMul(act)
+        self.down_proj = RowParallelLinear(hidden, dim, bias=bias, tp_size=tp, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
+
+
+class VisionBlock(nn.Module):
+    """Pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)).
+
+    norm: "rms" or "layer"; mlp: "gated" (GatedVisionMLP) or "plain" (VisionMLP).
+    forward(x [T, dim], cu_seqlens, max_seqlen, rotary) -> [T, dim].
+    """
+
+    def __init__(self, dim: int, num_heads: int, mlp_hidden: int, *, norm: str = "rms", norm_eps: float = 1e-6,
+                 mlp: str = "gated", act: str = "silu", qkv_bias: bool = True, mlp_bias: bool = True,
+                 head_dim: int | None = None, rotary_interleaved: bool = False, tp_size: int | None = None,
+                 multimodal_config: MultiModalConfig | None = None, prefix: str = "", device=None, dtype=None):
+        super().__init__()
+        tp = resolve_tp_size(tp_size)
+        self.norm1 = make_norm(norm, dim, norm_eps, device=device, dtype=dtype)
+        self.norm2 = make_norm(norm, dim, norm_eps, device=device, dtype=dtype)
+        self.attn = VisionAttention(dim, num_heads, head_dim, qkv_bias=qkv_bias, proj_bias=qkv_bias,
+                                    rotary_interleaved=rotary_interleaved, tp_size=tp,
+                                    multimodal_config=multimodal_config, prefix=f"{prefix}.attn" if prefix else "",
+                                    device=device, dtype=dtype)
+        if mlp == "gated":
+            self.mlp = GatedVisionMLP(dim, mlp_hidden, act, mlp_bias, tp, device=device, dtype=dtype)
+        elif mlp == "plain":
+            self.mlp = VisionMLP(dim, mlp_hidden, act, mlp_bias, tp, device=device, dtype=dtype)
+        else:
+            raise ValueError(f"mlp kind {mlp!r} is not known; expected 'gated' or 'plain'")
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cu_seqlens, max_seqlen, rotary)
+        return x + self.mlp(self.norm2(x))
+
+
+class PatchMerger(nn.Module):
+    """Merges each merge_size x merge_size block of neighbouring patches into one output token.
+
+    The input holds a block's patches contiguously (merge-block order). forward(x [T, context_dim])
+    -> [T / merge_size^2, out_dim]. The norm runs on each patch (context_dim), or with
+    norm_after_merge=True on the merged vector (Qwen3-VL's post-shuffle norm).
+    Parameters: ln_q, fc1 (column-parallel), fc2 (row-parallel).
+    """
+
+    def __init__(self, out_dim: int, context_dim: int, merge_size: int = 2, *, norm: str = "rms",
+                 norm_eps: float = 1e-6, act: str = "gelu", norm_after_merge: bool = False,
+                 tp_size: int | None = None, device=None, dtype=None):
+        super().__init__()
+        tp = resolve_tp_size(tp_size)
+        self.hidden = context_dim * merge_size ** 2
+        self.norm_after_merge = norm_after_merge
+        self.ln_q = make_norm(norm, self.hidden if norm_after_merge else context_dim, norm_eps,
+                              device=device, dtype=dtype)
+        self.fc1 = ColumnParallelLinear(self.hidden, self.hidden, bias=True, tp_size=tp, device=device, dtype=dtype)
+        self.act = get_act_fn(act)
+        self.fc2 = RowParallelLinear(self.hidden, out_dim, bias=True, tp_size=tp, device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.norm_after_merge:
+            x = self.ln_q(x.reshape(-1, self.hidden))
+        else:
+            x = self.ln_q(x).reshape(-1, self.hidden)  # [T, C] -> [T / m^2, C * m^2]
+        return self.fc2(self.act(self.fc1(x)))

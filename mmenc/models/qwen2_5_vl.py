@@ -1,0 +1,229 @@
+"""Qwen2.5-VL vision tower: Qwen2-VL's layout with RMSNorm + SwiGLU blocks and window attention.
+
+Window attention: the merged-token grid of each frame is cut into windows of
+window_size / (patch_size * merge) merged tokens per side (edge windows are smaller). Tokens are
+permuted once, after the patch embedding, so every window is contiguous; layers in
+fullatt_block_indexes attend over whole frames (still contiguous: windows never cross frames), the
+others within windows. The merger's output is put back into image order with the inverse
+permutation. Permutations, rotary tables and both cu_seqlens are computed on the host from the CPU
+grid_thw once per forward and cached per (t, h, w) and per grid.
+
+Tensor parallelism: `tp_size=None` shards over the current tensor-parallel group; `tp_size=1`
+builds the tower unsharded (data-parallel mode).
+"""
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from mmenc.attention import make_cu_seqlens
+from mmenc.config import MultiModalConfig
+from mmenc.layers.grid import Grid, LRUCache, frame_lengths, num_patches, read_grid
+from mmenc.layers.rotary import VisionRotary2D
+from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock, resolve_tp_size
+from mmenc.layers.weights import WeightMap, load_named_weights
+from mmenc.models.base import ModelSpec, TowerOutput
+from mmenc.models.qwen2_vl import (PackPlan, _builtin, check_patch_count, qwen_vl_processor, rope_theta,
+                                   vision_config_dict)
+from mmenc.models.registry import register_model
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen2_5_VisionConfig:
+    """Qwen2.5-VL's vision_config. Defaults are transformers' Qwen2_5_VLVisionConfig defaults.
+
+    hidden_size: the tower's width; out_hidden_size: the output width (the language model's).
+    window_size: a window's side in pixels; fullatt_block_indexes: layers attending whole frames.
+    """
+
+    depth: int = 32
+    hidden_size: int = 3584
+    num_heads: int = 16
+    intermediate_size: int = 3420
+    out_hidden_size: int = 3584
+    hidden_act: str = "silu"
+    in_channels: int = 3
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    window_size: int = 112
+    fullatt_block_indexes: tuple[int, ...] = (7, 15, 23, 31)
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        object.__setattr__(self, "fullatt_block_indexes", tuple(int(i) for i in self.fullatt_block_indexes))
+        for field in ("depth", "hidden_size", "num_heads", "intermediate_size", "out_hidden_size", "in_channels",
+                      "patch_size", "temporal_patch_size", "spatial_merge_size", "window_size"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"Qwen2_5_VisionConfig.{field}={getattr(self, field)} must be positive")
+        if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 4:
+            raise ValueError(f"Qwen2_5_VisionConfig: hidden_size={self.hidden_size} must be num_heads="
+                             f"{self.num_heads} times a head size divisible by 4 (2-D rotary)")
+        unit = self.patch_size * self.spatial_merge_size
+        if self.window_size % unit:
+            raise ValueError(f"Qwen2_5_VisionConfig.window_size={self.window_size} must be a multiple of "
+                             f"patch_size * spatial_merge_size = {unit}")
+        bad = [i for i in self.fullatt_block_indexes if not 0 <= i < self.depth]
+        if bad:
+            raise ValueError(f"Qwen2_5_VisionConfig.fullatt_block_indexes has {bad} outside 0..{self.depth - 1}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def patch_features(self) -> int:
+        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+    @property
+    def merged_window(self) -> int:
+        """A window's side in merged tokens."""
+        return self.window_size // (self.patch_size * self.spatial_merge_size)
+
+    @classmethod
+    def from_hf(cls, config: Mapping[str, Any]) -> "Qwen2_5_VisionConfig":
+        v = vision_config_dict(config)
+        d = cls()
+        return cls(depth=v.get("depth", d.depth), hidden_size=v.get("hidden_size", d.hidden_size),
+                   num_heads=v.get("num_heads", d.num_heads),
+                   intermediate_size=v.get("intermediate_size", d.intermediate_size),
+                   out_hidden_size=v.get("out_hidden_size", d.out_hidden_size),
+                   hidden_act=v.get("hidden_act", d.hidden_act),
+                   in_channels=v.get("in_channels", v.get("in_chans", d.in_channels)),
+                   patch_size=v.get("patch_size", v.get("spatial_patch_size", d.patch_size)),
+                   temporal_patch_size=v.get("temporal_patch_size", d.temporal_patch_size),
+                   spatial_merge_size=v.get("spatial_merge_size", d.spatial_merge_size),
+                   window_size=v.get("window_size", d.window_size),
+                   fullatt_block_indexes=tuple(v.get("fullatt_block_indexes", d.fullatt_block_indexes)),
+                   rope_theta=rope_theta(v))
+
+
+QWEN2_5_VL_WEIGHT_MAP = WeightMap([
+    (".mlp.gate_proj.", ".mlp.gate_up_proj.", 0),
+    (".mlp.up_proj.", ".mlp.gate_up_proj.", 1),
+    ("merger.mlp.0.", "merger.fc1.", None),
+    ("merger.mlp.2.", "merger.fc2.", None),
+])
+
+
+def window_order(t: int, h: int, w: int, merge: int, window: int) -> tuple[torch.Tensor, list[int]]:
+    """Windows of one (t, h, w) item, over its merged-token grid [t, h/merge, w/merge].
+
+    Returns (order int64 [t*h*w/merge^2], lengths): merged token `order[i]` (raster index within the
+    item) is the i-th in window order -- frame by frame, windows in raster order, tokens in raster
+    order inside a window -- and `lengths` lists each window's size in merged tokens.
+    """
+    lh, lw = h // merge, w // merge
+    nh, nw = -(-lh // window), -(-lw // window)
+    f = torch.arange(t).view(t, 1, 1)
+    r = torch.arange(lh).view(1, lh, 1)
+    c = torch.arange(lw).view(1, 1, lw)
+    window_id = (f * nh + r // window) * nw + c // window  # [t, lh, lw]
+    inner = (r % window) * window + c % window
+    key = (window_id * window * window + inner).reshape(-1)
+    order = torch.argsort(key)
+    lengths = torch.bincount(window_id.reshape(-1), minlength=t * nh * nw)
+    return order, [n for n in lengths.tolist() if n > 0]
+
+
+class Qwen2_5_VisionTower(nn.Module):
+    """forward(pixel_values [T, C*tp*p*p], grid_thw int64 [N, 3] on CPU) -> TowerOutput with
+    embeddings [T / merge^2, out_hidden_size], images in grid order."""
+
+    weight_map = QWEN2_5_VL_WEIGHT_MAP
+
+    def __init__(self, config: Qwen2_5_VisionConfig, multimodal_config: MultiModalConfig | None = None,
+                 device=None, dtype=None, tp_size: int | None = None):
+        super().__init__()
+        self.config = config
+        tp = resolve_tp_size(tp_size)
+        self.tp_size = tp
+        self.merge = config.spatial_merge_size
+        self.full_attention = frozenset(config.fullatt_block_indexes)
+        self.patch_embed = PatchEmbed(config.patch_features, config.hidden_size, bias=False, device=device,
+                                      dtype=dtype)
+        self.rotary = VisionRotary2D(config.head_dim, config.rope_theta, merge_size=self.merge)
+        self.blocks = nn.ModuleList([
+            VisionBlock(config.hidden_size, config.num_heads, config.intermediate_size, norm="rms",
+                        norm_eps=config.norm_eps, mlp="gated", act=config.hidden_act, tp_size=tp,
+                        multimodal_config=multimodal_config, prefix=f"blocks.{i}", device=device, dtype=dtype)
+            for i in range(config.depth)])
+        self.merger = PatchMerger(config.out_hidden_size, config.hidden_size, self.merge, norm="rms",
+                                  norm_eps=config.norm_eps, tp_size=tp, device=device, dtype=dtype)
+        self._items = LRUCache(256)  # (t, h, w, device) -> permuted rotary tables, window order and lengths
+        self._plans = LRUCache(32)  # (grid, device) -> PackPlan
+
+    def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
+        return [t * h * w // self.merge ** 2 for t, h, w in read_grid(grid_thw, self.merge)]
+
+    def _item(self, t: int, h: int, w: int, device):
+        """One item's window order (host), window lengths (tokens) and rotary tables in window order (device)."""
+        def make():
+            unit = self.merge ** 2
+            order, lengths = window_order(t, h, w, self.merge, self.config.merged_window)
+            tokens = (order[:, None] * unit + torch.arange(unit)).reshape(-1)  # merged order -> patch order
+            cos, sin = self.rotary.table(t, h, w, "cpu")
+            return order, [n * unit for n in lengths], cos[tokens].to(device), sin[tokens].to(device)
+        return self._items.get((t, h, w, str(device)), make)
+
+    def plan(self, grid_thw: torch.Tensor, device) -> PackPlan:
+        grid = read_grid(grid_thw, self.merge)
+        return self._plans.get((grid, str(device)), lambda: self._make_plan(grid, device))
+
+    def _make_plan(self, grid: Grid, device) -> PackPlan:
+        unit = self.merge ** 2
+        items = [self._item(t, h, w, device) for t, h, w in grid]
+        orders, offset, window_lengths = [], 0, []
+        for (t, h, w), (order, lengths, _, _) in zip(grid, items):
+            orders.append(order + offset)
+            offset += t * h * w // unit
+            window_lengths += lengths
+        merged_order = torch.cat(orders)  # [T / unit]
+        token_order = (merged_order[:, None] * unit + torch.arange(unit)).reshape(-1)
+        cu, max_len = make_cu_seqlens(frame_lengths(grid), device)
+        cu_win, max_win = make_cu_seqlens(window_lengths, device)
+        cat = (lambda xs: xs[0]) if len(items) == 1 else torch.cat
+        return PackPlan(num_patches(grid), cu, max_len, cat([it[2] for it in items]), cat([it[3] for it in items]),
+                        cu_window_seqlens=cu_win, max_window_seqlen=max_win,
+                        token_order=token_order.to(device), merged_inverse=torch.argsort(merged_order).to(device))
+
+    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
+        plan = self.plan(grid_thw, pixel_values.device)
+        check_patch_count(pixel_values, plan)
+        x = self.patch_embed(pixel_values)[plan.token_order]  # [T, hidden], window order
+        rotary = (plan.cos, plan.sin)
+        for i, block in enumerate(self.blocks):
+            if i in self.full_attention:
+                x = block(x, plan.cu_seqlens, plan.max_seqlen, rotary)
+            else:
+                x = block(x, plan.cu_window_seqlens, plan.max_window_seqlen, rotary)
+        return TowerOutput(self.merger(x)[plan.merged_inverse])  # [T / unit, out_hidden], image order
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return load_named_weights(self, weights, self.weight_map)
+
+
+def _qwen2_5_vl_builtin(out_hidden: int) -> dict[str, Any]:
+    vision = {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+              "in_chans": 3, "out_hidden_size": out_hidden, "patch_size": 14, "spatial_merge_size": 2,
+              "spatial_patch_size": 14, "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31],
+              "tokens_per_second": 2, "temporal_patch_size": 2}
+    return _builtin("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", vision, out_hidden)
+
+
+QWEN2_5_VL_SPEC = register_model(ModelSpec(
+    architectures=("Qwen2_5_VLForConditionalGeneration",),
+    tower_cls=Qwen2_5_VisionTower,
+    config_from_hf=Qwen2_5_VisionConfig.from_hf,
+    weight_prefixes=("model.visual.", "visual."),
+    processor_from_hf=qwen_vl_processor,
+    builtin_configs={
+        "Qwen/Qwen2.5-VL-3B-Instruct": _qwen2_5_vl_builtin(2048),
+        "Qwen/Qwen2.5-VL-7B-Instruct": _qwen2_5_vl_builtin(3584),
+        "Qwen/Qwen2.5-VL-32B-Instruct": _qwen2_5_vl_builtin(5120),
+        "Qwen/Qwen2.5-VL-72B-Instruct": _qwen2_5_vl_builtin(8192),
+    },
+))
