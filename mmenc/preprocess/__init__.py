@@ -1,0 +1,48 @@
+"""Image loading and transformers-exact image/video processors for every tower family.
+
+A processor is built from a preprocessor_config.json dict ({} or None for transformers' defaults):
+    proc = get_processor("qwen2_5_vl", config_dict)      # or qwen2_5_vl_from_hf(config_dict)
+    pixel_values, grid_thw = proc(images)                # paths, bytes, PIL or numpy
+    pixel_values, grid_thw = proc.preprocess_video(frames)
+Each family's `*_from_hf` is a `dict -> processor` callable for ModelSpec.processor_from_hf.
+"""
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image, load_images
+from mmenc.preprocess.kimi import KimiProcessor, KimiProcessorConfig, kimi_k25_from_hf
+from mmenc.preprocess.qwen_vl import (
+    QwenVLProcessor,
+    QwenVLProcessorConfig,
+    glm4v_from_hf,
+    qwen2_vl_from_hf,
+    qwen3_vl_from_hf,
+)
+
+qwen2_5_vl_from_hf = qwen2_vl_from_hf  # transformers maps qwen2_5_vl to the Qwen2-VL processor
+
+PROCESSORS: dict[str, Callable[..., Any]] = {
+    "qwen2_vl": qwen2_vl_from_hf,
+    "qwen2_5_vl": qwen2_5_vl_from_hf,
+    "qwen3_vl": qwen3_vl_from_hf,
+    "glm4v": glm4v_from_hf,
+    "kimi_k25": kimi_k25_from_hf,
+}
+
+
+def get_processor(kind: str, config: Mapping[str, Any] | None = None,
+                  video_config: Mapping[str, Any] | None = None, **overrides) -> Any:
+    """kind: a key of PROCESSORS (model_type spelling; '-' and case ignored).
+    overrides: config fields that win over the dicts, e.g. backend="pil"."""
+    key = kind.lower().replace("-", "_").replace(".", "_")
+    if key not in PROCESSORS:
+        raise ValueError(f"unknown processor kind {kind!r}; expected one of {sorted(PROCESSORS)}")
+    return PROCESSORS[key](config, video_config, **overrides)
+
+
+__all__ = [
+    "ImageLoadError", "LoadFailure", "load_image", "load_images",
+    "QwenVLProcessor", "QwenVLProcessorConfig", "KimiProcessor", "KimiProcessorConfig",
+    "qwen2_vl_from_hf", "qwen2_5_vl_from_hf", "qwen3_vl_from_hf", "glm4v_from_hf", "kimi_k25_from_hf",
+    "PROCESSORS", "get_processor",
+]
