@@ -43,16 +43,29 @@ class MMEncoderAttention(CustomOp):
         self.backend: AttentionBackendEnum = current_platform.get_vit_attn_backend(
             head_size, dtype, config.mm_encoder_attn_backend)
         self._impl = get_backend_class(self.backend)
+        # Per-shape choice: packs whose longest segment is short (window layers) may run another
+        # backend; decided from max_seqlen, a host int, so no device sync. None when not used.
+        self.short_backend: AttentionBackendEnum | None = None
+        self.short_seqlen_max = current_platform.short_seqlen_max
+        if config.mm_encoder_attn_backend is None:
+            self.short_backend = current_platform.get_vit_attn_short_backend(head_size, dtype, self.backend)
+        self._short_impl = get_backend_class(self.short_backend) if self.short_backend else None
 
     def extra_repr(self) -> str:
         return (f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_size={self.head_size}, "
-                f"backend={self.backend.name}")
+                f"backend={self.describe_backend()}")
+
+    def describe_backend(self) -> str:
+        """"TORCH_SDPA", or with a per-shape choice "FLASH_ATTN (TRITON_ATTN for segments <= 256)"."""
+        if self.short_backend is None:
+            return self.backend.name
+        return f"{self.backend.name} ({self.short_backend.name} for segments <= {self.short_seqlen_max})"
 
     def forward_native(self, query, key, value, cu_seqlens=None, max_seqlen=None):
         return self._run(get_backend_class(AttentionBackendEnum.TORCH_SDPA), query, key, value, cu_seqlens, max_seqlen)
 
     def forward_cuda(self, query, key, value, cu_seqlens=None, max_seqlen=None):
-        return self._run(self._impl, query, key, value, cu_seqlens, max_seqlen)
+        return self._run(None, query, key, value, cu_seqlens, max_seqlen)
 
     forward_cpu = forward_xpu = forward_tpu = forward_oot = forward_cuda
 
@@ -68,7 +81,11 @@ class MMEncoderAttention(CustomOp):
         elif max_seqlen is None:
             raise ValueError(f"{self._name}: max_seqlen is required with cu_seqlens (compute it once per encoder "
                              f"forward, e.g. with mmenc.attention.make_cu_seqlens)")
-        out = impl.forward(q, k, v, cu_seqlens, int(max_seqlen), self.scale)  # [T, Hq, D]
+        max_seqlen = int(max_seqlen)
+        if impl is None:
+            short = self._short_impl is not None and max_seqlen <= self.short_seqlen_max
+            impl = self._short_impl if short else self._impl
+        out = impl.forward(q, k, v, cu_seqlens, max_seqlen, self.scale)  # [T, Hq, D]
         return out.reshape(query.shape)
 
     @property

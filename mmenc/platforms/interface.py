@@ -48,11 +48,19 @@ class Platform:
         """This platform's encoder-attention backends, best first."""
         raise NotImplementedError
 
+    # Segments up to this many tokens count as "short" (Qwen2.5-VL's windows: 64).
+    short_seqlen_max: ClassVar[int] = 256
+
+    def vit_attn_short_priority(self, dtype: torch.dtype) -> list[AttentionBackendEnum]:
+        """Backends preferred for packs whose longest segment is short, best first; empty: no
+        per-shape choice (the main backend runs every pack)."""
+        return []
+
     def get_supported_vit_attn_backends(self) -> list[AttentionBackendEnum]:
         """Every backend this platform may select, best first (for any dtype)."""
         seen: list[AttentionBackendEnum] = []
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
-            seen += [b for b in self.vit_attn_priority(dtype) if b not in seen]
+            seen += [b for b in self.vit_attn_priority(dtype) + self.vit_attn_short_priority(dtype) if b not in seen]
         return seen
 
     def backend_reasons(self, backend: AttentionBackendEnum, head_size: int, dtype: torch.dtype) -> list[str]:
@@ -94,6 +102,20 @@ class Platform:
             rejected.append(f"{candidate.name}: {', '.join(reasons)}")
         raise ValueError(f"no encoder-attention backend can run head_size={head_size}, dtype={_dtype_name(dtype)} "
                          f"on {self.device_info().describe()}: " + "; ".join(rejected))
+
+    def get_vit_attn_short_backend(self, head_size: int, dtype: torch.dtype,
+                                   main: AttentionBackendEnum) -> AttentionBackendEnum | None:
+        """The backend for packs whose longest segment is <= short_seqlen_max, when it differs from
+        `main` (the per-shape choice); None when `main` runs every pack. Only for automatic
+        selection: an explicit backend runs everywhere."""
+        for candidate in self.vit_attn_short_priority(dtype):
+            if not self.backend_reasons(candidate, head_size, dtype):
+                if candidate == main:
+                    return None
+                log_once(logger, f"encoder attention: {candidate.name} for segments of <= {self.short_seqlen_max} "
+                                 f"tokens (head_size={head_size}, dtype={_dtype_name(dtype)}), {main.name} for longer")
+                return candidate
+        return None
 
     def _usable(self, head_size: int, dtype: torch.dtype) -> list[AttentionBackendEnum]:
         return [b for b in self.vit_attn_priority(dtype) if not self.backend_reasons(b, head_size, dtype)]
