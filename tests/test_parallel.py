@@ -1,0 +1,137 @@
+"""Data/tensor-parallel engine: image assignment, order restoration, gloo gathers, and the worker group
+(weights and data mode equal the single-process tower; guards: device count, dead / hung workers, shutdown)."""
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from mmenc.engine.parallel import (assign_images, gather_outputs, merge_outputs, pack_for_rank, patch_counts,
+                                   resolve_tp_mode, run_data_parallel, split_pack)
+from mmenc.models.base import TowerOutput
+
+TOL = 1e-5
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    err = ((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-12)).item()
+    assert err < TOL, f"{what}: relative error {err:.3e} >= tolerance {TOL:.0e}"
+
+
+def _same_output(got: TowerOutput, want: TowerOutput, what: str) -> None:
+    _close(got.embeddings, want.embeddings, f"{what} embeddings")
+    assert got.extras.keys() == want.extras.keys(), f"{what}: extras {sorted(got.extras)} != {sorted(want.extras)}"
+    for key, value in want.extras.items():
+        if isinstance(value, torch.Tensor):
+            _close(got.extras[key], value, f"{what} extras[{key!r}]")
+        elif isinstance(value, list):
+            assert len(got.extras[key]) == len(value)
+            for i, (g, w) in enumerate(zip(got.extras[key], value)):
+                _close(g, w, f"{what} extras[{key!r}][{i}]")
+        else:
+            assert got.extras[key] == value
+
+
+# ---- pure functions ----
+
+def test_assign_images_largest_first_to_least_loaded():
+    assert assign_images([10, 50, 20, 30, 40], 2) == [[0, 1, 2], [3, 4]]  # 50,20,10 | 40,30
+    assert assign_images([5, 5, 5, 5], 2) == [[0, 2], [1, 3]]  # ties: lower index first, lower rank wins
+    assert assign_images([7], 3) == [[0], [], []]
+    assert assign_images([], 2) == [[], []]
+    assert assign_images([3, 1, 2], 1) == [[0, 1, 2]]
+    counts = [int(x) for x in torch.randint(1, 1000, (40,), generator=torch.Generator().manual_seed(0))]
+    ranks = assign_images(counts, 4)
+    assert sorted(i for r in ranks for i in r) == list(range(40))
+    loads = [sum(counts[i] for i in r) for r in ranks]
+    assert max(loads) - min(loads) <= max(counts), loads  # greedy LPT bound
+    assert assign_images(counts, 4) == ranks  # deterministic
+
+
+def test_assign_images_rejects_bad_world():
+    with pytest.raises(ValueError, match="world=0"):
+        assign_images([1, 2], 0)
+
+
+def test_resolve_tp_mode():
+    assert resolve_tp_mode("weights", 16, 2) == ("weights", None)
+    assert resolve_tp_mode("weight", 16, 4) == ("weights", None)
+    assert resolve_tp_mode("data", 16, 2) == ("data", None)
+    assert resolve_tp_mode("weights", 3, 1) == ("weights", None)
+    mode, reason = resolve_tp_mode("weights", 16, 3)
+    assert mode == "data" and "num_heads=16 is not divisible by tensor_parallel_size=3" in reason
+    mode, reason = resolve_tp_mode("weights", 16, 2, sizes={"intermediate_size": 3421})
+    assert mode == "data" and "intermediate_size=3421" in reason
+    with pytest.raises(ValueError, match="mm_encoder_tp_mode='rows'"):
+        resolve_tp_mode("rows", 16, 2)
+
+
+def _grid_and_pixels(seed=0):
+    grid = torch.tensor([[1, 4, 4], [2, 4, 6], [1, 2, 2], [1, 6, 4], [1, 4, 2]])  # includes a 2-frame video
+    pv = torch.randn(int(grid.prod(-1).sum()), 6, generator=torch.Generator().manual_seed(seed))
+    return grid, pv
+
+
+def _fake_tower(pv: torch.Tensor, grid: torch.Tensor) -> TowerOutput:
+    """Per image: 4 patch rows merge into one token (like a 2x2 merger); extras like Qwen3-VL's deepstack."""
+    emb = pv.reshape(-1, 24) @ torch.linspace(-1, 1, 24 * 5).reshape(24, 5)  # [tokens, 5]
+    return TowerOutput(embeddings=emb, extras={"deepstack": [emb * 2, emb.square()], "scale": emb[:, :1],
+                                               "note": "merged 2x2"})
+
+
+def _tokens(grid):
+    return [n // 4 for n in patch_counts(grid)]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 7])
+def test_split_and_merge_restore_input_order(world):
+    grid, pv = _grid_and_pixels()
+    assignment, packs = split_pack(pv, grid, world)
+    for imgs, (p, g) in zip(assignment, packs):
+        assert g.tolist() == grid[imgs].tolist()
+        assert p.shape[0] == sum(patch_counts(g))
+    outputs = [_fake_tower(p, g) if imgs else None for imgs, (p, g) in zip(assignment, packs)]
+    _same_output(merge_outputs(outputs, assignment, _tokens(grid)), _fake_tower(pv, grid), f"world={world}")
+
+
+def test_pack_for_rank_rows_and_errors():
+    grid, pv = _grid_and_pixels()
+    starts = [0, 16, 64, 68, 92, 100]
+    p, g = pack_for_rank(pv, grid, [1, 3])
+    assert torch.equal(p, torch.cat([pv[16:64], pv[68:92]])) and g.tolist() == [[2, 4, 6], [1, 6, 4]]
+    p, _ = pack_for_rank(pv, grid, [2, 3])
+    assert p.data_ptr() == pv[starts[2]].data_ptr()  # contiguous images: a view, no copy
+    with pytest.raises(ValueError, match="pixel_values has 99 rows but grid_thw describes 100 patches"):
+        pack_for_rank(pv[:99], grid, [0])
+
+
+# ---- gloo: gather_outputs / run_data_parallel in 2 processes ----
+
+def _gather_worker(rank, world, init_file):
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        for n_images in (5, 1):  # 1 image: rank 1 is empty
+            grid, pv = _grid_and_pixels()
+            grid = grid[:n_images]
+            pv = pv[:sum(patch_counts(grid))]
+            got = run_data_parallel(_fake_tower, pv, grid, _tokens(grid))
+            _same_output(got, _fake_tower(pv, grid), f"rank {rank} images={n_images}")
+        # explicit gather with an empty local output
+        assignment = [[0], []]
+        grid, pv = _grid_and_pixels()
+        local = _fake_tower(*pack_for_rank(pv[:16], grid[:1], [0])) if rank == 0 else None
+        got = gather_outputs(local, assignment, _tokens(grid[:1]), device="cpu")
+        _same_output(got, _fake_tower(pv[:16], grid[:1]), "gather with empty rank")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_run_data_parallel_gloo(tmp_path):
+    mp.spawn(_gather_worker, args=(2, str(tmp_path / "init")), nprocs=2, join=True)
