@@ -283,7 +283,7 @@ if triton is not None:
             k_ptr += BLOCK_N * stride_kt
             v_ptr += BLOCK_N * stride_vt
 
-        inv_l = 1.0 / l_i
+        inv_l = 1.0 / tl.where(l_i > 0.0, l_i, 1.0)  # rows past the tile end have l == 0
         o_rows = O + q_lo.to(tl.int64) * stride_ot + head * stride_oh + offs_m[:, None] * stride_ot
         tl.store(o_rows + offs_a[None, :], (acc_a * inv_l[:, None]).to(O.dtype.element_ty),
                  mask=row_ok[:, None] & a_ok[None, :])

@@ -1,0 +1,216 @@
+"""TRITON_ATTN against the NAIVE oracle.
+
+* GPU tests (`gpu` marker): bf16/fp16, head sizes 17/64/72/80/128, GQA, windows, long segments.
+* Interpreter tests: without CUDA but with triton installed, the kernel runs on Triton's CPU
+  interpreter (TRITON_INTERPRET=1, set below before the kernel module is imported). The
+  interpreter's tl.dot is wrong for bf16, so they use fp16 and fp32. They skip without triton.
+* Host-side pieces (tile table, head split, reasons, fake op) need neither.
+"""
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from mmenc.attention.backend_enum import AttentionBackendEnum
+from mmenc.attention.backends import get_backend_class
+from mmenc.attention.backends.naive import NaiveBackend
+from mmenc.attention.packing import PackInfo, make_cu_seqlens
+from mmenc.platforms.device_info import DeviceInfo
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+HAS_CUDA = torch.cuda.is_available()
+if HAS_TRITON and not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel module imports triton
+
+from mmenc.kernels import triton_varlen_attn as tva  # noqa: E402
+
+gpu = pytest.mark.skipif(not (HAS_CUDA and HAS_TRITON), reason="needs a CUDA GPU and triton")
+TOL = 2e-2
+
+
+def _pack(lengths, hq, hkv, d, dtype, device, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    cu, max_seqlen = make_cu_seqlens(lengths, device)
+    t = sum(lengths)
+    q, k, v = (torch.randn(t, h, d, generator=gen).to(device, dtype) for h in (hq, hkv, hkv))
+    return q, k, v, cu, max_seqlen
+
+
+def _check(out, q, k, v, cu, max_seqlen, what, tol=TOL):
+    ref = NaiveBackend.forward(q, k, v, cu, max_seqlen, q.shape[-1] ** -0.5)
+    assert out.shape == ref.shape and out.dtype == ref.dtype, f"{what}: {out.shape}/{out.dtype} vs {ref.shape}"
+    err = ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-12)).item()
+    assert err < tol, f"{what}: relative error {err:.3e} >= tolerance {tol:.0e}"
+
+
+# ---------------------------------------------------------------- host side (always runs)
+
+@pytest.mark.parametrize("lengths", [[5], [1, 0, 7, 30, 2, 2, 2, 0], [40, 3, 3, 65, 1], [16] * 9, [0, 0, 4]])
+@pytest.mark.parametrize("block_m,block_n", [(16, 16), (32, 16), (64, 32)])
+def test_tile_table_covers_each_row_once(lengths, block_m, block_n):
+    info = PackInfo(tuple(lengths), max(lengths))
+    tiles, seg_ids = tva.tile_table(info, block_m, block_n, torch.device("cpu"))
+    starts = info.starts()
+    seg_of = [s for s, n in enumerate(lengths) for _ in range(n)]
+    assert seg_ids.tolist() == seg_of
+    seen = [0] * sum(lengths)
+    for q_lo, q_hi, kv_lo, kv_hi, n_full in tiles.tolist():
+        assert 0 < q_hi - q_lo <= block_m, (q_lo, q_hi)
+        segs = set(seg_of[q_lo:q_hi])
+        # the KV range is exactly the segments of the tile's rows; unmasked blocks only for one segment
+        assert kv_lo == starts[min(segs)] and kv_hi == starts[max(segs)] + lengths[max(segs)], (q_lo, q_hi, kv_lo, kv_hi)
+        assert n_full == ((kv_hi - kv_lo) // block_n if len(segs) == 1 else 0)
+        for r in range(q_lo, q_hi):
+            seen[r] += 1
+    assert seen == [1] * sum(lengths)
+
+
+def test_tile_table_cached_per_pack():
+    cu, _ = make_cu_seqlens([64] * 6)
+    from mmenc.attention.packing import pack_info
+    info = pack_info(cu, 384)
+    a = tva.tile_table(info, 128, 64, torch.device("cpu"))
+    assert tva.tile_table(info, 128, 64, torch.device("cpu"))[0] is a[0]
+    assert a[0].shape[0] == 3  # two 64-token windows per 128-row tile
+
+
+@pytest.mark.parametrize("d,expected", [(16, (16, 0)), (17, (32, 0)), (64, (64, 0)), (72, (64, 16)), (80, (64, 16)),
+                                        (96, (64, 32)), (112, (128, 0)), (128, (128, 0)), (8, (16, 0))])
+def test_head_split(d, expected):
+    assert tva.head_split(d) == expected
+    da, db = tva.head_split(d, split=False)
+    assert db == 0 and da >= d
+
+
+def test_reasons():
+    cls = get_backend_class(AttentionBackendEnum.TRITON_ATTN)
+    h100 = DeviceInfo(type="cuda", vendor="nvidia", capability=(9, 0))
+    extra = [] if HAS_TRITON else ["triton is not installed (pip install triton)"]
+    assert cls.unsupported_reasons(80, torch.bfloat16, h100) == extra
+    assert any("compute capability >= 8.0" in r for r in
+               cls.unsupported_reasons(80, torch.float16, DeviceInfo("cuda", "nvidia", (7, 5))))
+    assert any("ROCm" in r for r in cls.unsupported_reasons(80, torch.float16, DeviceInfo("cuda", "amd", arch="gfx942")))
+    assert any("float32" in r for r in cls.unsupported_reasons(80, torch.float32, h100))
+    assert any("head_size 300" in r for r in cls.unsupported_reasons(300, torch.float16, h100))
+
+
+def test_fake_impl_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q, k = torch.empty(10, 4, 72, dtype=torch.bfloat16), torch.empty(10, 2, 72, dtype=torch.bfloat16)
+        out = torch.ops.mmenc.triton_varlen_attn(q, k, k, torch.empty(3, dtype=torch.int32), 5, 0.1)
+    assert out.shape == (10, 4, 72) and out.dtype == torch.bfloat16
+
+
+# ---------------------------------------------------------------- interpreter (CPU, triton installed)
+
+def _interpreter_works() -> str | None:
+    if not HAS_TRITON:
+        return "triton is not installed"
+    if HAS_CUDA:
+        return "CUDA is present: the GPU tests cover the kernel"
+    q, k, v, cu, _ = _pack([3, 2], 1, 1, 16, torch.float32, "cpu")
+    from triton.runtime.errors import InterpreterError
+
+    try:
+        tva.launch(q, k, v, cu, 0.25, tva.KernelConfig(16, 16))
+    except InterpreterError as e:
+        if "0-dimensional" in str(e):
+            return "this Triton interpreter fails with numpy>=2.4 (int() of 1-element arrays); use numpy<2.4"
+        raise
+    return None
+
+
+_INTERP_SKIP = _interpreter_works() if HAS_TRITON and not HAS_CUDA else "needs triton and no CUDA"
+interp = pytest.mark.skipif(_INTERP_SKIP is not None, reason=str(_INTERP_SKIP))
+SMALL = tva.KernelConfig(block_m=32, block_n=16)
+
+
+@interp
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("d", [16, 17, 64, 72, 80, 128])
+def test_interpreter_head_sizes(d, dtype):
+    q, k, v, cu, mx = _pack([1, 5, 70, 3, 0, 20], 2, 2, d, dtype, "cpu", seed=d)
+    _check(tva.launch(q, k, v, cu, d ** -0.5, SMALL), q, k, v, cu, mx, f"d={d} {dtype}")
+
+
+@interp
+@pytest.mark.parametrize("hq,hkv", [(4, 2), (4, 1), (3, 3)])
+@pytest.mark.parametrize("config", [SMALL, tva.KernelConfig(16, 16), tva.KernelConfig(64, 32, split=False)])
+def test_interpreter_gqa_and_tiles(hq, hkv, config):
+    q, k, v, cu, mx = _pack([33, 1, 16, 16, 7, 9, 0, 40], hq, hkv, 80, torch.float16, "cpu", seed=hq + hkv)
+    _check(tva.launch(q, k, v, cu, 80 ** -0.5, config), q, k, v, cu, mx, f"hq={hq} hkv={hkv} {config}")
+
+
+@interp
+def test_interpreter_windows_packed():
+    q, k, v, cu, mx = _pack([8] * 12 + [5, 8, 3], 2, 1, 72, torch.float16, "cpu")
+    _check(tva.launch(q, k, v, cu, 72 ** -0.5, SMALL), q, k, v, cu, mx, "8-token windows in 32-row tiles")
+
+
+@interp
+def test_interpreter_strided_views_and_empty():
+    t, h, d = 50, 2, 72
+    cu, mx = make_cu_seqlens([20, 1, 29])
+    qkv = torch.randn(t, 3, h, d).half()
+    q, k, v = qkv.unbind(1)  # strided views, stride(-1) == 1
+    _check(tva.launch(q, k, v, cu, d ** -0.5, SMALL), q, k, v, cu, mx, "views of a fused qkv")
+    empty = torch.empty(0, h, d, dtype=torch.float16)
+    cu0, _ = make_cu_seqlens([0, 0])
+    assert tva.launch(empty, empty, empty, cu0, 0.1).shape == (0, h, d)
+
+
+@interp
+def test_interpreter_op_and_backend_and_compile(monkeypatch):
+    q, k, v, cu, mx = _pack([9, 1, 30], 4, 2, 64, torch.float16, "cpu")
+    for bucket in tva.CONFIGS:
+        monkeypatch.setitem(tva.CONFIGS, bucket, [SMALL])
+    backend = get_backend_class(AttentionBackendEnum.TRITON_ATTN)
+    _check(backend.forward(q, k, v, cu, mx, 0.125), q, k, v, cu, mx, "backend.forward")
+    compiled = torch.compile(backend.forward, fullgraph=True, backend="eager")
+    _check(compiled(q, k, v, cu, mx, 0.125), q, k, v, cu, mx, "torch.compile(fullgraph=True)")
+
+
+# ---------------------------------------------------------------- GPU
+
+GPU_PACKS = {
+    "mixed": [1, 5, 300, 3, 0, 64, 129, 17],
+    "windows": [64] * 40 + [48, 64, 36, 1],
+    "long": [3000, 1, 2500],
+}
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [17, 64, 72, 80, 128])
+@pytest.mark.parametrize("pack", sorted(GPU_PACKS))
+def test_gpu_against_naive(pack, d, dtype):
+    q, k, v, cu, mx = _pack(GPU_PACKS[pack], 8, 8, d, dtype, "cuda", seed=d)
+    backend = get_backend_class(AttentionBackendEnum.TRITON_ATTN)
+    _check(backend.forward(q, k, v, cu, mx, d ** -0.5), q, k, v, cu, mx, f"{pack} d={d} {dtype}")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,hkv", [(16, 4), (16, 1), (12, 12)])
+@pytest.mark.parametrize("bucket", sorted(tva.CONFIGS))
+def test_gpu_every_config_and_gqa(hq, hkv, bucket):
+    q, k, v, cu, mx = _pack(GPU_PACKS["mixed"], hq, hkv, 80, torch.bfloat16, "cuda")
+    for config in tva.CONFIGS[bucket]:
+        _check(tva.launch(q, k, v, cu, 80 ** -0.5, config), q, k, v, cu, mx, f"{config} hq={hq} hkv={hkv}")
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_strided_and_compile():
+    t, h, d = 700, 16, 80
+    cu, mx = make_cu_seqlens([64] * 10 + [60])
+    qkv = torch.randn(t, 3, h, d, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.unbind(1)
+    backend = get_backend_class(AttentionBackendEnum.TRITON_ATTN)
+    _check(backend.forward(q, k, v, cu, mx, d ** -0.5), q, k, v, cu, mx, "views of a fused qkv")
+    compiled = torch.compile(backend.forward, fullgraph=True)
+    _check(compiled(q, k, v, cu, mx, d ** -0.5), q, k, v, cu, mx, "torch.compile(fullgraph=True)")
