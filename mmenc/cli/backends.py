@@ -1,0 +1,103 @@
+"""`mmenc backends`: every encoder-attention backend, whether it can run here, and the platform's pick."""
+import argparse
+import json
+
+import torch
+
+# --dtype spellings -> dtype; the first three are the canonical names.
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "fp32": torch.float32, "float": torch.float32, "fp16": torch.float16, "half": torch.float16,
+          "bf16": torch.bfloat16}
+DEFAULT_HEAD_SIZE = 80
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "backends", help="list the encoder-attention backends and the one this platform picks",
+        description="List every registered encoder-attention backend: installed (version), usable on this "
+                    "device for the given head size and dtype (or why not), offered by the platform, and "
+                    "which one the platform picks.")
+    parser.add_argument("--head-size", type=int, default=DEFAULT_HEAD_SIZE,
+                        help=f"attention head size (default {DEFAULT_HEAD_SIZE})")
+    parser.add_argument("--dtype", default=None,
+                        help="float32, float16 or bfloat16 (also fp32, fp16, bf16, half); "
+                             "default bfloat16 on a GPU, float32 on CPU")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    return parser
+
+
+def resolve_dtype(name: str | None, device_type: str) -> tuple[torch.dtype, str]:
+    """(dtype, how it was chosen) for a --dtype value; None picks the platform's default."""
+    if name is None:
+        if device_type == "cpu":
+            return torch.float32, "default on CPU"
+        return torch.bfloat16, f"default on {device_type}"
+    dtype = DTYPES.get(name.strip().lower())
+    if dtype is None:
+        raise ValueError(f"--dtype {name!r} is not valid; choose one of {', '.join(DTYPES)}")
+    return dtype, "requested"
+
+
+def report(platform, head_size: int, dtype: torch.dtype) -> dict:
+    """The table's content as plain data: platform, the priority list, each backend's row, the pick."""
+    priority = platform.vit_attn_priority(dtype)
+    rows = platform.explain_vit_attn_backends(head_size, dtype)
+    try:
+        selected, error = platform.get_vit_attn_backend(head_size, dtype), None
+    except ValueError as e:  # nothing can run: the table shows why, and the message says so too
+        selected, error = None, str(e)
+    if selected is not None:
+        skipped = [b.name for b in priority[:priority.index(selected)]]
+        why = f"first usable in the {platform.name} priority list for {_name(dtype)}"
+        why += f" (passed over: {', '.join(skipped)})" if skipped else ""
+    else:
+        why = error
+    rank = {b: i + 1 for i, b in enumerate(priority)}
+    rows = sorted(rows, key=lambda r: (rank.get(r.backend, len(rank) + 1), list(type(r.backend)).index(r.backend)))
+    return {
+        "platform": platform.name,
+        "device": platform.device_info().describe(),
+        "head_size": head_size,
+        "dtype": _name(dtype),
+        "priority": [b.name for b in priority],
+        "selected": selected.name if selected is not None else None,
+        "why": why,
+        "backends": [{"name": r.backend.name, "installed": r.installed, "version": r.version,
+                      "usable": r.usable, "reasons": list(r.reasons), "offered": r.in_priority,
+                      "priority": rank.get(r.backend), "selected": r.backend is selected} for r in rows],
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    from mmenc.platforms import current_platform
+
+    if args.head_size <= 0:
+        raise ValueError(f"--head-size {args.head_size} is not valid; expected a positive integer")
+    dtype, dtype_note = resolve_dtype(args.dtype, current_platform.device_type)
+    data = report(current_platform, args.head_size, dtype)
+    if args.json:
+        print(json.dumps({**data, "dtype_source": dtype_note}, indent=2))
+        return 0 if data["selected"] else 1
+    print(f"platform: {data['platform']}    device: {data['device']}")
+    print(f"head_size: {data['head_size']}    dtype: {data['dtype']} ({dtype_note})")
+    print(f"priority for {data['dtype']}: {' > '.join(data['priority']) or '(empty)'}")
+    print()
+    table = [("", "BACKEND", "INSTALLED", "USABLE", "OFFERED", "PRIORITY", "WHY NOT")]
+    for row in data["backends"]:
+        installed = f"yes ({row['version']})" if row["installed"] and row["version"] else (
+            "yes" if row["installed"] else "no")
+        table.append(("*" if row["selected"] else "", row["name"], installed, "yes" if row["usable"] else "no",
+                      "yes" if row["offered"] else "no", str(row["priority"] or "-"), "; ".join(row["reasons"])))
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]) - 1)]
+    for r in table:
+        print(("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]).rstrip())
+    print()
+    if data["selected"]:
+        print(f"selected (*): {data['selected']}: {data['why']}")
+        return 0
+    print(f"selected: none: {data['why']}")
+    return 1
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
