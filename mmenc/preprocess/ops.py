@@ -10,9 +10,9 @@ torchvision itself is not needed.
 backend="pil" (transformers' `...ImageProcessorPil`, the fallback without torchvision): PIL bicubic
 on uint8, then float64 rescale cast to float32, then (x - mean) / std in float32.
 
-Both give bitwise the transformers output of the same backend. They differ from each other by up to
-a few uint8 levels per pixel after resizing (different fixed-point pipelines), i.e. up to ~0.3
-after normalization with CLIP std; unresized images agree to ~1e-6.
+Both give bitwise the transformers output of the same backend. They differ from each other after a
+resize (different fixed-point pipelines): up to ~20 uint8 levels on random noise, ~0.3 after CLIP
+normalization; unresized images agree to ~1e-6.
 """
 from collections.abc import Sequence
 
