@@ -171,3 +171,10 @@ def run_data_parallel(run: Callable[[torch.Tensor, torch.Tensor], TowerOutput], 
         pv, grid = pack_for_rank(pixel_values, grid_thw, mine)
         local = run(pv.to(device, non_blocking=True), grid)
     return gather_outputs(local, assignment, tokens_per_image, group, device)
+
+
+def __getattr__(name: str):
+    if name == "WorkerGroup":  # lives in engine/workers.py (process management); importable from here too
+        from mmenc.engine.workers import WorkerGroup
+        return WorkerGroup
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

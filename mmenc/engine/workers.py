@@ -1,0 +1,304 @@
+"""WorkerGroup: N processes that hold the tower (sharded: "weights", or one replica each: "data").
+
+    with WorkerGroup(2, dict(model=path, load_format="auto", dtype="bfloat16"), mode="data") as group:
+        out = group.run(pixel_values, grid_thw)        # TowerOutput, CPU tensors, input image order
+
+Every rank is a spawned worker; the calling process is not in the process group (it holds no
+device and no communicator), so a worker that raises, dies or hangs cannot take the caller with it:
+the caller waits on pipes with a deadline and turns each failure into an error naming the rank
+(with the worker's traceback), then shuts the group down. Inputs travel through shared memory
+(torch.multiprocessing); each worker moves what it needs to its device (data mode: only its images).
+Rank 0 answers with the result in shared memory (CPU); the others answer "done".
+Under torchrun there are no spawned workers: see `mmenc.distributed.init_from_env`.
+"""
+import dataclasses
+import datetime
+import os
+import threading
+import time
+import traceback
+import weakref
+from multiprocessing.connection import wait
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from mmenc.config import MultiModalConfig
+from mmenc.logger import init_logger
+from mmenc.models.base import TowerOutput
+
+logger = init_logger(__name__)
+
+_FAULT_ACTIONS = ("raise", "exit", "hang")
+
+
+class WorkerError(RuntimeError):
+    """A worker raised or died; the message carries its rank and traceback (or exit code)."""
+
+
+class WorkerGroup:
+    """Start `world_size` workers, each building the tower with `build_tower(**tower_args, device=..., tp_size=...)`.
+
+    mode: "weights" (tower sharded over all ranks; tp_size=world_size) or "data" (full replica per
+        rank, tp_size=1; images split with `assign_images`).
+    device_type: "cuda" (NCCL, rank i on device i of CUDA_VISIBLE_DEVICES) or "cpu" (gloo).
+    timeout_s: the most one `run` may take before the group is declared hung (TimeoutError naming
+        the ranks that did not answer); startup_timeout_s bounds process start + tower build
+        (default max(timeout_s, 600)).
+    _fault: TEST ONLY. {"rank": r, "at": "start" | "run", "action": "raise" | "exit" | "hang",
+        "after": k} makes rank r fail at startup or at its (k+1)-th run (k defaults to 0).
+
+    close() (also on `with` exit, garbage collection and interpreter exit) stops the workers and
+    waits for them; `pids` lists them.
+    """
+
+    def __init__(self, world_size: int, tower_args: dict, mode: str = "weights", device_type: str = "cuda",
+                 timeout_s: float = 600.0, *, startup_timeout_s: float | None = None, _fault: dict | None = None):
+        if world_size < 1:
+            raise ValueError(f"world_size={world_size} must be >= 1")
+        self.mode = MultiModalConfig(mm_encoder_tp_mode=mode).mm_encoder_tp_mode
+        if device_type not in ("cuda", "cpu"):
+            raise ValueError(f"device_type={device_type!r} is not supported by WorkerGroup; expected 'cuda' or 'cpu'")
+        if device_type == "cuda" and world_size > (found := torch.cuda.device_count()):
+            raise ValueError(f"world_size={world_size} needs {world_size} CUDA devices but {found} are visible "
+                             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); use "
+                             f"tensor_parallel_size <= {found}")
+        _check_fault(_fault, world_size)
+        self.world_size, self.device_type, self.timeout_s = world_size, device_type, timeout_s
+        self._closed = False
+        self._requests = 0
+        self.last_stats: list[dict] = []
+        # The caller hosts the rendezvous store on a free port: no port race between workers.
+        self._store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False)
+        ctx = mp.get_context("spawn")
+        self._conns, self._procs = [], []
+        tp_size = world_size if self.mode == "weights" else 1
+        for rank in range(world_size):
+            parent, child = ctx.Pipe(duplex=True)
+            proc = ctx.Process(target=_worker_main, name=f"mmenc-worker-{rank}", daemon=True,
+                               args=(rank, world_size, self._store.port, child, tower_args, self.mode, tp_size,
+                                     device_type, timeout_s, _fault, os.getpid()))
+            proc.start()
+            child.close()
+            self._conns.append(parent)
+            self._procs.append(proc)
+        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._store)
+        answers = self._collect("startup", max(timeout_s, 600.0) if startup_timeout_s is None else startup_timeout_s)
+        self._description = answers[0]
+        logger.info("started %d %s workers (mode=%s, pids %s)", world_size, device_type, self.mode, self.pids)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def describe(self):
+        """Rank 0's LoadedTower with the tower module removed (processor, config, merge size ...)."""
+        return self._description
+
+    def run(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, timeout_s: float | None = None) -> TowerOutput:
+        """Run the tower over a pack. pixel_values [patches, C*tp*p*p], grid_thw int64 [N, 3].
+        Returns a TowerOutput (CPU tensors, input image order). Raises WorkerError when a worker
+        raised or died, TimeoutError after `timeout_s` (default: the group's), both naming the rank;
+        the group is closed after either."""
+        if self._closed:
+            raise RuntimeError("this WorkerGroup is closed (after close() or a worker failure); start a new one")
+        grid_thw = torch.as_tensor(grid_thw, dtype=torch.int64).cpu()
+        if grid_thw.dim() != 2 or grid_thw.shape[0] == 0:
+            raise ValueError(f"grid_thw must be [N >= 1, 3], got shape {tuple(grid_thw.shape)}")
+        pixel_values = pixel_values.detach().cpu().share_memory_()  # in place when already CPU; reused when shared
+        self._requests += 1
+        for conn in self._conns:
+            self._send(conn, ("run", pixel_values, grid_thw))
+        answers = self._collect("run", self.timeout_s if timeout_s is None else timeout_s)
+        out, self.last_stats = answers[0]["output"], [a["stats"] for a in answers]
+        return out
+
+    def close(self) -> None:
+        """Stop the workers (a graceful stop, then SIGTERM, then SIGKILL) and wait for them. Idempotent."""
+        self._closed = True
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- internals --------------------------------------------------------------------------
+    def _send(self, conn, msg) -> None:
+        try:
+            conn.send(msg)
+        except (BrokenPipeError, ConnectionResetError, EOFError) as e:
+            rank = self._conns.index(conn)
+            self._fail(WorkerError(f"mmenc worker rank {rank} is gone ({e!r}; exit code "
+                                   f"{self._procs[rank].exitcode}); the group is closed"))
+
+    def _collect(self, phase: str, timeout_s: float) -> list:
+        """One answer per rank, in rank order; failures and timeouts close the group and raise."""
+        answers, pending = [None] * self.world_size, set(range(self.world_size))
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            left = deadline - time.monotonic()
+            ready = wait([self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending],
+                         timeout=max(left, 0))
+            if not ready:
+                ranks = sorted(pending)
+                self._fail(TimeoutError(
+                    f"mmenc worker rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} did not answer "
+                    f"within {timeout_s:g}s during {phase} (hung or stuck in a collective); the group is closed"))
+            for r in sorted(pending):
+                conn, proc = self._conns[r], self._procs[r]
+                if conn in ready or (proc.sentinel in ready and conn.poll()):
+                    try:
+                        status, payload = conn.recv()
+                    except EOFError:
+                        status, payload = "died", None
+                elif proc.sentinel in ready:
+                    status, payload = "died", None
+                else:
+                    continue
+                if status == "error":
+                    self._fail(WorkerError(f"mmenc worker rank {r} failed during {phase}:\n{payload}"))
+                if status == "died":
+                    proc.join(1)
+                    self._fail(WorkerError(f"mmenc worker rank {r} exited with code {proc.exitcode} during {phase} "
+                                           f"without reporting an error (killed, or crashed in native code)"))
+                answers[r] = payload
+                pending.discard(r)
+        return answers
+
+    def _fail(self, error: Exception):
+        self.close()
+        raise error
+
+
+def _shutdown(procs, conns, store, grace_s: float = 5.0) -> None:
+    for conn in conns:
+        try:
+            conn.send(("stop",))
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            pass  # that worker is already gone
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        p.join(max(deadline - time.monotonic(), 0))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+            p.join(2)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    for conn in conns:
+        conn.close()
+    del store
+
+
+def _check_fault(fault: dict | None, world_size: int) -> None:
+    if fault is None:
+        return
+    if fault.get("at") not in ("start", "run") or fault.get("action") not in _FAULT_ACTIONS \
+            or not 0 <= fault.get("rank", -1) < world_size:
+        raise ValueError(f"_fault={fault!r} is not valid; expected {{'rank': 0..{world_size - 1}, "
+                         f"'at': 'start'|'run', 'action': {'|'.join(_FAULT_ACTIONS)}, 'after': k}}")
+
+
+def _inject(fault: dict | None, rank: int, at: str, count: int) -> None:
+    if fault is None or fault["rank"] != rank or fault["at"] != at or count != fault.get("after", 0):
+        return
+    if fault["action"] == "raise":
+        raise RuntimeError(f"injected fault on rank {rank} at {at}")
+    if fault["action"] == "exit":
+        os._exit(3)
+    time.sleep(1e9)  # hang
+
+
+# -- the worker process ----------------------------------------------------------------------
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit when the caller is gone (it was killed without closing the group)."""
+    def loop():
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        os._exit(1)
+    threading.Thread(target=loop, daemon=True, name="mmenc-parent-watch").start()
+
+
+def _describe(loaded):
+    """What the caller may keep of a LoadedTower: everything but modules."""
+    if dataclasses.is_dataclass(loaded):
+        return dataclasses.replace(loaded, **{f.name: None for f in dataclasses.fields(loaded)
+                                              if isinstance(getattr(loaded, f.name), torch.nn.Module)})
+    return None
+
+
+def _output_tokens(loaded, grid_thw: torch.Tensor) -> list[int]:
+    return list(loaded.tower.output_tokens(grid_thw))
+
+
+def _to_shared_cpu(out: TowerOutput) -> TowerOutput:
+    """Copy every tensor straight into shared CPU memory (one device-to-host copy, then sent by handle)."""
+    def share(t):
+        buf = torch.empty(t.shape, dtype=t.dtype).share_memory_()
+        buf.copy_(t)
+        return buf
+    extras = {k: share(v) if isinstance(v, torch.Tensor)
+              else type(v)(share(x) for x in v) if isinstance(v, (list, tuple)) and v
+              and all(isinstance(x, torch.Tensor) for x in v) else v for k, v in out.extras.items()}
+    return TowerOutput(embeddings=share(out.embeddings), extras=extras)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _worker_main(rank, world, port, conn, tower_args, mode, tp_size, device_type, timeout_s, fault, parent_pid):
+    from mmenc.distributed import init_process_group, parallel_state
+    from mmenc.engine.parallel import run_data_parallel
+
+    _watch_parent(parent_pid)
+    try:
+        store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False,
+                              timeout=datetime.timedelta(seconds=max(timeout_s, 60)))
+        env = init_process_group(rank, world, rank, device_type, store=store, timeout_s=max(timeout_s, 60))
+        if mode == "weights":
+            parallel_state.set_tp_group(dist.group.WORLD)
+        _inject(fault, rank, "start", 0)
+        from mmenc.engine.runner import build_tower, run_tower
+
+        loaded = build_tower(**{**tower_args, "device": env.device}, tp_size=tp_size)
+        conn.send(("ok", _describe(loaded) if rank == 0 else None))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        return
+    runs = 0
+    try:
+        while True:
+            try:
+                msg = conn.recv()
+            except EOFError:
+                break
+            if msg[0] == "stop":
+                break
+            _, pixel_values, grid_thw = msg
+            try:
+                _inject(fault, rank, "run", runs)
+                runs += 1
+                start = time.perf_counter()
+                with torch.inference_mode():
+                    if mode == "weights":
+                        out = run_tower(loaded, pixel_values.to(env.device), grid_thw)
+                    else:
+                        out = run_data_parallel(lambda pv, g: run_tower(loaded, pv, g), pixel_values, grid_thw,
+                                                _output_tokens(loaded, grid_thw), device=env.device)
+                _synchronize(env.device)
+                stats = {"rank": rank, "tower_s": time.perf_counter() - start}
+                reply = {"stats": stats, "output": _to_shared_cpu(out) if rank == 0 else None}
+                stats["total_s"] = time.perf_counter() - start
+                conn.send(("ok", reply))
+            except BaseException:
+                conn.send(("error", traceback.format_exc()))
+    finally:
+        parallel_state.set_tp_group(None)
+        dist.destroy_process_group()
