@@ -59,7 +59,8 @@ def test_tile_table_covers_each_row_once(lengths, block_m, block_n):
         assert 0 < q_hi - q_lo <= block_m, (q_lo, q_hi)
         segs = set(seg_of[q_lo:q_hi])
         # the KV range is exactly the segments of the tile's rows; unmasked blocks only for one segment
-        assert kv_lo == starts[min(segs)] and kv_hi == starts[max(segs)] + lengths[max(segs)], (q_lo, q_hi, kv_lo, kv_hi)
+        first, last = min(segs), max(segs)
+        assert (kv_lo, kv_hi) == (starts[first], starts[last] + lengths[last]), (q_lo, q_hi, kv_lo, kv_hi)
         assert n_full == ((kv_hi - kv_lo) // block_n if len(segs) == 1 else 0)
         for r in range(q_lo, q_hi):
             seen[r] += 1
@@ -90,7 +91,8 @@ def test_reasons():
     assert cls.unsupported_reasons(80, torch.bfloat16, h100) == extra
     assert any("compute capability >= 8.0" in r for r in
                cls.unsupported_reasons(80, torch.float16, DeviceInfo("cuda", "nvidia", (7, 5))))
-    assert any("ROCm" in r for r in cls.unsupported_reasons(80, torch.float16, DeviceInfo("cuda", "amd", arch="gfx942")))
+    mi300 = DeviceInfo("cuda", "amd", arch="gfx942")
+    assert any("ROCm" in r for r in cls.unsupported_reasons(80, torch.float16, mi300))
     assert any("float32" in r for r in cls.unsupported_reasons(80, torch.float32, h100))
     assert any("head_size 300" in r for r in cls.unsupported_reasons(300, torch.float16, h100))
 

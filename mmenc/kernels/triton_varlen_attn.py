@@ -142,7 +142,8 @@ def tile_table(info: PackInfo, block_m: int, block_n: int, device: torch.device)
         for n in info.lengths:
             if n > block_m:
                 flush()
-                tiles += [(s, min(s + block_m, pos + n), pos, pos + n, n // block_n) for s in range(pos, pos + n, block_m)]
+                end = pos + n
+                tiles += [(s, min(s + block_m, end), pos, end, n // block_n) for s in range(pos, end, block_m)]
             elif n > 0:
                 if sum(group) + n > block_m:
                     flush()

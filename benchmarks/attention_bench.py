@@ -1,0 +1,195 @@
+"""Encoder-attention kernels side by side: every backend usable on this machine, on vision packs.
+
+    python benchmarks/attention_bench.py --out attn.json                # all usable backends
+    python benchmarks/attention_bench.py --kernel-sweep --out sweep.json # + TRITON_ATTN configs
+    python benchmarks/attention_bench.py --sweep-only --out sweep.json   # only the config sweep
+
+Packs (bf16): "windows" = 684 x 64-token windows (Qwen2.5-VL window attention), "full" = 8 x 5476
+tokens (8 images of 74x74 patches); heads: 16 x 64, 16 x 72, 16 x 80, 12 x 128.
+TFLOP/s = 4 * sum(len_i^2) * H * D / time; time = median of CUDA-event timings after warm-up
+(triton.testing.do_bench), on fresh random inputs. Each backend is first checked against NAIVE on
+the first segments of the pack (relative error of those rows, in the table).
+"""
+import argparse
+import functools
+import json
+import sys
+import time
+
+import torch
+
+from mmenc.attention.backend_enum import AttentionBackendEnum
+from mmenc.attention.backends import get_backend_class
+from mmenc.attention.packing import make_cu_seqlens
+
+PACKS = {"windows": [64] * 684, "full": [5476] * 8}
+HEADS = [(16, 64), (16, 72), (16, 80), (12, 128)]  # (num_heads, head_size)
+CHECK_SEGMENTS = {"windows": 48, "full": 1}  # segments compared with NAIVE
+
+
+def bench_ms(fn, rep: int) -> float:
+    try:
+        from triton.testing import do_bench
+    except ImportError:
+        return _events_ms(fn, rep)
+    return do_bench(fn, warmup=10, rep=rep, return_mode="median")
+
+
+def _events_ms(fn, rep: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(max(5, rep // 5)):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def make_inputs(lengths, heads, d, seed):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    t = sum(lengths)
+    q, k, v = (torch.randn(t, heads, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    cu, max_seqlen = make_cu_seqlens(lengths, "cuda")
+    return q, k, v, cu, max_seqlen
+
+
+class Reference:
+    """NAIVE on the first segments of a pack; rel_err(out) compares those rows of `out`."""
+
+    def __init__(self, q, k, v, lengths, n_segments, scale):
+        sub = lengths[:n_segments]
+        self.rows = sum(sub)
+        cu, max_seqlen = make_cu_seqlens(sub, "cuda")
+        naive = get_backend_class(AttentionBackendEnum.NAIVE)
+        self.ref = naive.forward(q[:self.rows], k[:self.rows], v[:self.rows], cu, max_seqlen, scale).float()
+
+    def rel_err(self, out) -> float:
+        diff = out[:self.rows].float() - self.ref
+        return (diff.norm() / self.ref.norm()).item()
+
+
+def flops(lengths, heads, d) -> float:
+    return 4.0 * sum(n * n for n in lengths) * heads * d
+
+
+def usable_backends(d, only):
+    from mmenc.platforms import current_platform
+
+    rows = current_platform.explain_vit_attn_backends(d, torch.bfloat16)
+    names = [r.backend for r in rows if r.usable and (not only or r.backend.name in only)]
+    return names, {r.backend.name: list(r.reasons) for r in rows if not r.usable}
+
+
+def run_backends(args, results):
+    print(f"{'pack':8} {'H x D':8} {'backend':15} {'ms':>9} {'TFLOP/s':>8} {'rel err':>9}")
+    for pack, lengths in PACKS.items():
+        for heads, d in HEADS:
+            backends, skipped = usable_backends(d, args.backends)
+            scale = d ** -0.5
+            check = make_inputs(lengths, heads, d, seed=d)
+            ref = Reference(*check[:3], lengths, CHECK_SEGMENTS[pack], scale)
+            for i, backend in enumerate(backends):
+                row = {"pack": pack, "heads": heads, "head_size": d, "backend": backend.name}
+                cls = get_backend_class(backend)
+                try:
+                    row["rel_err"] = ref.rel_err(cls.forward(*check, scale))
+                    q, k, v, cu, mx = make_inputs(lengths, heads, d, seed=1000 * (i + 1) + d)  # fresh inputs
+                    rep = 20 if backend is AttentionBackendEnum.NAIVE else args.rep
+                    row["ms"] = bench_ms(functools.partial(cls.forward, q, k, v, cu, mx, scale), rep)
+                    row["tflops"] = flops(lengths, heads, d) / row["ms"] / 1e9
+                except Exception as e:  # noqa: BLE001 - a failing backend is reported, the others still run
+                    row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                results["backends"].append(row)
+                _print_row(row)
+            results["skipped"][f"{pack}/{heads}x{d}"] = skipped
+            del check, ref
+            torch.cuda.empty_cache()
+
+
+def _print_row(row):
+    name = f"{row['heads']}x{row['head_size']}"
+    if "error" in row:
+        print(f"{row['pack']:8} {name:8} {row['backend']:15} ERROR {row['error']}", flush=True)
+    else:
+        print(f"{row['pack']:8} {name:8} {row['backend']:15} {row['ms']:9.3f} {row['tflops']:8.1f} "
+              f"{row['rel_err']:9.2e}", flush=True)
+
+
+def sweep_configs(d):
+    from mmenc.kernels.triton_varlen_attn import KernelConfig, head_split
+
+    grid = [KernelConfig(m, n, w, s) for m, n, w, s in [
+        (64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3), (128, 32, 4, 2), (128, 64, 4, 2), (128, 64, 4, 3),
+        (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3)]]
+    if head_split(d) != head_split(d, split=False):
+        grid += [KernelConfig(128, 64, 4, 3, split=False), KernelConfig(128, 64, 8, 3, split=False),
+                 KernelConfig(64, 64, 4, 2, split=False)]
+    return grid
+
+
+def run_sweep(args, results):
+    from mmenc.kernels import triton_varlen_attn as tva
+
+    print("\nTRITON_ATTN config sweep: m<BLOCK_M>n<BLOCK_N>w<warps>s<stages>[-pad: head dim padded, not split]"
+          ", fastest first, TFLOP/s")
+    for pack, lengths in PACKS.items():
+        for heads, d in HEADS:
+            scale = d ** -0.5
+            q, k, v, cu, mx = make_inputs(lengths, heads, d, seed=7 * d)
+            ref = Reference(q, k, v, lengths, CHECK_SEGMENTS[pack], scale)
+            out = torch.empty_like(q)
+            rows = []
+            for config in sweep_configs(d):
+                row = {"pack": pack, "heads": heads, "head_size": d, "config": str(config)}
+                try:
+                    row["rel_err"] = ref.rel_err(tva.launch(q, k, v, cu, scale, config, out))
+                    row["ms"] = bench_ms(functools.partial(tva.launch, q, k, v, cu, scale, config, out), args.rep)
+                    row["tflops"] = flops(lengths, heads, d) / row["ms"] / 1e9
+                except Exception as e:  # noqa: BLE001 - a config that fails to compile is reported
+                    row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                rows.append(row)
+            results["sweep"] += rows
+            ok = sorted((r for r in rows if "ms" in r), key=lambda r: r["ms"])
+            summary = "  ".join(f"{r['config']} {r['tflops']:.0f}" for r in ok[:4])
+            bad = [r["config"] for r in rows if "error" in r or r.get("rel_err", 0) > 2e-2]
+            print(f"{pack:8} {heads}x{d:<5} best: {summary}" + (f"  FAILED: {bad}" if bad else ""), flush=True)
+            del q, k, v, ref, out
+            torch.cuda.empty_cache()
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--kernel-sweep", action="store_true", help="also time TRITON_ATTN's config variants")
+    parser.add_argument("--sweep-only", action="store_true", help="only the TRITON_ATTN config sweep")
+    parser.add_argument("--backends", type=lambda s: {b.strip().upper() for b in s.split(",")},
+                        help="comma-separated backend names to time (default: every usable one)")
+    parser.add_argument("--rep", type=int, default=50, help="milliseconds of timed repetitions per measurement")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        sys.exit("attention_bench.py needs a CUDA GPU")
+    started = time.time()
+    results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+               "backends": [], "skipped": {}, "sweep": []}
+    try:
+        import triton
+        results["triton"] = triton.__version__
+    except ImportError:
+        results["triton"] = None
+    if not args.sweep_only:
+        run_backends(args, results)
+    if args.kernel_sweep or args.sweep_only:
+        run_sweep(args, results)
+    results["seconds"] = round(time.time() - started, 1)
+    print(f"done in {results['seconds']} s")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
