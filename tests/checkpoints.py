@@ -79,3 +79,21 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     """||a - b|| / ||b|| in float64."""
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def rewrite_checkpoint(src, dest, transform) -> pathlib.Path:
+    """Copy checkpoint `src` to `dest` as one model.safetensors whose tensors are `transform(dict)`
+    (a dict name -> tensor, edited or returned anew); config.json is copied unchanged."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src, dest = pathlib.Path(src), pathlib.Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for file in sorted(src.glob("*.safetensors")):
+        tensors.update(load_file(str(file)))
+    tensors = transform(tensors) or tensors
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    shutil.copy(src / "config.json", dest / "config.json")
+    return dest

@@ -25,6 +25,10 @@ from mmenc.layers.rotary import apply_rotary
 from mmenc.distributed.parallel_state import get_tp_size
 
 
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
 def resolve_tp_size(tp_size: int | None) -> int:
     """None -> the tensor-parallel group's size (1 without a group); an int is kept (1: unsharded)."""
     return get_tp_size() if tp_size is None else tp_size
@@ -39,15 +43,17 @@ class PatchEmbed(nn.Module):
     by reshaping.
     """
 
-    def __init__(self, in_features: int, embed_dim: int, bias: bool = False, device=None, dtype=None):
+    def __init__(self, in_features: int, embed_dim: int, bias: bool = False, prefix: str = "patch_embed",
+                 device=None, dtype=None):
         super().__init__()
         self.in_features, self.embed_dim = in_features, embed_dim
-        self.proj = ReplicatedLinear(in_features, embed_dim, bias=bias, device=device, dtype=dtype)
+        self.proj = ReplicatedLinear(in_features, embed_dim, bias=bias, prefix=_join(prefix, "proj"), device=device,
+                                     dtype=dtype)
         self.proj.weight.weight_loader = self._load_conv_weight
 
     def _load_conv_weight(self, param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
         if loaded.dim() < 2 or loaded.shape[0] != self.embed_dim or loaded[0].numel() != self.in_features:
-            raise ValueError(f"has shape {tuple(loaded.shape)}; expected a convolution weight "
+            raise ValueError(f"tensor has shape {tuple(loaded.shape)}; expected a convolution weight "
                              f"[{self.embed_dim}, ...] with {self.in_features} values per output channel "
                              f"(as a matmul: {tuple(param.shape)})")
         param.data.copy_(loaded.reshape(param.shape))
@@ -77,11 +83,12 @@ class VisionAttention(nn.Module):
                              f"tensor-parallel size {tp}")
         self.num_heads, self.head_dim, self.local_heads = num_heads, head_dim, num_heads // tp
         self.rotary_interleaved = rotary_interleaved
-        self.qkv = QKVParallelLinear(dim, head_dim, num_heads, bias=qkv_bias, tp_size=tp, device=device, dtype=dtype)
-        self.attn = MMEncoderAttention(self.local_heads, head_dim, prefix=f"{prefix}.attn" if prefix else "",
+        self.qkv = QKVParallelLinear(dim, head_dim, num_heads, bias=qkv_bias, tp_size=tp,
+                                     prefix=_join(prefix, "qkv"), device=device, dtype=dtype)
+        self.attn = MMEncoderAttention(self.local_heads, head_dim, prefix=_join(prefix, "attn"),
                                        multimodal_config=multimodal_config, dtype=dtype)
-        self.proj = RowParallelLinear(num_heads * head_dim, dim, bias=proj_bias, tp_size=tp, device=device,
-                                      dtype=dtype)
+        self.proj = RowParallelLinear(num_heads * head_dim, dim, bias=proj_bias, tp_size=tp,
+                                      prefix=_join(prefix, "proj"), device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -101,12 +108,14 @@ class VisionMLP(nn.Module):
     """fc1 -> act -> fc2; x [T, dim] -> [T, dim]."""
 
     def __init__(self, dim: int, hidden: int, act: str = "gelu", bias: bool = True, tp_size: int | None = None,
-                 device=None, dtype=None):
+                 prefix: str = "", device=None, dtype=None):
         super().__init__()
         tp = resolve_tp_size(tp_size)
-        self.fc1 = ColumnParallelLinear(dim, hidden, bias=bias, tp_size=tp, device=device, dtype=dtype)
+        self.fc1 = ColumnParallelLinear(dim, hidden, bias=bias, tp_size=tp, prefix=_join(prefix, "fc1"),
+                                        device=device, dtype=dtype)
         self.act = get_act_fn(act)
-        self.fc2 = RowParallelLinear(hidden, dim, bias=bias, tp_size=tp, device=device, dtype=dtype)
+        self.fc2 = RowParallelLinear(hidden, dim, bias=bias, tp_size=tp, prefix=_join(prefix, "fc2"),
+                                     device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
@@ -117,13 +126,15 @@ class GatedVisionMLP(nn.Module):
     shards 0 and 1); x [T, dim] -> [T, dim]."""
 
     def __init__(self, dim: int, hidden: int, act: str = "silu", bias: bool = True, tp_size: int | None = None,
-                 device=None, dtype=None):
+                 prefix: str = "", device=None, dtype=None):
         super().__init__()
         tp = resolve_tp_size(tp_size)
         self.gate_up_proj = MergedColumnParallelLinear(dim, [hidden, hidden], bias=bias, tp_size=tp,
-                                                       device=device, dtype=dtype)
+                                                       prefix=_join(prefix, "gate_up_proj"), device=device,
+                                                       dtype=dtype)
         self.act_and_mul = ActAndMul(act)
-        self.down_proj = RowParallelLinear(hidden, dim, bias=bias, tp_size=tp, device=device, dtype=dtype)
+        self.down_proj = RowParallelLinear(hidden, dim, bias=bias, tp_size=tp, prefix=_join(prefix, "down_proj"),
+                                           device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
@@ -146,12 +157,12 @@ class VisionBlock(nn.Module):
         self.norm2 = make_norm(norm, dim, norm_eps, device=device, dtype=dtype)
         self.attn = VisionAttention(dim, num_heads, head_dim, qkv_bias=qkv_bias, proj_bias=qkv_bias,
                                     rotary_interleaved=rotary_interleaved, tp_size=tp,
-                                    multimodal_config=multimodal_config, prefix=f"{prefix}.attn" if prefix else "",
+                                    multimodal_config=multimodal_config, prefix=_join(prefix, "attn"),
                                     device=device, dtype=dtype)
         if mlp == "gated":
-            self.mlp = GatedVisionMLP(dim, mlp_hidden, act, mlp_bias, tp, device=device, dtype=dtype)
+            self.mlp = GatedVisionMLP(dim, mlp_hidden, act, mlp_bias, tp, _join(prefix, "mlp"), device, dtype)
         elif mlp == "plain":
-            self.mlp = VisionMLP(dim, mlp_hidden, act, mlp_bias, tp, device=device, dtype=dtype)
+            self.mlp = VisionMLP(dim, mlp_hidden, act, mlp_bias, tp, _join(prefix, "mlp"), device, dtype)
         else:
             raise ValueError(f"mlp kind {mlp!r} is not known; expected 'gated' or 'plain'")
 
@@ -172,16 +183,18 @@ class PatchMerger(nn.Module):
 
     def __init__(self, out_dim: int, context_dim: int, merge_size: int = 2, *, norm: str = "rms",
                  norm_eps: float = 1e-6, act: str = "gelu", norm_after_merge: bool = False,
-                 tp_size: int | None = None, device=None, dtype=None):
+                 tp_size: int | None = None, prefix: str = "merger", device=None, dtype=None):
         super().__init__()
         tp = resolve_tp_size(tp_size)
         self.hidden = context_dim * merge_size ** 2
         self.norm_after_merge = norm_after_merge
         self.ln_q = make_norm(norm, self.hidden if norm_after_merge else context_dim, norm_eps,
                               device=device, dtype=dtype)
-        self.fc1 = ColumnParallelLinear(self.hidden, self.hidden, bias=True, tp_size=tp, device=device, dtype=dtype)
+        self.fc1 = ColumnParallelLinear(self.hidden, self.hidden, bias=True, tp_size=tp, prefix=_join(prefix, "fc1"),
+                                        device=device, dtype=dtype)
         self.act = get_act_fn(act)
-        self.fc2 = RowParallelLinear(self.hidden, out_dim, bias=True, tp_size=tp, device=device, dtype=dtype)
+        self.fc2 = RowParallelLinear(self.hidden, out_dim, bias=True, tp_size=tp, prefix=_join(prefix, "fc2"),
+                                     device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.norm_after_merge:

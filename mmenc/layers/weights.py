@@ -41,7 +41,7 @@ class WeightMap:
 
 def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
     if tuple(param.shape) != tuple(loaded.shape):
-        raise ValueError(f"has shape {tuple(loaded.shape)}; expected {tuple(param.shape)}")
+        raise ValueError(f"tensor has shape {tuple(loaded.shape)}; expected {tuple(param.shape)}")
     param.data.copy_(loaded)
 
 
@@ -68,15 +68,8 @@ def load_named_weights(module: nn.Module, weights: Iterable[tuple[str, torch.Ten
             else:
                 loader(param, tensor, shard)
         except ValueError as e:
-            raise ValueError(f"checkpoint tensor {name!r} {_strip_weight_prefix(str(e))} "
-                             f"(parameter {target!r} of {type(module).__name__})") from e
+            raise ValueError(f"checkpoint tensor {name!r} does not fit parameter {target!r} of "
+                             f"{type(module).__name__}: {e}") from e
         seen.setdefault(target, set()).add(shard)
     return {p for p, got in seen.items() if {s for _, s in weight_map.shards(p)} <= got}
 
-
-def _strip_weight_prefix(message: str) -> str:
-    """The parallel linears say "weight tensor has shape ..."; keep the part after the subject."""
-    for lead in ("weight tensor ", "weight "):
-        if message.startswith(lead):
-            return message[len(lead):]
-    return message

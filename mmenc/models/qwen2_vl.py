@@ -168,8 +168,7 @@ class Qwen2VisionTower(nn.Module):
 
 def qwen_vl_processor(preprocessor_config: Mapping[str, Any]):
     """The Qwen2-VL / Qwen2.5-VL image processor (mmenc.preprocess.qwen_vl), imported when first needed."""
-    module = importlib.import_module("mmenc.preprocess.qwen_vl")
-    return module.QwenVLImageProcessor.from_hf(preprocessor_config)
+    return importlib.import_module("mmenc.preprocess.qwen_vl").qwen2_vl_from_hf(preprocessor_config)
 
 
 def _builtin(arch: str, model_type: str, vision: dict[str, Any], text_hidden: int) -> dict[str, Any]:

@@ -1,0 +1,170 @@
+"""Building a tower from a checkpoint folder or a built-in name, and running it.
+
+    loaded = build_tower("path/to/Qwen2.5-VL-7B-Instruct")            # weights from safetensors
+    loaded = build_tower("Qwen/Qwen2.5-VL-7B-Instruct", load_format="dummy")  # random weights, no files
+    out = run_tower(loaded, pixel_values, grid_thw)                     # TowerOutput
+
+`tp_size`: None shards the tower over the current tensor-parallel group (unsharded without one);
+1 builds it whole on this rank (data-parallel mode, one replica per rank).
+"""
+import dataclasses
+import functools
+import pathlib
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from mmenc.config import MultiModalConfig
+from mmenc.layers.norm import LayerNorm, RMSNorm
+from mmenc.loader import checkpoint_folder, load_tower_weights, read_config, read_json_if_present
+from mmenc.logger import init_logger
+from mmenc.models.base import ModelSpec, TowerOutput
+from mmenc.models.registry import builtin_model_names, get_builtin_config, get_model_spec, supported_architectures
+
+logger = init_logger(__name__)
+
+LOAD_FORMATS = ("auto", "dummy")
+DUMMY_SEED = 0
+_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
+           "half": torch.float16, "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+
+
+@dataclasses.dataclass
+class LoadedTower:
+    """A tower ready to run: `tower` (eval mode, on `device`, in `dtype`) and what describes it.
+
+    model: the folder or built-in name given; spec: its ModelSpec; hf_config: config.json as a dict;
+    config: the tower's typed config; preprocessor_config: preprocessor_config.json ({} if none);
+    load_format: "auto" (checkpoint weights) or "dummy" (random weights).
+    """
+
+    model: str
+    spec: ModelSpec
+    hf_config: dict[str, Any]
+    config: Any
+    tower: nn.Module
+    dtype: torch.dtype
+    device: torch.device
+    load_format: str = "auto"
+    preprocessor_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @functools.cached_property
+    def processor(self) -> Any:
+        """The model's image processor (built on first use)."""
+        return self.spec.processor_from_hf(self.preprocessor_config)
+
+    @property
+    def spatial_merge_size(self) -> int:
+        return self.config.spatial_merge_size
+
+    def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
+        """Embedding rows each image yields."""
+        return self.tower.output_tokens(grid_thw)
+
+
+def resolve_dtype(dtype: "str | torch.dtype", hf_config: dict[str, Any], device: torch.device) -> torch.dtype:
+    """"auto": the checkpoint's torch_dtype (bfloat16 if unset) off CPU, float32 on CPU; a name or torch.dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if not isinstance(dtype, str) or (dtype != "auto" and dtype.lower() not in _DTYPES):
+        raise ValueError(f"dtype={dtype!r} is not valid; expected 'auto', a torch.dtype or one of "
+                         f"{', '.join(_DTYPES)}")
+    if dtype != "auto":
+        return _DTYPES[dtype.lower()]
+    if device.type == "cpu":
+        return torch.float32
+    name = hf_config.get("torch_dtype") or hf_config.get("dtype") or "bfloat16"
+    return _DTYPES.get(str(name).removeprefix("torch."), torch.bfloat16)
+
+
+def default_device() -> torch.device:
+    from mmenc.platforms import current_platform
+
+    kind = current_platform.device_type
+    if kind == "cuda" and not torch.cuda.is_available():
+        kind = "cpu"
+    return torch.device(kind)
+
+
+def spec_for_config(hf_config: dict[str, Any], where: str) -> ModelSpec:
+    archs = hf_config.get("architectures") or []
+    for arch in archs:
+        if arch in supported_architectures():
+            return get_model_spec(arch)
+    raise ValueError(f"{where}: architectures {archs} are not supported; supported: "
+                     f"{', '.join(supported_architectures())}")
+
+
+def _resolve_model(model: str, load_format: str) -> tuple[ModelSpec, dict, pathlib.Path | None, str]:
+    """(spec, config.json dict, folder or None, load format) for a folder or a built-in name."""
+    if pathlib.Path(model).expanduser().exists():
+        folder = checkpoint_folder(model)
+        hf_config = read_config(folder)
+        return spec_for_config(hf_config, f"{folder}/config.json"), hf_config, folder, load_format
+    if model in builtin_model_names():
+        spec, hf_config = get_builtin_config(model)
+        return spec, hf_config, None, "dummy"
+    raise ValueError(f"model {model!r} is neither an existing checkpoint folder nor a built-in model name; "
+                     f"pass a local folder with config.json and *.safetensors, or one of: "
+                     f"{', '.join(builtin_model_names())} (random weights)")
+
+
+@torch.no_grad()
+def init_dummy_weights(tower: nn.Module, seed: int = DUMMY_SEED) -> None:
+    """Random weights, the same for a given seed and device: normal(0, 0.02) matrices, zero biases,
+    norms at one (weight) and zero (bias)."""
+    norm_params = {id(p): name.rsplit(".", 1)[-1] for m in tower.modules() if isinstance(m, (RMSNorm, LayerNorm))
+                   for name, p in m.named_parameters()}
+    generators: dict[torch.device, torch.Generator] = {}
+    for p in tower.parameters():
+        if p.device.type == "meta":
+            continue
+        if id(p) in norm_params:
+            p.fill_(1.0 if norm_params[id(p)] == "weight" else 0.0)
+        elif p.dim() == 1:
+            p.zero_()
+        else:
+            g = generators.setdefault(p.device, torch.Generator(p.device).manual_seed(seed))
+            p.normal_(0.0, 0.02, generator=g)
+
+
+def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype" = "auto",
+                device: "str | torch.device | None" = None, multimodal_config: MultiModalConfig | None = None,
+                tp_size: int | None = None) -> LoadedTower:
+    """Build the vision tower of `model` (a checkpoint folder, or a built-in name such as
+    "Qwen/Qwen2.5-VL-7B-Instruct", which implies load_format="dummy").
+
+    load_format: "auto" reads the tower's tensors from the folder's safetensors; "dummy" gives
+    random weights (seeded, with a warning). dtype: "auto" is the checkpoint's torch_dtype on an
+    accelerator and float32 on CPU. device: None is the current platform's device ("meta" builds
+    without memory, for shapes). tp_size: see the module docstring.
+    """
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format={load_format!r} is not valid; expected one of {LOAD_FORMATS}")
+    spec, hf_config, folder, load_format = _resolve_model(str(model), load_format)
+    device = torch.device(device) if device is not None else default_device()
+    dtype = resolve_dtype(dtype, hf_config, device)
+    config = spec.config_from_hf(hf_config)
+    tower = spec.tower_cls(config, multimodal_config=multimodal_config or MultiModalConfig(), device=device,
+                           dtype=dtype, tp_size=tp_size)
+    if device.type != "meta":
+        if load_format == "dummy":
+            logger.warning("%s: load_format='dummy': the tower has RANDOM weights (seed %d); its embeddings "
+                           "are meaningless", model, DUMMY_SEED)
+            init_dummy_weights(tower)
+        else:
+            load_tower_weights(tower, folder, spec.weight_prefixes)
+    preprocessor = read_json_if_present(folder, "preprocessor_config.json") if folder is not None else {}
+    return LoadedTower(model=str(model), spec=spec, hf_config=hf_config, config=config, tower=tower.eval(),
+                       dtype=dtype, device=device, load_format=load_format, preprocessor_config=preprocessor)
+
+
+def run_tower(loaded: LoadedTower, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
+    """pixel_values [patches, C*tp*p*p] (any float dtype, any device) and grid_thw int64 [N, 3]
+    (on CPU; a device tensor costs one copy back) -> TowerOutput, embeddings [tokens, out_hidden] in
+    the tower's dtype on its device, images in order."""
+    with torch.inference_mode():
+        grid_thw = torch.as_tensor(grid_thw, dtype=torch.int64).cpu()
+        pixel_values = pixel_values.to(device=loaded.device, dtype=loaded.dtype, non_blocking=True)
+        return loaded.tower(pixel_values, grid_thw)

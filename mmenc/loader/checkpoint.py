@@ -1,0 +1,121 @@
+"""Reading a local Hugging Face checkpoint folder: config.json and the tower's safetensors tensors only.
+
+A folder holds config.json and either one `*.safetensors` file or several shards listed by
+`model.safetensors.index.json`. Only the tensors under the tower's prefix are read, each through a
+memory-mapped `safe_open`, so the text model's size does not matter.
+"""
+import json
+import pathlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+from safetensors import safe_open
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def _listing(folder: pathlib.Path, limit: int = 12) -> str:
+    names = sorted(p.name for p in folder.iterdir())
+    if not names:
+        return "the folder is empty"
+    more = f", ... ({len(names) - limit} more)" if len(names) > limit else ""
+    return "found: " + ", ".join(names[:limit]) + more
+
+
+def checkpoint_folder(path: str | pathlib.Path) -> pathlib.Path:
+    """The folder as a Path; ValueError when it does not exist or is not a folder."""
+    folder = pathlib.Path(path).expanduser()
+    if not folder.exists():
+        raise ValueError(f"checkpoint folder {str(folder)!r} does not exist; expected a local Hugging Face "
+                         f"checkpoint folder (config.json + *.safetensors)")
+    if not folder.is_dir():
+        raise ValueError(f"checkpoint path {str(folder)!r} is a file; expected the folder holding config.json "
+                         f"and *.safetensors")
+    return folder
+
+
+def read_config(path: str | pathlib.Path) -> dict[str, Any]:
+    """config.json of a checkpoint folder as a dict."""
+    folder = checkpoint_folder(path)
+    config = folder / "config.json"
+    if not config.is_file():
+        raise ValueError(f"checkpoint folder {str(folder)!r} has no config.json ({_listing(folder)})")
+    try:
+        return json.loads(config.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{config} is not valid JSON: {e}") from e
+
+
+def read_json_if_present(path: str | pathlib.Path, name: str) -> dict[str, Any]:
+    """A JSON file of the folder (e.g. preprocessor_config.json) as a dict, or {} when absent."""
+    file = pathlib.Path(path) / name
+    return json.loads(file.read_text()) if file.is_file() else {}
+
+
+def tensor_files(path: str | pathlib.Path) -> dict[str, pathlib.Path]:
+    """{tensor name: safetensors file holding it}, from the index when there is one (no file is
+    opened), else from each file's header."""
+    folder = checkpoint_folder(path)
+    index = folder / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index} has no 'weight_map' mapping tensor names to shard files")
+        files = {name: folder / file for name, file in weight_map.items()}
+        missing = sorted({str(f.name) for f in files.values() if not f.is_file()})
+        if missing:
+            raise ValueError(f"{index} lists shard file(s) {', '.join(missing)} that are not in {str(folder)!r} "
+                             f"({_listing(folder)})")
+        return files
+    shards = sorted(folder.glob("*.safetensors"))
+    if not shards:
+        raise ValueError(f"checkpoint folder {str(folder)!r} has no *.safetensors files ({_listing(folder)}); "
+                         f"mmenc reads safetensors checkpoints only")
+    files = {}
+    for shard in shards:
+        with safe_open(str(shard), framework="pt", device="cpu") as f:
+            files.update((name, shard) for name in f.keys())
+    return files
+
+
+def tower_prefix(names: Sequence[str], prefixes: Sequence[str], where: str = "checkpoint") -> str:
+    """The first of `prefixes` that some tensor name starts with; ValueError when none does."""
+    for prefix in prefixes:
+        if any(name.startswith(prefix) for name in names):
+            return prefix
+    sample = ", ".join(sorted(names)[:5]) or "no tensors"
+    raise ValueError(f"{where} has no vision-tower tensors: no name starts with any of {list(prefixes)} "
+                     f"(names look like: {sample})")
+
+
+def iter_tower_tensors(path: str | pathlib.Path, prefixes: Sequence[str],
+                       files: dict[str, pathlib.Path] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name without the tower prefix, CPU tensor) for every tensor under the tower's prefix (the first
+    of `prefixes` present), shard by shard; nothing else is read. `files`: `tensor_files(path)` if known."""
+    files = tensor_files(path) if files is None else files
+    prefix = tower_prefix(list(files), prefixes, f"checkpoint {str(path)!r}")
+    by_file: dict[pathlib.Path, list[str]] = {}
+    for name, file in files.items():
+        if name.startswith(prefix):
+            by_file.setdefault(file, []).append(name)
+    for file, names in sorted(by_file.items()):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in sorted(names):
+                yield name[len(prefix):], f.get_tensor(name)
+
+
+def load_tower_weights(tower: torch.nn.Module, path: str | pathlib.Path, prefixes: Sequence[str]) -> set[str]:
+    """Stream the tower's tensors into `tower.load_weights`; ValueError naming the checkpoint tensors
+    that are missing afterwards. Returns the loaded parameter names."""
+    files = tensor_files(path)
+    prefix = tower_prefix(list(files), prefixes, f"checkpoint {str(path)!r}")
+    loaded = tower.load_weights(iter_tower_tensors(path, (prefix,), files))
+    missing = [name for name, _ in tower.named_parameters() if name not in loaded]
+    if missing:
+        weight_map = getattr(tower, "weight_map", None)
+        names = [prefix + ckpt for p in missing
+                 for ckpt in (weight_map.checkpoint_names(p) if weight_map is not None else [p])]
+        shown = ", ".join(names[:10]) + (f", ... ({len(names) - 10} more)" if len(names) > 10 else "")
+        raise ValueError(f"checkpoint {str(path)!r} lacks tensor(s) the {type(tower).__name__} needs: {shown}")
+    return loaded
