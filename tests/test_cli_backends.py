@@ -22,7 +22,7 @@ def table_rows(out: str) -> dict[str, str]:
     """backend name -> its table line."""
     rows = {}
     for line in out.splitlines():
-        words = line.replace("*", " ").split()
+        words = line.replace("*", " ").replace("+", " ").split()
         if words and words[0] in B.__members__:
             rows[words[0]] = line
     return rows
@@ -113,3 +113,24 @@ def test_listed_in_help(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "backends" in capsys.readouterr().out
+
+
+def test_short_segment_choice_shown(capsys, use_platform, fake_platform_cls):
+    cls = fake_platform_cls("cpu", priority=(B.TORCH_SDPA, B.NAIVE), name="windows")
+    cls.vit_attn_short_priority = lambda self, dtype: [B.FLASH_ATTN, B.NAIVE]
+    cls.short_seqlen_max = 64
+    use_platform(cls())
+    rc, out, _ = run(capsys)
+    assert rc == 0
+    assert table_rows(out)["NAIVE"].lstrip().startswith("+")
+    assert "longest segment is <= 64 tokens (+): NAIVE" in out
+    rc, out, _ = run(capsys, "--json")
+    data = json.loads(out)
+    assert data["selected"] == "TORCH_SDPA" and data["short_selected"] == "NAIVE"
+    assert data["short_priority"] == ["FLASH_ATTN", "NAIVE"] and data["short_seqlen_max"] == 64
+
+
+def test_no_short_choice_by_default(capsys, use_platform):
+    use_platform(CpuPlatform())
+    rc, out, _ = run(capsys, "--json")
+    assert json.loads(out)["short_selected"] is None

@@ -75,6 +75,14 @@ def test_choice_invariants(name, installed):
                 assert chosen not in (B.TRITON_ATTN, B.FLASH_ATTN), where
             if dtype == torch.float32:
                 assert chosen not in HALF_ONLY, where
+            short = platform.get_vit_attn_short_backend(head_size, dtype, chosen)
+            if short is not None:  # the per-shape choice obeys the same rules
+                assert short is not chosen and short in platform.vit_attn_short_priority(dtype), where
+                assert platform.backend_reasons(short, head_size, dtype) == [], where
+                if name == "cuda-7.5":
+                    assert short not in (B.TRITON_ATTN, B.FLASH_ATTN), where
+                if dtype == torch.float32:
+                    assert short not in HALF_ONLY, where
             # Every report's reasons agree with backend_reasons, and usable means no reasons.
             for backend, report in reports.items():
                 assert list(report.reasons) == platform.backend_reasons(backend, head_size, dtype), where
@@ -210,3 +218,18 @@ def test_unregistered_backend_in_a_priority_list_is_a_reason_not_a_crash(monkeyp
     with pytest.raises(ValueError) as e:
         platform.get_vit_attn_backend(80, torch.float32, B.FLASH_ATTN)
     assert "FLASH_ATTN" in str(e.value) and "TRITON_ATTN" not in str(e.value).split("Usable here:")[1]
+
+
+def test_short_segment_backend(use_platform, fake_platform_cls):
+    cls = fake_platform_cls("cpu", priority=(B.TORCH_SDPA, B.NAIVE), name="windows")
+    cls.vit_attn_short_priority = lambda self, dtype: [B.FLASH_ATTN, B.NAIVE]
+    platform = cls()
+    # FLASH_ATTN cannot run here, so the first usable short-segment backend is NAIVE.
+    assert platform.get_vit_attn_short_backend(80, torch.float32, B.TORCH_SDPA) is B.NAIVE
+    assert platform.get_vit_attn_short_backend(80, torch.float32, B.NAIVE) is None  # same as the main one
+    use_platform(platform)
+    layer = MMEncoderAttention(2, 8)
+    assert (layer.backend, layer.short_backend) == (B.TORCH_SDPA, B.NAIVE)
+    # An explicit backend runs every pack.
+    explicit = MMEncoderAttention(2, 8, multimodal_config=MultiModalConfig(mm_encoder_attn_backend="torch_sdpa"))
+    assert explicit.short_backend is None

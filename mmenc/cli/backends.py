@@ -52,6 +52,8 @@ def report(platform, head_size: int, dtype: torch.dtype) -> dict:
         why += f" (passed over: {', '.join(skipped)})" if skipped else ""
     else:
         why = error
+    # Per-shape choice: packs whose longest segment is short may run another backend.
+    short = platform.get_vit_attn_short_backend(head_size, dtype, selected) if selected is not None else None
     rank = {b: i + 1 for i, b in enumerate(priority)}
     rows = sorted(rows, key=lambda r: (rank.get(r.backend, len(rank) + 1), list(type(r.backend)).index(r.backend)))
     return {
@@ -62,9 +64,13 @@ def report(platform, head_size: int, dtype: torch.dtype) -> dict:
         "priority": [b.name for b in priority],
         "selected": selected.name if selected is not None else None,
         "why": why,
+        "short_priority": [b.name for b in platform.vit_attn_short_priority(dtype)],
+        "short_seqlen_max": platform.short_seqlen_max,
+        "short_selected": short.name if short is not None else None,
         "backends": [{"name": r.backend.name, "installed": r.installed, "version": r.version,
                       "usable": r.usable, "reasons": list(r.reasons), "offered": r.in_priority,
-                      "priority": rank.get(r.backend), "selected": r.backend is selected} for r in rows],
+                      "priority": rank.get(r.backend), "selected": r.backend is selected,
+                      "short_selected": r.backend is short} for r in rows],
     }
 
 
@@ -86,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     for row in data["backends"]:
         installed = f"yes ({row['version']})" if row["installed"] and row["version"] else (
             "yes" if row["installed"] else "no")
-        table.append(("*" if row["selected"] else "", row["name"], installed, "yes" if row["usable"] else "no",
+        mark = "*" if row["selected"] else "+" if row["short_selected"] else ""
+        table.append((mark, row["name"], installed, "yes" if row["usable"] else "no",
                       "yes" if row["offered"] else "no", str(row["priority"] or "-"), "; ".join(row["reasons"])))
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]) - 1)]
     for r in table:
@@ -94,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
     print()
     if data["selected"]:
         print(f"selected (*): {data['selected']}: {data['why']}")
+        if data["short_selected"]:
+            print(f"for packs whose longest segment is <= {data['short_seqlen_max']} tokens (+): "
+                  f"{data['short_selected']}: first usable in the {data['platform']} short-segment list "
+                  f"({' > '.join(data['short_priority'])})")
         return 0
     print(f"selected: none: {data['why']}")
     return 1
