@@ -1,0 +1,111 @@
+"""Throughput of a tower on fixed workloads, side by side with Hugging Face transformers.
+
+Each workload is a list of grids (t, h, w) in patches; inputs are fresh random pixel values.
+Timing: warm-up calls, then `iters` calls timed one by one (CUDA events on GPU, perf_counter on
+CPU); the median is reported. The floor is the workload's matmul FLOPs over the bf16 matmul rate
+measured in the same run.
+"""
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+WORKLOADS: dict[str, list[tuple[int, int, int]]] = {
+    "8x1036px": [(1, 74, 74)] * 8,
+    "32x448px": [(1, 32, 32)] * 32,
+}
+
+
+def parse_grid_spec(spec: str) -> list[tuple[int, int, int]]:
+    """"1x74x74*8" -> 8 grids of (1, 74, 74); "1x32x32" -> one grid."""
+    grid, _, count = spec.partition("*")
+    try:
+        dims = tuple(int(x) for x in grid.lower().split("x"))
+        n = int(count) if count else 1
+    except ValueError:
+        dims, n = (), 0
+    if len(dims) != 3 or min(dims, default=0) < 1 or n < 1:
+        raise ValueError(f"grid spec {spec!r} is not valid; expected TxHxW[*COUNT] in patches, e.g. 1x74x74*8")
+    return [dims] * n
+
+
+@dataclasses.dataclass
+class BenchRow:
+    workload: str
+    impl: str
+    images: int
+    patches: int
+    ms: float
+    peak_gib: float | None
+    gflop: float
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / (self.ms / 1e3)
+
+    @property
+    def patches_per_s(self) -> float:
+        return self.patches / (self.ms / 1e3)
+
+
+def time_ms(fn: Callable[[], object], device: torch.device, warmup: int, iters: int) -> float:
+    """Median milliseconds of `fn` after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def measure(name: str, impl: str, fn: Callable[[], object], grids, device: torch.device, warmup: int,
+            iters: int, gflop: float) -> BenchRow:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    ms = time_ms(fn, device, warmup, iters)
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    patches = sum(t * h * w for t, h, w in grids)
+    return BenchRow(name, impl, len(grids), patches, ms, peak, gflop)
+
+
+def matmul_tflops(device: torch.device, dtype: torch.dtype) -> float:
+    """Measured dense matmul rate (TFLOP/s) on random data: 8192^3 on GPU, 1024^3 on CPU."""
+    n = 8192 if device.type == "cuda" else 1024
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    ms = time_ms(lambda: a @ b, device, warmup=3, iters=10)
+    return 2 * n**3 / (ms / 1e3) / 1e12
+
+
+def random_pixels(grids, channels: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    grid_thw = torch.tensor(grids, dtype=torch.int64)
+    patches = int(grid_thw.prod(-1).sum())
+    return torch.randn(patches, channels, device=device, dtype=dtype), grid_thw
+
+
+def format_table(rows: list[BenchRow], floor_tflops: float | None) -> str:
+    head = f"{'workload':<12} {'impl':<26} {'ms':>9} {'img/s':>8} {'patches/s':>10} {'peak GiB':>8} {'floor %':>7} {'vs HF':>6}"
+    lines = [head, "-" * len(head)]
+    hf = {r.workload: r for r in rows if r.impl.startswith("transformers")}
+    for r in rows:
+        floor = f"{100 * (r.gflop / 1e3 / floor_tflops) / (r.ms / 1e3):.0f}" if floor_tflops and r.gflop else "-"
+        base = hf.get(r.workload)
+        ratio = f"{base.ms / r.ms:.2f}x" if base is not None and base is not r else "-"
+        peak = f"{r.peak_gib:.2f}" if r.peak_gib is not None else "-"
+        lines.append(f"{r.workload:<12} {r.impl:<26} {r.ms:>9.2f} {r.images_per_s:>8.1f} {r.patches_per_s:>10.0f} "
+                     f"{peak:>8} {floor:>7} {ratio:>6}")
+    return "\n".join(lines)
