@@ -24,6 +24,7 @@ from mmenc.attention.packing import make_cu_seqlens
 
 PACKS = {"windows": [64] * 684, "full": [5476] * 8}
 HEADS = [(16, 64), (16, 72), (16, 80), (12, 128)]  # (num_heads, head_size)
+DEVICE = "cuda"
 CHECK_SEGMENTS = {"windows": 48, "full": 1}  # segments compared with NAIVE
 
 
@@ -50,10 +51,10 @@ def _events_ms(fn, rep: int) -> float:
 
 
 def make_inputs(lengths, heads, d, seed):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
     t = sum(lengths)
-    q, k, v = (torch.randn(t, heads, d, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
-    cu, max_seqlen = make_cu_seqlens(lengths, "cuda")
+    q, k, v = (torch.randn(t, heads, d, device=DEVICE, dtype=torch.bfloat16, generator=gen) for _ in range(3))
+    cu, max_seqlen = make_cu_seqlens(lengths, DEVICE)
     return q, k, v, cu, max_seqlen
 
 
@@ -63,7 +64,7 @@ class Reference:
     def __init__(self, q, k, v, lengths, n_segments, scale):
         sub = lengths[:n_segments]
         self.rows = sum(sub)
-        cu, max_seqlen = make_cu_seqlens(sub, "cuda")
+        cu, max_seqlen = make_cu_seqlens(sub, DEVICE)
         naive = get_backend_class(AttentionBackendEnum.NAIVE)
         self.ref = naive.forward(q[:self.rows], k[:self.rows], v[:self.rows], cu, max_seqlen, scale).float()
 
