@@ -70,8 +70,9 @@ def pack_info(cu_seqlens: torch.Tensor, num_tokens: int) -> PackInfo:
 def _read_pack(cu_seqlens: torch.Tensor) -> PackInfo:
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
         raise ValueError(f"cu_seqlens must be 1-D [N+1], got shape {tuple(cu_seqlens.shape)}")
-    if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype == torch.bool:
-        raise ValueError(f"cu_seqlens must be an integer tensor (int32), got {cu_seqlens.dtype}")
+    if cu_seqlens.dtype != torch.int32:  # the kernels (FlashAttention, aiter, varlen) take int32 only
+        raise ValueError(f"cu_seqlens must be int32, got {cu_seqlens.dtype}; build it with make_cu_seqlens "
+                         f"or convert it with .to(torch.int32)")
     values = cu_seqlens.tolist()
     if values[0] != 0:
         raise ValueError(f"cu_seqlens must start at 0, got cu_seqlens[0]={values[0]}")
