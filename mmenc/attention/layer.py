@@ -81,6 +81,9 @@ class MMEncoderAttention(CustomOp):
         elif max_seqlen is None:
             raise ValueError(f"{self._name}: max_seqlen is required with cu_seqlens (compute it once per encoder "
                              f"forward, e.g. with mmenc.attention.make_cu_seqlens)")
+        elif cu_seqlens.device != q.device:
+            raise ValueError(f"{self._name}: cu_seqlens is on {cu_seqlens.device} but query is on {q.device}; "
+                             f"make it on the query's device (make_cu_seqlens(lengths, device))")
         max_seqlen = int(max_seqlen)
         if impl is None:
             short = self._short_impl is not None and max_seqlen <= self.short_seqlen_max
