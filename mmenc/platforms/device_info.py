@@ -27,4 +27,4 @@ class DeviceInfo:
             return f"{self.vendor} {self.type} (compute capability {self.capability[0]}.{self.capability[1]})"
         if self.arch is not None:
             return f"{self.vendor} {self.type} ({self.arch})"
-        return f"{self.vendor} {self.type}"
+        return self.type if self.vendor == self.type else f"{self.vendor} {self.type}"
