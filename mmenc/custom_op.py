@@ -47,7 +47,10 @@ class CustomOp(nn.Module):
     name: str = ""  # set by @CustomOp.register
 
     def __new__(cls, *args, **kwargs):
-        oot = _OOT_REGISTRY.get(cls.name) or _OOT_REGISTRY.get(cls.__name__)
+        # By registered name only for the registered class itself: a subclass inherits `name` but
+        # is its own op, and a plugin replacing the base must not silently discard it.
+        own_name = cls.name if _REGISTRY.get(cls.name) is cls else None
+        oot = (own_name and _OOT_REGISTRY.get(own_name)) or _OOT_REGISTRY.get(cls.__name__)
         if oot is not None and not issubclass(cls, oot):
             obj = super().__new__(oot)
             if not isinstance(obj, cls):  # Python calls __init__ only on instances of cls
