@@ -176,6 +176,22 @@ def test_register_oot_unrelated_class(clean_oot):
     assert type(layer) is Standalone and inits == [(4, 16)]
 
 
+def test_register_oot_keeps_subclasses_of_the_replaced_op(clean_oot):
+    class TowerAttention(MMEncoderAttention):  # inherits the registered name "mm_encoder_attn"
+        pass
+
+    @CustomOp.register_oot(name="MMEncoderAttention")
+    class AcmeAttention(MMEncoderAttention):
+        pass
+
+    assert type(MMEncoderAttention(2, 8)) is AcmeAttention
+    assert type(TowerAttention(2, 8)) is TowerAttention
+    custom_op._OOT_REGISTRY.clear()
+    CustomOp.register_oot(name="mm_encoder_attn")(AcmeAttention)
+    assert type(MMEncoderAttention(2, 8)) is AcmeAttention
+    assert type(TowerAttention(2, 8)) is TowerAttention
+
+
 def test_registry_clean_after_oot_tests():
     assert type(MMEncoderAttention(2, 8)) is MMEncoderAttention
     assert "MMEncoderAttention" not in custom_op._OOT_REGISTRY

@@ -55,6 +55,7 @@ def test_malformed_cu_seqlens_values(layer, cu, expect):
 @pytest.mark.parametrize("cu, expect", [
     (torch.tensor([0.0, 3.0, 6.0]), "torch.float32"),
     (torch.tensor([False, True]), "torch.bool"),
+    (torch.tensor([0, 3, 6]), "torch.int64"),
     (torch.tensor([[0, 3, 6]], dtype=torch.int32), "(1, 3)"),
     (torch.tensor(0, dtype=torch.int32), "()"),
     (torch.tensor([], dtype=torch.int32), "(0,)"),
@@ -101,6 +102,14 @@ def test_missing_max_seqlen(layer):
     cu, _ = make_cu_seqlens([2, 4])
     with pytest.raises(ValueError, match="max_seqlen is required"):
         layer(q, k, v, cu_seqlens=cu)
+
+
+def test_cu_seqlens_on_another_device(layer):
+    q, k, v = qkv()
+    cu = torch.empty(3, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError) as e:
+        layer(q, k, v, cu_seqlens=cu, max_seqlen=6)
+    assert "cu_seqlens is on meta" in str(e.value) and "query is on cpu" in str(e.value)
 
 
 def test_four_dim_input_keeps_shape(layer):
