@@ -1,0 +1,96 @@
+"""Learned square position tables resampled to each frame's patch grid (Qwen3-VL, GLM-4.1V).
+
+A checkpoint holds `side * side` learned vectors for a side x side grid. A frame of h x w patches
+gets each patch's vector by interpolating that grid, one axis at a time:
+  "bilinear", align_corners=True   -- corners map to corners (Qwen3-VL);
+  "bicubic",  align_corners=False  -- half-pixel centres, Keys kernel a=-0.75, taps clamped to the
+                                      border (GLM-4.1V: F.grid_sample(..., padding_mode="border")).
+The taps (table rows) and weights of one (h, w) frame are built on the host once and cached; the
+lookup is one weighted `embedding_bag` over the whole pack, so no [T, taps, dim] intermediate.
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mmenc.layers.grid import Grid, LRUCache
+from mmenc.layers.rotary import grid_positions
+
+_MODES = {"bilinear": (0, 2), "bicubic": (-1, 4)}  # mode -> (first tap offset from floor, taps per axis)
+
+
+def axis_taps(size: int, side: int, mode: str = "bilinear",
+              align_corners: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Resampling a `side`-long axis to `size` positions: (taps int64 [size, n], weights float64 [size, n]).
+
+    Output position i reads table rows taps[i] with weights[i] (n = 2 bilinear, 4 bicubic); rows
+    past either end are clamped to the edge, as F.interpolate / grid_sample(padding_mode="border").
+    """
+    if mode not in _MODES:
+        raise ValueError(f"interpolation mode {mode!r} is not known; expected one of {', '.join(_MODES)}")
+    first, n = _MODES[mode]
+    i = torch.arange(size, dtype=torch.float64)
+    if align_corners:
+        src = i * (side - 1) / max(size - 1, 1)
+    else:
+        src = (i + 0.5) * side / size - 0.5
+    floor = src.floor()
+    offsets = torch.arange(first, first + n, dtype=torch.float64)
+    taps = (floor[:, None] + offsets).clamp(0, side - 1).long()
+    d = (src[:, None] - floor[:, None] - offsets).abs()  # [size, n] distance to each tap
+    if mode == "bilinear":
+        weights = (1 - d).clamp(min=0)
+    else:
+        a = -0.75
+        near = ((a + 2) * d - (a + 3)) * d * d + 1
+        far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+        weights = torch.where(d <= 1, near, far)
+    return taps, weights
+
+
+class InterpolatedPosEmbed(nn.Module):
+    """A learned side x side position table (`weight` [side*side, dim]) resampled to each frame.
+
+    `taps(grid, device)` -> (index int64 [T, n*n], weight float32 [T, n*n]) for a pack, patches of
+    each frame in `grid_positions(h, w, merge_size)` order (merge-block order), frames repeated t
+    times; compute it once per forward. `forward(index, weight)` -> [T, dim] float32.
+    """
+
+    def __init__(self, num_positions: int, dim: int, *, mode: str = "bilinear", align_corners: bool = False,
+                 merge_size: int = 1, device=None, dtype=None, cache_size: int = 256):
+        super().__init__()
+        side = math.isqrt(num_positions)
+        if side * side != num_positions:
+            raise ValueError(f"num_positions={num_positions} is not a square; a learned position grid needs "
+                             f"side * side entries")
+        if mode not in _MODES:
+            raise ValueError(f"interpolation mode {mode!r} is not known; expected one of {', '.join(_MODES)}")
+        self.side, self.mode, self.align_corners, self.merge_size = side, mode, align_corners, merge_size
+        self.weight = nn.Parameter(torch.empty(num_positions, dim, device=device, dtype=dtype), requires_grad=False)
+        self._frames = LRUCache(cache_size)
+
+    def extra_repr(self) -> str:
+        return (f"{self.side}x{self.side}, dim={self.weight.shape[1]}, mode={self.mode}, "
+                f"align_corners={self.align_corners}")
+
+    def frame_taps(self, h: int, w: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One h x w frame on the host: (index int64 [h*w, n*n], weight float32 [h*w, n*n])."""
+        def make():
+            rows_t, rows_w = axis_taps(h, self.side, self.mode, self.align_corners)
+            cols_t, cols_w = axis_taps(w, self.side, self.mode, self.align_corners)
+            pos = grid_positions(h, w, self.merge_size)  # [h*w, 2] (row, col)
+            r, c = pos[:, 0], pos[:, 1]
+            index = rows_t[r][:, :, None] * self.side + cols_t[c][:, None, :]  # [h*w, n, n]
+            weight = rows_w[r][:, :, None] * cols_w[c][:, None, :]
+            return index.flatten(1), weight.flatten(1).float()
+        return self._frames.get((h, w), make)
+
+    def taps(self, grid: Grid, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = [self.frame_taps(h, w) for _, h, w in grid]
+        index = torch.cat([i.repeat(t, 1) for (t, _, _), (i, _) in zip(grid, parts)])
+        weight = torch.cat([wt.repeat(t, 1) for (t, _, _), (_, wt) in zip(grid, parts)])
+        return index.to(device), weight.to(device)
+
+    def forward(self, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return F.embedding_bag(index, self.weight.float(), per_sample_weights=weight, mode="sum")
