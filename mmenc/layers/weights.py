@@ -45,8 +45,17 @@ def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id=No
     param.data.copy_(loaded)
 
 
+class LoadedWeights(set):
+    """The names of fully loaded parameters; `shards_seen` maps every touched parameter to the shard
+    ids that arrived, so a caller can name exactly which checkpoint tensor of a merged one is missing."""
+
+    def __init__(self, names=(), shards_seen: dict[str, set] | None = None):
+        super().__init__(names)
+        self.shards_seen = shards_seen or {}
+
+
 def load_named_weights(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
-                       weight_map: WeightMap = WeightMap()) -> set[str]:
+                       weight_map: WeightMap = WeightMap()) -> LoadedWeights:
     """Copy checkpoint tensors (names relative to the tower) into `module`'s parameters.
 
     Returns the names of parameters now fully loaded (a merged parameter counts once all its shards
@@ -59,7 +68,8 @@ def load_named_weights(module: nn.Module, weights: Iterable[tuple[str, torch.Ten
         target, shard = weight_map.to_param(name)
         param = params.get(target)
         if param is None:
-            raise ValueError(f"checkpoint tensor {name!r} (parameter {target!r}) matches no parameter of "
+            renamed = f" (renamed {target!r})" if target != name else ""
+            raise ValueError(f"checkpoint tensor {name!r}{renamed} matches no parameter of "
                              f"{type(module).__name__}; is the checkpoint for another model or tower size?")
         loader = getattr(param, "weight_loader", default_weight_loader)
         try:
@@ -68,8 +78,9 @@ def load_named_weights(module: nn.Module, weights: Iterable[tuple[str, torch.Ten
             else:
                 loader(param, tensor, shard)
         except ValueError as e:
-            raise ValueError(f"checkpoint tensor {name!r} does not fit parameter {target!r} of "
-                             f"{type(module).__name__}: {e}") from e
+            param_desc = f"parameter {target!r} of " if target != name else ""
+            raise ValueError(f"checkpoint tensor {name!r} does not fit {param_desc}{type(module).__name__}: {e}") from e
         seen.setdefault(target, set()).add(shard)
-    return {p for p, got in seen.items() if {s for _, s in weight_map.shards(p)} <= got}
+    complete = [p for p, got in seen.items() if {s for _, s in weight_map.shards(p)} <= got]
+    return LoadedWeights(complete, seen)
 

@@ -110,12 +110,23 @@ def load_tower_weights(tower: torch.nn.Module, path: str | pathlib.Path, prefixe
     that are missing afterwards. Returns the loaded parameter names."""
     files = tensor_files(path)
     prefix = tower_prefix(list(files), prefixes, f"checkpoint {str(path)!r}")
-    loaded = tower.load_weights(iter_tower_tensors(path, (prefix,), files))
+    try:
+        loaded = tower.load_weights(iter_tower_tensors(path, (prefix,), files))
+    except ValueError as e:
+        raise ValueError(f"checkpoint {str(path)!r}, tower tensors under {prefix!r}: {e}") from e
     missing = [name for name, _ in tower.named_parameters() if name not in loaded]
     if missing:
-        weight_map = getattr(tower, "weight_map", None)
-        names = [prefix + ckpt for p in missing
-                 for ckpt in (weight_map.checkpoint_names(p) if weight_map is not None else [p])]
+        names = [prefix + name for p in missing for name in _missing_names(tower, loaded, p)]
         shown = ", ".join(names[:10]) + (f", ... ({len(names) - 10} more)" if len(names) > 10 else "")
         raise ValueError(f"checkpoint {str(path)!r} lacks tensor(s) the {type(tower).__name__} needs: {shown}")
     return loaded
+
+
+def _missing_names(tower: torch.nn.Module, loaded: set[str], param: str) -> list[str]:
+    """Checkpoint names (without prefix) that would have filled `param`: only the absent shards when
+    the tower's load_weights reports which arrived (LoadedWeights.shards_seen)."""
+    weight_map = getattr(tower, "weight_map", None)
+    if weight_map is None:
+        return [param]
+    seen = getattr(loaded, "shards_seen", {}).get(param, set())
+    return [name for name, shard in weight_map.shards(param) if shard not in seen]
