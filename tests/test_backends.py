@@ -354,13 +354,26 @@ def gpu_lengths(seed: int) -> list[int]:
     return [64] * 96 + [4096] + [1, 0] + odd + [64] * 8
 
 
+# (dtype, head_size, Hq, Hkv): every head size in bf16 with MHA and GQA, MQA once, fp16 on a subset
+# (each distinct combination is a kernel compile for FA4 and FLEX, so the list is kept short).
+GPU_CASES = [(torch.bfloat16, d, 16, hkv) for d in (64, 72, 80, 128) for hkv in (16, 2)] + [
+    (torch.bfloat16, 80, 16, 1), (torch.float16, 64, 16, 16), (torch.float16, 80, 16, 16),
+    (torch.float16, 128, 16, 16), (torch.float16, 72, 16, 4)]
+
+
+@pytest.fixture
+def many_recompiles(monkeypatch):
+    """FLEX compiles one kernel per (dtype, head size, GQA) and per pack length until shapes turn
+    dynamic; a test session sees more of them than dynamo's default recompile limit (8)."""
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 64, raising=False)
+
+
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("hq,hkv", [(16, 16), (16, 2), (16, 1)], ids=["mha", "gqa", "mqa"])
-@pytest.mark.parametrize("head_size", [64, 72, 80, 128])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype,head_size,hq,hkv", GPU_CASES,
+                         ids=[f"{str(c[0])[6:]}-d{c[1]}-{c[2]}q{c[3]}kv" for c in GPU_CASES])
 @pytest.mark.parametrize("backend", GPU_BACKENDS, ids=lambda b: b.name)
-def test_packed_parity_gpu(backend, dtype, head_size, hq, hkv):
+def test_packed_parity_gpu(backend, dtype, head_size, hq, hkv, many_recompiles):
     impl = gpu_backend_or_skip(backend, head_size, dtype)
     scale = head_size ** -0.5
     for seed in (0, 1):  # two packs of different lengths: the second must not reuse the first's artefacts
@@ -373,10 +386,9 @@ def test_packed_parity_gpu(backend, dtype, head_size, hq, hkv):
 
 @pytest.mark.gpu
 @needs_cuda
-@pytest.mark.parametrize("layout", ["3d", "4d"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype,layout", [(torch.bfloat16, "3d"), (torch.float16, "4d")], ids=["bf16-3d", "fp16-4d"])
 @pytest.mark.parametrize("backend", GPU_BACKENDS, ids=lambda b: b.name)
-def test_layer_batched_and_packed_gpu(backend, dtype, layout):
+def test_layer_batched_and_packed_gpu(backend, dtype, layout, many_recompiles):
     hq, hkv, d = 16, 4, 80
     gpu_backend_or_skip(backend, d, dtype)
     layer = MMEncoderAttention(hq, d, num_kv_heads=hkv, dtype=dtype,
