@@ -1,0 +1,75 @@
+"""Hugging Face transformers' own vision towers, for side-by-side benchmarks and parity checks.
+
+`build_hf_tower(loaded, attn_implementation)` builds transformers' tower for a LoadedTower's
+config with the same weights: a checkpoint folder's tensors are loaded into it; with dummy weights
+it keeps transformers' random init and the mmenc tower is given those same weights.
+Calling the result with (pixel_values, grid_thw) returns the merged embeddings [tokens, out_hidden].
+"""
+import importlib
+import torch
+
+# architecture -> (transformers.models.<module>, tower class, vision config class)
+HF_TOWERS: dict[str, tuple[str, str, str]] = {
+    "Qwen2VLForConditionalGeneration": ("qwen2_vl", "Qwen2VisionTransformerPretrainedModel", "Qwen2VLVisionConfig"),
+    "Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VisionTransformerPretrainedModel",
+                                           "Qwen2_5_VLVisionConfig"),
+    "Qwen3VLForConditionalGeneration": ("qwen3_vl", "Qwen3VLVisionModel", "Qwen3VLVisionConfig"),
+    "Qwen3VLMoeForConditionalGeneration": ("qwen3_vl_moe", "Qwen3VLMoeVisionModel", "Qwen3VLMoeVisionConfig"),
+    "Glm4vForConditionalGeneration": ("glm4v", "Glm4vVisionModel", "Glm4vVisionConfig"),
+}
+
+
+class HFTower:
+    """transformers' tower module and how to call it: (pixel_values, grid_thw) -> embeddings."""
+
+    def __init__(self, module: torch.nn.Module, device: torch.device):
+        self.module, self.device = module, device
+
+    @torch.inference_mode()
+    def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        out = self.module(pixel_values, grid_thw=grid_thw.to(self.device))
+        if isinstance(out, torch.Tensor):
+            return out
+        return out.pooler_output if getattr(out, "pooler_output", None) is not None else out[0]
+
+
+def hf_tower_available(architecture: str) -> str | None:
+    """None if transformers can build this architecture's tower here, else the reason."""
+    if architecture not in HF_TOWERS:
+        return f"no transformers reference registered for {architecture}"
+    module, cls, _ = HF_TOWERS[architecture]
+    try:
+        mod = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+    except ImportError as e:
+        return f"transformers cannot be imported for {architecture}: {e}"
+    if not hasattr(mod, cls):
+        return f"this transformers version has no {cls}"
+    return None
+
+
+def build_hf_tower(loaded, attn_implementation: str = "sdpa") -> HFTower:
+    """transformers' tower for `loaded` (a mmenc LoadedTower), same dtype, device and weights."""
+    architecture = next(a for a in loaded.hf_config.get("architectures", []) if a in HF_TOWERS)
+    module, cls_name, cfg_name = HF_TOWERS[architecture]
+    modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+    configuration = importlib.import_module(f"transformers.models.{module}.configuration_{module}")
+    vision = dict(loaded.hf_config.get("vision_config", {}))
+    config = getattr(configuration, cfg_name)(**vision)
+    config._attn_implementation = attn_implementation
+    tower = getattr(modeling, cls_name)._from_config(config, attn_implementation=attn_implementation,
+                                                     dtype=loaded.dtype)
+    tower = tower.to(loaded.device).eval()
+    if loaded.load_format == "dummy":  # share transformers' random weights with the mmenc tower
+        with torch.no_grad():
+            loaded.tower.load_weights((name, t) for name, t in tower.state_dict().items() if "inv_freq" not in name)
+    else:
+        from mmenc.loader import iter_tower_tensors
+
+        missing, unexpected = tower.load_state_dict(dict(iter_tower_tensors(loaded.model, loaded.spec.weight_prefixes)),
+                                                    strict=False)
+        missing = [m for m in missing if "inv_freq" not in m]
+        if missing or unexpected:
+            raise ValueError(f"checkpoint tensors do not fit transformers' {cls_name}: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}")
+    return HFTower(tower, loaded.device)
+
