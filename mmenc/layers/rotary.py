@@ -1,8 +1,8 @@
 """2-D rotary position embedding for vision tokens (Qwen2-VL family, GLM-4.1V, MoonViT style).
 
 Each head of size D rotates D/2 pairs: D/4 frequencies for the token's row and D/4 for its column,
-inv_freq[i] = theta ** (-4i / D). Tables are float32 cos/sin [tokens, D], built on the host once per
-(t, h, w) and kept on the device; the same table serves every layer.
+inv_freq[i] = theta ** (-4i / D). Tables are float32 cos/sin [tokens, D], computed once per forward
+on the device from host-built positions (cached per (h, w)); the same table serves every layer.
 
 Two layouts:
   split (interleaved=False): angles = [row*f | col*f], cos = [angles | angles], rotate_half pairs
@@ -40,7 +40,10 @@ class VisionRotary2D:
     """cos/sin tables for a pack of images: `tables(grid, device) -> (cos, sin)` float32 [T, head_dim].
 
     Tokens are ordered image by image, frame by frame, patches as `grid_positions(h, w, merge_size)`.
-    Per-(t, h, w) tables are cached on their device; `table(t, h, w, device)` returns one.
+    The (row, col) positions are built on the host and cached per (h, w); the tables are computed on
+    the target device from them (one small host-to-device copy, no device-to-host sync). A tower
+    that reorders tokens (window attention) permutes the positions on the host and calls
+    `cos_sin(positions.to(device))`.
     """
 
     def __init__(self, head_dim: int, theta: float = 10000.0, merge_size: int = 1, interleaved: bool = False,
@@ -48,32 +51,38 @@ class VisionRotary2D:
         self.head_dim, self.merge_size = head_dim, merge_size
         self.interleaved, self.col_first = interleaved, col_first
         self.inv_freq = vision_inv_freq(head_dim, theta)
-        self._cache = LRUCache(cache_size)
+        self._inv_freq_on: dict[str, torch.Tensor] = {}
+        self._frames = LRUCache(cache_size)
+
+    def frame_positions(self, h: int, w: int) -> torch.Tensor:
+        """(row, col) int64 [h*w, 2] of one frame, on the host, cached."""
+        return self._frames.get((h, w), lambda: grid_positions(h, w, self.merge_size))
+
+    def positions(self, grid: Grid) -> torch.Tensor:
+        """(row, col) int64 [T, 2] for every patch of the pack, on the host."""
+        parts = [self.frame_positions(h, w).repeat(t, 1) for t, h, w in grid]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def angles(self, positions: torch.Tensor) -> torch.Tensor:
-        """positions int [T, 2] (row, col) -> float32 angles [T, head_dim // 2] in this layout."""
+        """positions int [T, 2] (row, col) -> float32 angles [T, head_dim // 2] in this layout, on
+        the positions' device."""
+        key = str(positions.device)
+        if key not in self._inv_freq_on:
+            self._inv_freq_on[key] = self.inv_freq.to(positions.device)
         pos = positions.flip(-1) if self.col_first else positions
-        freqs = pos.to(torch.float32)[:, :, None] * self.inv_freq  # [T, 2, D/4]
+        freqs = pos.to(torch.float32)[:, :, None] * self._inv_freq_on[key]  # [T, 2, D/4]
         if self.interleaved:
             return freqs.transpose(1, 2).reshape(pos.shape[0], -1)  # a0, b0, a1, b1, ...
         return freqs.reshape(pos.shape[0], -1)  # a0..a_{D/4-1}, b0..b_{D/4-1}
 
-    def cos_sin(self, angles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """angles [T, D/2] -> cos, sin [T, D], laid out for `apply_rotary`."""
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions int [T, 2] -> cos, sin float32 [T, head_dim], laid out for `apply_rotary`."""
+        angles = self.angles(positions)
         full = angles.repeat_interleave(2, dim=-1) if self.interleaved else torch.cat([angles, angles], dim=-1)
         return full.cos(), full.sin()
 
-    def table(self, t: int, h: int, w: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-        def make():
-            cos, sin = self.cos_sin(self.angles(grid_positions(h, w, self.merge_size)))
-            return cos.repeat(t, 1).to(device), sin.repeat(t, 1).to(device)
-        return self._cache.get((t, h, w, str(device)), make)
-
     def tables(self, grid: Grid, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-        parts = [self.table(t, h, w, device) for t, h, w in grid]
-        if len(parts) == 1:
-            return parts[0]
-        return torch.cat([c for c, _ in parts]), torch.cat([s for _, s in parts])
+        return self.cos_sin(self.positions(grid).to(device))
 
 
 def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
 from mmenc.config import MultiModalConfig
-from mmenc.layers.grid import Grid, LRUCache, frame_lengths, num_patches, read_grid
+from mmenc.layers.grid import Grid, LRUCache, frame_lengths, read_grid
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock, resolve_tp_size
 from mmenc.layers.weights import WeightMap, load_named_weights
@@ -153,21 +153,22 @@ class Qwen2_5_VisionTower(nn.Module):
             for i in range(config.depth)])
         self.merger = PatchMerger(config.out_hidden_size, config.hidden_size, self.merge, norm="rms",
                                   norm_eps=config.norm_eps, tp_size=tp, device=device, dtype=dtype)
-        self._items = LRUCache(256)  # (t, h, w, device) -> permuted rotary tables, window order and lengths
-        self._plans = LRUCache(32)  # (grid, device) -> PackPlan
+        self._items = LRUCache(256)  # (t, h, w) -> window order, window lengths, positions (host)
+        self._plans = LRUCache(8)  # (grid, device) -> PackPlan (device tensors)
 
     def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
         return [t * h * w // self.merge ** 2 for t, h, w in read_grid(grid_thw, self.merge)]
 
-    def _item(self, t: int, h: int, w: int, device):
-        """One item's window order (host), window lengths (tokens) and rotary tables in window order (device)."""
+    def _item(self, t: int, h: int, w: int):
+        """One item's window order over merged tokens, window lengths (patches) and the patches'
+        rotary positions in window order; host tensors, cached per (t, h, w)."""
         def make():
             unit = self.merge ** 2
             order, lengths = window_order(t, h, w, self.merge, self.config.merged_window)
             tokens = (order[:, None] * unit + torch.arange(unit)).reshape(-1)  # merged order -> patch order
-            cos, sin = self.rotary.table(t, h, w, "cpu")
-            return order, [n * unit for n in lengths], cos[tokens].to(device), sin[tokens].to(device)
-        return self._items.get((t, h, w, str(device)), make)
+            positions = self.rotary.frame_positions(h, w).repeat(t, 1)[tokens]
+            return order, [n * unit for n in lengths], positions
+        return self._items.get((t, h, w), make)
 
     def plan(self, grid_thw: torch.Tensor, device) -> PackPlan:
         grid = read_grid(grid_thw, self.merge)
@@ -175,20 +176,24 @@ class Qwen2_5_VisionTower(nn.Module):
 
     def _make_plan(self, grid: Grid, device) -> PackPlan:
         unit = self.merge ** 2
-        items = [self._item(t, h, w, device) for t, h, w in grid]
-        orders, offset, window_lengths = [], 0, []
-        for (t, h, w), (order, lengths, _, _) in zip(grid, items):
+        orders, positions, window_lengths, offset = [], [], [], 0
+        for t, h, w in grid:
+            order, lengths, pos = self._item(t, h, w)
             orders.append(order + offset)
-            offset += t * h * w // unit
+            positions.append(pos)
             window_lengths += lengths
+            offset += t * h * w // unit
         merged_order = torch.cat(orders)  # [T / unit]
-        token_order = (merged_order[:, None] * unit + torch.arange(unit)).reshape(-1)
+        token_order = (merged_order[:, None] * unit + torch.arange(unit)).reshape(-1)  # [T]
+        # one host-to-device copy: [token order | inverse merged order | positions]
+        packed = torch.cat([token_order, torch.argsort(merged_order), torch.cat(positions).reshape(-1)]).to(device)
+        n = token_order.shape[0]
+        token_order, merged_inverse, pos = packed[:n], packed[n:n + n // unit], packed[n + n // unit:].view(n, 2)
+        cos, sin = self.rotary.cos_sin(pos)
         cu, max_len = make_cu_seqlens(frame_lengths(grid), device)
         cu_win, max_win = make_cu_seqlens(window_lengths, device)
-        cat = (lambda xs: xs[0]) if len(items) == 1 else torch.cat
-        return PackPlan(num_patches(grid), cu, max_len, cat([it[2] for it in items]), cat([it[3] for it in items]),
-                        cu_window_seqlens=cu_win, max_window_seqlen=max_win,
-                        token_order=token_order.to(device), merged_inverse=torch.argsort(merged_order).to(device))
+        return PackPlan(n, cu, max_len, cos, sin, cu_window_seqlens=cu_win, max_window_seqlen=max_win,
+                        token_order=token_order, merged_inverse=merged_inverse)
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
         plan = self.plan(grid_thw, pixel_values.device)

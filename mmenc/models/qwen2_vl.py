@@ -140,7 +140,7 @@ class Qwen2VisionTower(nn.Module):
             for i in range(config.depth)])
         self.merger = PatchMerger(config.hidden_size, config.embed_dim, self.merge, norm="layer", tp_size=tp,
                                   device=device, dtype=dtype)
-        self._plans = LRUCache(32)
+        self._plans = LRUCache(8)  # (grid, device) -> PackPlan (device tensors)
 
     def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
         return [t * h * w // self.merge ** 2 for t, h, w in read_grid(grid_thw, self.merge)]
