@@ -97,3 +97,68 @@ def rewrite_checkpoint(src, dest, transform) -> pathlib.Path:
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(dest / "model.safetensors"), metadata={"format": "pt"})
     shutil.copy(src / "config.json", dest / "config.json")
     return dest
+
+
+# Qwen3-VL: 3 layers, DeepStack after layers 0 and 2, a 6x6 learned position table (resampled up and down).
+TINY_QWEN3_VISION = dict(depth=3, hidden_size=32, num_heads=2, intermediate_size=40, out_hidden_size=24,
+                         patch_size=16, temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=36,
+                         deepstack_visual_indexes=[0, 2], in_channels=3, hidden_act="gelu_pytorch_tanh")
+# GLM-4.1V: a 6x6 position table (image_size / patch_size = 6); out_hidden_size is also the blocks' MLP width.
+TINY_GLM4V_VISION = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=40, out_hidden_size=24,
+                         image_size=84, patch_size=14, temporal_patch_size=2, spatial_merge_size=2, in_channels=3,
+                         hidden_act="silu", rms_norm_eps=1e-5, attention_bias=False)
+_TINY_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+
+
+def _randomise_position_table(model, name: str) -> None:
+    """Learned position tables start at std 0.02; make them as large as the patch embedding so a wrong
+    interpolation shows."""
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith(name):
+                p.normal_()
+
+
+def save_qwen3_vl(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None, dtype=torch.float32,
+                  moe: bool = False):
+    """Qwen3VLForConditionalGeneration, or with moe=True Qwen3VLMoeForConditionalGeneration (same tower)."""
+    import transformers
+
+    text = dict(TINY_TEXT, head_dim=16, rope_parameters=dict(_TINY_ROPE, mrope_section=[2, 3, 3]))
+    if moe:
+        text.update(num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16)
+    prefix = "Qwen3VLMoe" if moe else "Qwen3VL"
+    config = getattr(transformers, f"{prefix}Config")(vision_config={**TINY_QWEN3_VISION, **(vision or {})},
+                                                      text_config=text, dtype=dtype)
+    model = _seeded(getattr(transformers, f"{prefix}ForConditionalGeneration"), config, seed)
+    _randomise_position_table(model, "visual.pos_embed.weight")
+    model = model.to(dtype)
+    return _save(model, folder, max_shard_size), model
+
+
+def save_glm4v(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None, dtype=torch.float32,
+               moe: bool = False):
+    """Glm4vForConditionalGeneration, or with moe=True Glm4vMoeForConditionalGeneration (same tower)."""
+    import transformers
+
+    text = dict(TINY_TEXT, rope_parameters=dict(_TINY_ROPE, mrope_section=[2, 3, 3], partial_rotary_factor=0.5))
+    if moe:
+        text.update(head_dim=16, n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                    n_shared_experts=1, first_k_dense_replace=1)
+    prefix = "Glm4vMoe" if moe else "Glm4v"
+    config = getattr(transformers, f"{prefix}Config")(vision_config={**TINY_GLM4V_VISION, **(vision or {})},
+                                                      text_config=text, dtype=dtype)
+    model = _seeded(getattr(transformers, f"{prefix}ForConditionalGeneration"), config, seed)
+    _randomise_position_table(model, "visual.embeddings.position_embedding.weight")
+    model = model.to(dtype)
+    return _save(model, folder, max_shard_size), model
+
+
+def hf_tower_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """(embeddings [tokens, out_hidden], deepstack features list or []) from transformers' own tower;
+    older transformers returned Qwen3-VL's as a tuple (embeddings, deepstack list)."""
+    with torch.no_grad():
+        out = hf_vision(model)(pixel_values, grid_thw=grid_thw)
+    if isinstance(out, tuple):
+        return out[0], list(out[1]) if len(out) > 1 else []
+    return out.pooler_output, list(getattr(out, "deepstack_features", None) or [])

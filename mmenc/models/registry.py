@@ -10,6 +10,7 @@ from mmenc.models.base import ModelSpec
 _FAMILIES = [
     "qwen2_vl",
     "qwen2_5_vl",
+    "qwen3_vl",
 ]
 _SPECS: dict[str, ModelSpec] = {}
 _loaded = False

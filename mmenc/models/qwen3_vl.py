@@ -1,0 +1,227 @@
+"""Qwen3-VL vision tower (dense and MoE models share it): patch embedding plus a learned position
+table, 2-D rotary, LayerNorm + MLP blocks with full attention per frame, 2x2 patch merger, and
+DeepStack features.
+
+Position embedding: a learned side x side table (num_position_embeddings = side^2) resampled to
+each frame's h x w patch grid by bilinear interpolation with corners aligned, added after the patch
+embedding. Taps and weights are built on the host per (h, w) and cached (mmenc.layers.pos_embed).
+
+Attention: every patch attends to the patches of its own frame (an image is one frame; a video of
+t temporal patches is t frames). Tokens stay in merge-block order throughout, so the merger's 2x2
+blocks are contiguous and no permutation is needed.
+
+DeepStack: after each layer listed in `deepstack_visual_indexes`, that layer's hidden states go
+through their own merger (`deepstack_merger_list[k]`, LayerNorm over the merged 4*hidden vector
+instead of per patch). `TowerOutput.extras["deepstack"]` is the list of those outputs in layer
+order, each [T / merge^2, out_hidden_size] with rows in the same token order as `embeddings`
+(images in grid order); the language model adds feature k to its hidden states after layer k.
+
+Tensor parallelism: `tp_size=None` shards heads and MLP features over the current tensor-parallel
+group; `tp_size=1` builds the tower unsharded (data-parallel mode).
+"""
+import dataclasses
+import importlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from mmenc.attention import make_cu_seqlens
+from mmenc.config import MultiModalConfig
+from mmenc.layers.grid import LRUCache, frame_lengths, num_patches, read_grid
+from mmenc.layers.pos_embed import InterpolatedPosEmbed
+from mmenc.layers.rotary import VisionRotary2D
+from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock, resolve_tp_size
+from mmenc.layers.weights import WeightMap, load_named_weights
+from mmenc.models.base import ModelSpec, TowerOutput
+from mmenc.models.qwen2_vl import PackPlan, check_patch_count, rope_theta, vision_config_dict
+from mmenc.models.registry import register_model
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen3VisionConfig:
+    """Qwen3-VL's vision_config. Defaults are transformers' Qwen3VLVisionConfig defaults.
+
+    hidden_size: the tower's width; out_hidden_size: the output width (the language model's).
+    num_position_embeddings: entries of the learned square position table (side^2).
+    deepstack_visual_indexes: layers whose outputs also leave through a DeepStack merger.
+    """
+
+    depth: int = 27
+    hidden_size: int = 1152
+    num_heads: int = 16
+    intermediate_size: int = 4304
+    out_hidden_size: int = 3584
+    hidden_act: str = "gelu_pytorch_tanh"
+    in_channels: int = 3
+    patch_size: int = 16
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    num_position_embeddings: int = 2304
+    deepstack_visual_indexes: tuple[int, ...] = (8, 16, 24)
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        object.__setattr__(self, "deepstack_visual_indexes", tuple(int(i) for i in self.deepstack_visual_indexes))
+        for field in ("depth", "hidden_size", "num_heads", "intermediate_size", "out_hidden_size", "in_channels",
+                      "patch_size", "temporal_patch_size", "spatial_merge_size", "num_position_embeddings"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"Qwen3VisionConfig.{field}={value!r} must be a positive integer")
+        if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 4:
+            raise ValueError(f"Qwen3VisionConfig: hidden_size={self.hidden_size} must be num_heads={self.num_heads} "
+                             f"times a head size divisible by 4 (2-D rotary)")
+        side = int(self.num_position_embeddings ** 0.5 + 0.5)
+        if side * side != self.num_position_embeddings:
+            raise ValueError(f"Qwen3VisionConfig.num_position_embeddings={self.num_position_embeddings} must be a "
+                             f"square (the learned position grid is side x side)")
+        bad = [i for i in self.deepstack_visual_indexes if not 0 <= i < self.depth]
+        if bad or len(set(self.deepstack_visual_indexes)) != len(self.deepstack_visual_indexes):
+            raise ValueError(f"Qwen3VisionConfig.deepstack_visual_indexes={list(self.deepstack_visual_indexes)} "
+                             f"must be distinct layers in 0..{self.depth - 1}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def patch_features(self) -> int:
+        """Values per row of pixel_values: C * temporal_patch * patch * patch."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+    @classmethod
+    def from_hf(cls, config: Mapping[str, Any]) -> "Qwen3VisionConfig":
+        v = vision_config_dict(config)
+        d = cls()
+        return cls(depth=v.get("depth", d.depth), hidden_size=v.get("hidden_size", d.hidden_size),
+                   num_heads=v.get("num_heads", d.num_heads),
+                   intermediate_size=v.get("intermediate_size", d.intermediate_size),
+                   out_hidden_size=v.get("out_hidden_size", d.out_hidden_size),
+                   hidden_act=v.get("hidden_act", d.hidden_act), in_channels=v.get("in_channels", d.in_channels),
+                   patch_size=v.get("patch_size", d.patch_size),
+                   temporal_patch_size=v.get("temporal_patch_size", d.temporal_patch_size),
+                   spatial_merge_size=v.get("spatial_merge_size", d.spatial_merge_size),
+                   num_position_embeddings=v.get("num_position_embeddings", d.num_position_embeddings),
+                   deepstack_visual_indexes=tuple(v.get("deepstack_visual_indexes", d.deepstack_visual_indexes)),
+                   rope_theta=rope_theta(v))
+
+
+# Checkpoint name -> parameter name: linear_fc1/2 (blocks and mergers) -> fc1/2, the mergers' norm -> ln_q.
+QWEN3_VL_WEIGHT_MAP = WeightMap([
+    ("linear_fc1.", "fc1.", None),
+    ("linear_fc2.", "fc2.", None),
+    (".norm.", ".ln_q.", None),
+])
+
+
+@dataclasses.dataclass
+class PosPackPlan(PackPlan):
+    """PackPlan plus the learned position table's taps for the pack (int64 / float32 [T, taps])."""
+
+    pos_index: torch.Tensor | None = None
+    pos_weight: torch.Tensor | None = None
+
+
+def make_pos_plan(grid, device, rotary: VisionRotary2D, pos_embed: InterpolatedPosEmbed) -> PosPackPlan:
+    """Per-frame attention segments, rotary tables and position-table taps of a pack, on `device`."""
+    cu, max_len = make_cu_seqlens(frame_lengths(grid), device)
+    cos, sin = rotary.tables(grid, device)
+    index, weight = pos_embed.taps(grid, device)
+    return PosPackPlan(num_patches(grid), cu, max_len, cos, sin, pos_index=index, pos_weight=weight)
+
+
+class Qwen3VisionTower(nn.Module):
+    """forward(pixel_values [T, C*tp*p*p], grid_thw int64 [N, 3] on CPU) -> TowerOutput with
+    embeddings [T / merge^2, out_hidden_size] (images in grid order) and extras["deepstack"], a list
+    of len(deepstack_visual_indexes) tensors of the same shape and token order."""
+
+    weight_map = QWEN3_VL_WEIGHT_MAP
+
+    def __init__(self, config: Qwen3VisionConfig, multimodal_config: MultiModalConfig | None = None,
+                 device=None, dtype=None, tp_size: int | None = None):
+        super().__init__()
+        self.config = config
+        tp = resolve_tp_size(tp_size)
+        self.tp_size = tp
+        self.merge = m = config.spatial_merge_size
+        dim = config.hidden_size
+        self.patch_embed = PatchEmbed(config.patch_features, dim, bias=True, device=device, dtype=dtype)
+        self.pos_embed = InterpolatedPosEmbed(config.num_position_embeddings, dim, mode="bilinear",
+                                              align_corners=True, merge_size=m, device=device, dtype=dtype)
+        self.rotary = VisionRotary2D(config.head_dim, config.rope_theta, merge_size=m)
+        self.blocks = nn.ModuleList([
+            VisionBlock(dim, config.num_heads, config.intermediate_size, norm="layer", norm_eps=config.norm_eps,
+                        mlp="plain", act=config.hidden_act, tp_size=tp, multimodal_config=multimodal_config,
+                        prefix=f"blocks.{i}", device=device, dtype=dtype)
+            for i in range(config.depth)])
+        merger = dict(norm="layer", norm_eps=config.norm_eps, act="gelu", tp_size=tp, device=device, dtype=dtype)
+        self.merger = PatchMerger(config.out_hidden_size, dim, m, **merger)
+        self.deepstack_merger_list = nn.ModuleList([
+            PatchMerger(config.out_hidden_size, dim, m, norm_after_merge=True, **merger)
+            for _ in config.deepstack_visual_indexes])
+        self.deepstack_layers = {layer: k for k, layer in enumerate(config.deepstack_visual_indexes)}
+        self._plans = LRUCache(32)
+
+    def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
+        return [t * h * w // self.merge ** 2 for t, h, w in read_grid(grid_thw, self.merge)]
+
+    def plan(self, grid_thw: torch.Tensor, device) -> PosPackPlan:
+        grid = read_grid(grid_thw, self.merge)
+        return self._plans.get((grid, str(device)), lambda: make_pos_plan(grid, device, self.rotary, self.pos_embed))
+
+    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
+        plan = self.plan(grid_thw, pixel_values.device)
+        check_patch_count(pixel_values, plan)
+        x = self.patch_embed(pixel_values)  # [T, hidden]
+        x = x + self.pos_embed(plan.pos_index, plan.pos_weight).to(x.dtype)
+        rotary = (plan.cos, plan.sin)
+        deepstack = []  # in layer order
+        for i, block in enumerate(self.blocks):
+            x = block(x, plan.cu_seqlens, plan.max_seqlen, rotary)
+            k = self.deepstack_layers.get(i)
+            if k is not None:
+                deepstack.append(self.deepstack_merger_list[k](x))  # [T / m^2, out_hidden]
+        return TowerOutput(self.merger(x), {"deepstack": deepstack})
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return load_named_weights(self, weights, self.weight_map)
+
+
+def qwen3_vl_processor(preprocessor_config: Mapping[str, Any]):
+    """The Qwen3-VL image processor (mmenc.preprocess.qwen_vl), imported when first needed."""
+    return importlib.import_module("mmenc.preprocess.qwen_vl").qwen3_vl_from_hf(preprocessor_config)
+
+
+def _builtin(arch: str, model_type: str, depth: int, hidden: int, intermediate: int, out_hidden: int,
+             deepstack: list[int]) -> dict[str, Any]:
+    vision = {"depth": depth, "hidden_size": hidden, "intermediate_size": intermediate, "num_heads": 16,
+              "out_hidden_size": out_hidden, "deepstack_visual_indexes": deepstack, "hidden_act": "gelu_pytorch_tanh",
+              "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+              "num_position_embeddings": 2304}
+    return {"architectures": [arch], "model_type": model_type, "torch_dtype": "bfloat16",
+            "text_config": {"hidden_size": out_hidden}, "vision_config": vision}
+
+
+_DENSE, _MOE = ("Qwen3VLForConditionalGeneration", "qwen3_vl"), ("Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe")
+# Published vision configs (see each model's config.json). 2B/4B: 24 layers of 1024 (head 64);
+# the others: 27 layers of 1152 (head 72). out_hidden_size is the language model's hidden size.
+QWEN3_VL_BUILTINS = {
+    "Qwen/Qwen3-VL-2B-Instruct": _builtin(*_DENSE, 24, 1024, 4096, 2048, [5, 11, 17]),
+    "Qwen/Qwen3-VL-4B-Instruct": _builtin(*_DENSE, 24, 1024, 4096, 2560, [5, 11, 17]),
+    "Qwen/Qwen3-VL-8B-Instruct": _builtin(*_DENSE, 27, 1152, 4304, 4096, [8, 16, 24]),
+    "Qwen/Qwen3-VL-32B-Instruct": _builtin(*_DENSE, 27, 1152, 4304, 5120, [8, 16, 24]),
+    "Qwen/Qwen3-VL-30B-A3B-Instruct": _builtin(*_MOE, 27, 1152, 4304, 2048, [8, 16, 24]),
+    # Unverified against the published config.json (inferred: same tower as 8B/32B, out = text hidden 4096).
+    "Qwen/Qwen3-VL-235B-A22B-Instruct": _builtin(*_MOE, 27, 1152, 4304, 4096, [8, 16, 24]),
+}
+
+QWEN3_VL_SPEC = register_model(ModelSpec(
+    architectures=(_DENSE[0], _MOE[0]),
+    tower_cls=Qwen3VisionTower,
+    config_from_hf=Qwen3VisionConfig.from_hf,
+    weight_prefixes=("model.visual.", "visual."),
+    processor_from_hf=qwen3_vl_processor,
+    builtin_configs=QWEN3_VL_BUILTINS,
+))
