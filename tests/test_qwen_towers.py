@@ -179,3 +179,17 @@ def test_config_json_of_saved_checkpoint_is_read(qwen2_5, tmp_path):
     loaded, _ = qwen2_5
     assert loaded.config.fullatt_block_indexes == (1, 3) and loaded.config.window_size == 56
     assert json.loads(json.dumps(loaded.hf_config))["architectures"] == ["Qwen2_5_VLForConditionalGeneration"]
+
+
+def test_bfloat16_tower_stays_close(qwen2_5):
+    """bf16 weights and activations (rotary and norm statistics in float32) against the fp32 reference."""
+    loaded, hf_model = qwen2_5
+    bf16 = build_tower(loaded.model, dtype="bfloat16", device="cpu")
+    assert bf16.tower.blocks[0].attn.qkv.weight.dtype == torch.bfloat16
+    grid = torch.tensor(GRIDS["mixed"])
+    pixels = random_pixels(grid, loaded.config.patch_features)
+    out = run_tower(bf16, pixels, grid).embeddings
+    assert out.dtype == torch.bfloat16
+    err = relative_error(out, hf_tower_output(hf_model, pixels, grid))
+    print(f"bf16 relative error {err:.2e} (tolerance 3e-02)")
+    assert err < 3e-2
