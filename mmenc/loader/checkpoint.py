@@ -79,10 +79,22 @@ def tensor_files(path: str | pathlib.Path) -> dict[str, pathlib.Path]:
     return files
 
 
-def tower_prefix(names: Sequence[str], prefixes: Sequence[str], where: str = "checkpoint") -> str:
-    """The first of `prefixes` that some tensor name starts with; ValueError when none does."""
+def prefix_group(prefix: "str | tuple[str, ...]") -> tuple[str, ...]:
+    """A `weight_prefixes` entry as the prefixes read together: a str is a group of one; a tuple
+    (e.g. ("vision_tower.", "mm_projector.") for a tower whose projector sits beside it) is read
+    whole, each name losing the first prefix of the group it starts with."""
+    return (prefix,) if isinstance(prefix, str) else tuple(prefix)
+
+
+def _strip(name: str, group: tuple[str, ...]) -> str:
+    return next(name[len(p):] for p in group if name.startswith(p))
+
+
+def tower_prefix(names: Sequence[str], prefixes: Sequence, where: str = "checkpoint"):
+    """The first entry of `prefixes` (a prefix, or a tuple of prefixes read together: `prefix_group`)
+    that some tensor name starts with; ValueError when none does."""
     for prefix in prefixes:
-        if any(name.startswith(prefix) for name in names):
+        if any(name.startswith(prefix_group(prefix)) for name in names):
             return prefix
     sample = ", ".join(sorted(names)[:5]) or "no tensors"
     raise ValueError(f"{where} has no vision-tower tensors: no name starts with any of {list(prefixes)} "
@@ -94,15 +106,15 @@ def iter_tower_tensors(path: str | pathlib.Path, prefixes: Sequence[str],
     """(name without the tower prefix, CPU tensor) for every tensor under the tower's prefix (the first
     of `prefixes` present), shard by shard; nothing else is read. `files`: `tensor_files(path)` if known."""
     files = tensor_files(path) if files is None else files
-    prefix = tower_prefix(list(files), prefixes, f"checkpoint {str(path)!r}")
+    group = prefix_group(tower_prefix(list(files), prefixes, f"checkpoint {str(path)!r}"))
     by_file: dict[pathlib.Path, list[str]] = {}
     for name, file in files.items():
-        if name.startswith(prefix):
+        if name.startswith(group):
             by_file.setdefault(file, []).append(name)
     for file, names in sorted(by_file.items()):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in sorted(names):
-                yield name[len(prefix):], f.get_tensor(name)
+                yield _strip(name, group), f.get_tensor(name)
 
 
 def load_tower_weights(tower: torch.nn.Module, path: str | pathlib.Path, prefixes: Sequence[str]) -> set[str]:
@@ -116,7 +128,8 @@ def load_tower_weights(tower: torch.nn.Module, path: str | pathlib.Path, prefixe
         raise ValueError(f"checkpoint {str(path)!r}, tower tensors under {prefix!r}: {e}") from e
     missing = [name for name, _ in tower.named_parameters() if name not in loaded]
     if missing:
-        names = [prefix + name for p in missing for name in _missing_names(tower, loaded, p)]
+        head = prefix if isinstance(prefix, str) else ""  # a group: names as the tower sees them
+        names = [head + name for p in missing for name in _missing_names(tower, loaded, p)]
         shown = ", ".join(names[:10]) + (f", ... ({len(names) - 10} more)" if len(names) > 10 else "")
         raise ValueError(f"checkpoint {str(path)!r} lacks tensor(s) the {type(tower).__name__} needs: {shown}")
     return loaded
