@@ -167,6 +167,13 @@ def test_reasons_name_the_problem(backend, head_size, dtype, device, expected):
     assert any(expected in r for r in reasons), f"{backend.name}: expected {expected!r} in {reasons}"
 
 
+def test_torch_varlen_missing_module_is_a_reason(monkeypatch):
+    tv = importlib.import_module("mmenc.attention.backends.torch_varlen")
+    monkeypatch.setattr(tv, "_varlen", lambda: None)
+    reasons = tv.TorchVarlenBackend.unsupported_reasons(128, torch.bfloat16, H100)
+    assert reasons == [f"torch {torch.__version__} has no torch.nn.attention.varlen (needs a newer torch)"]
+
+
 def test_usable_combinations_have_no_device_reasons():
     cls = get_backend_class
     assert not cls(B.TORCH_VARLEN)._reasons(72, torch.bfloat16, H100)

@@ -30,10 +30,6 @@ class TorchVarlenBackend(AttentionBackend):
     enum = AttentionBackendEnum.TORCH_VARLEN
 
     @classmethod
-    def is_installed(cls) -> bool:
-        return _varlen() is not None
-
-    @classmethod
     def _reasons(cls, head_size, dtype, device):
         if _varlen() is None:
             return [f"torch {torch.__version__} has no torch.nn.attention.varlen (needs a newer torch)"]
