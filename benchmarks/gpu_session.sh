@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One call on the lent GPU machine runs the stages named as arguments, logging under $OUT:
+#   fa4-part1   park the first half of the split FA4 libs wheel in /tmp/fa4 (call 1 of 2, carry .whl/split/*.part-aa)
+#   fa4         finish the FA4 install into /tmp/site (carry .whl/base .whl/extra .whl/split/*.part-ab ...)
+#   tests       pytest -m "gpu or multigpu" (every GPU test) + the CPU suite's tower parity on GPU
+#   attn        benchmarks/attention_bench.py (every usable backend, both packs, 4 head sizes)
+#   sweep       TRITON_ATTN config sweep
+#   towers      mmenc bench (Qwen2.5-VL-7B, both workloads) vs transformers, per backend
+#   families    mmenc bench for the other families' largest towers
+#   multigpu    benchmarks/multigpu_bench.py (1 GPU vs 2 GPUs, data and weights modes)
+# Example: bash benchmarks/gpu_session.sh fa4 tests attn
+set -u
+OUT=${OUT:-/tmp/mmenc-out}; mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ -d /tmp/site/flash_attn ]; then
+  export PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages"
+fi
+MMENC="python3 -m mmenc.cli.main"
+stamp() { echo "== $(date +%T) $*"; }
+
+for stage in "$@"; do
+  stamp "stage $stage"
+  case "$stage" in
+    fa4-part1)
+      mkdir -p /tmp/fa4 && cp .whl/split/*.part-aa /tmp/fa4/ && ls -la /tmp/fa4 ;;
+    fa4)
+      cp /tmp/fa4/*.part-aa .whl/split/ 2>/dev/null
+      bash .whl/install_fa4.sh > "$OUT/fa4_install.log" 2>&1; tail -2 "$OUT/fa4_install.log"
+      export PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages" ;;
+    env)
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+      python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
+      $MMENC backends --head-size 80 --dtype bfloat16; $MMENC backends --head-size 72 --dtype bfloat16 | tail -3 ;;
+    tests)
+      timeout 420 python3 -m pytest -q -x -p no:cacheprovider -m "gpu or multigpu" tests/ 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
+    attn)
+      timeout 300 python3 benchmarks/attention_bench.py --out "$OUT/attn.json" 2>&1 | tee "$OUT/attn.log" | tail -45 ;;
+    sweep)
+      timeout 300 python3 benchmarks/attention_bench.py --sweep-only --out "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;
+    towers)
+      for b in auto TORCH_SDPA FLASH_ATTN TRITON_ATTN; do
+        extra=(); [ "$b" != auto ] && extra=(--mm-encoder-attn-backend "$b")
+        timeout 200 $MMENC bench --json "$OUT/bench_qwen25_$b.json" "${extra[@]}" 2>&1 | tee "$OUT/bench_qwen25_$b.log" | tail -7
+      done ;;
+    families)
+      for m in Qwen/Qwen2-VL-72B-Instruct Qwen/Qwen3-VL-235B-A22B-Instruct zai-org/GLM-4.1V-9B-Thinking moonshotai/Kimi-K2.5; do
+        timeout 200 $MMENC bench --model "$m" --json "$OUT/bench_$(echo "$m" | tr '/' '_').json" 2>&1 | tail -6
+      done ;;
+    multigpu)
+      timeout 300 python3 benchmarks/multigpu_bench.py --out "$OUT/multigpu.json" 2>&1 | tee "$OUT/multigpu.log" | tail -20 ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done
+stamp done
