@@ -135,3 +135,113 @@ def _gather_worker(rank, world, init_file):
 @pytest.mark.slow
 def test_run_data_parallel_gloo(tmp_path):
     mp.spawn(_gather_worker, args=(2, str(tmp_path / "init")), nprocs=2, join=True)
+
+
+# ---- WorkerGroup: 2 CPU workers (gloo) on a tiny random-weight Qwen2.5-VL checkpoint ----
+
+GRID = torch.tensor([[1, 8, 8], [2, 4, 8], [1, 4, 4], [1, 12, 8]])  # several sizes and a 2-frame video
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """(checkpoint folder, pixel_values, grid_thw, single-process TowerOutput)."""
+    from checkpoints import random_pixels, save_qwen2_5_vl
+    from mmenc.engine.runner import build_tower, run_tower
+
+    folder, _ = save_qwen2_5_vl(tmp_path_factory.mktemp("qwen2_5_vl"))
+    pixel_values = random_pixels(GRID)
+    loaded = build_tower(model=str(folder), load_format="auto", dtype=torch.float32, device="cpu", tp_size=1)
+    with torch.inference_mode():
+        want = run_tower(loaded, pixel_values, GRID)
+    return str(folder), pixel_values, GRID, want
+
+
+def _group(folder, mode, **kwargs):
+    from mmenc.engine.workers import WorkerGroup
+    return WorkerGroup(2, dict(model=folder, load_format="auto", dtype=torch.float32), mode=mode, device_type="cpu",
+                       timeout_s=120, **kwargs)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _all_gone(pids, wait_s=10.0) -> bool:
+    deadline = time.monotonic() + wait_s
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(_alive(p) for p in pids)
+
+
+def test_group_rejects_more_ranks_than_devices():
+    from mmenc.engine.workers import WorkerGroup
+    n = torch.cuda.device_count() + 1
+    with pytest.raises(ValueError, match=rf"world_size={n} needs {n} CUDA devices but {n - 1} are visible"):
+        WorkerGroup(n, {}, mode="weights", device_type="cuda")
+    with pytest.raises(ValueError, match=r"_fault=.*not valid"):
+        WorkerGroup(2, {}, mode="data", device_type="cpu", _fault={"rank": 5, "at": "run", "action": "raise"})
+    with pytest.raises(ValueError, match=r"device_type='tpu'"):
+        WorkerGroup(2, {}, device_type="tpu")
+
+
+@pytest.mark.slow
+def test_weights_mode_matches_single_process_and_hang_times_out(tiny_model):
+    folder, pv, grid, want = tiny_model
+    group = _group(folder, "weights", _fault={"rank": 1, "at": "run", "action": "hang", "after": 2})
+    with group:
+        pids = group.pids
+        _same_output(group.run(pv, grid), want, "weights mode")
+        n = int(grid[:1].prod())
+        _same_output(group.run(pv[:n], grid[:1]), TowerOutput(want.embeddings[:n // 4]), "weights mode, one image")
+        with pytest.raises(TimeoutError, match=r"(?s)worker rank 1 did not answer within 3s during run \(hung\); "
+                                               r"rank 0 waited for it in a collective.*--- rank 1 ---.*in _inject"):
+            group.run(pv, grid, timeout_s=3)
+        with pytest.raises(RuntimeError, match="closed"):
+            group.run(pv, grid)
+    assert _all_gone(pids), f"worker processes {pids} still alive after a timeout and close()"
+
+
+@pytest.mark.slow
+def test_data_mode_matches_single_process_and_worker_error_surfaces(tiny_model):
+    folder, pv, grid, want = tiny_model
+    group = _group(folder, "data", _fault={"rank": 1, "at": "run", "action": "raise", "after": 2})
+    pids = group.pids
+    _same_output(group.run(pv, grid), want, "data mode")
+    n = int(grid[:1].prod())  # one image for two ranks: rank 1 idle
+    _same_output(group.run(pv[:n], grid[:1]), TowerOutput(want.embeddings[:n // 4]), "data mode, one image")
+    from mmenc.engine.workers import WorkerError
+    with pytest.raises(WorkerError, match=r"(?s)worker rank 1 failed during run:.*Traceback.*"
+                                          r"RuntimeError: injected fault on rank 1 at run"):
+        group.run(pv, grid)
+    assert _all_gone(pids), f"worker processes {pids} still alive after a worker error"
+    group.close()  # idempotent
+
+
+@pytest.mark.slow
+def test_worker_exit_at_startup_is_reported(tiny_model):
+    from mmenc.engine.workers import WorkerError
+    folder = tiny_model[0]
+    with pytest.raises(WorkerError, match=r"worker rank 1 exited with code 3 during startup"):
+        _group(folder, "data", _fault={"rank": 1, "at": "start", "action": "exit"})
+
+
+@pytest.mark.slow
+def test_interpreter_exit_stops_workers(tiny_model):
+    script = textwrap.dedent(f"""
+        import torch
+        from mmenc.engine.workers import WorkerGroup
+        if __name__ == "__main__":
+            g = WorkerGroup(2, dict(model={tiny_model[0]!r}, load_format="auto", dtype=torch.float32),
+                            mode="data", device_type="cpu", timeout_s=120)
+            print(*g.pids, flush=True)
+            # no close(): interpreter exit must stop the workers
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    pids = [int(p) for p in done.stdout.split()]
+    assert len(pids) == 2 and _all_gone(pids), f"workers {pids} outlived their parent"

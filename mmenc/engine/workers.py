@@ -13,7 +13,10 @@ Under torchrun there are no spawned workers: see `mmenc.distributed.init_from_en
 """
 import dataclasses
 import datetime
+import faulthandler
 import os
+import signal
+import tempfile
 import threading
 import time
 import traceback
@@ -71,6 +74,8 @@ class WorkerGroup:
         self.last_stats: list[dict] = []
         # The caller hosts the rendezvous store on a free port: no port race between workers.
         self._store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False)
+        # where a worker writes its Python stacks on SIGUSR1 (read when it does not answer in time)
+        self._stack_dir = tempfile.TemporaryDirectory(prefix="mmenc-workers-")
         ctx = mp.get_context("spawn")
         self._conns, self._procs = [], []
         tp_size = world_size if self.mode == "weights" else 1
@@ -78,12 +83,13 @@ class WorkerGroup:
             parent, child = ctx.Pipe(duplex=True)
             proc = ctx.Process(target=_worker_main, name=f"mmenc-worker-{rank}", daemon=True,
                                args=(rank, world_size, self._store.port, child, tower_args, self.mode, tp_size,
-                                     device_type, timeout_s, _fault, os.getpid()))
+                                     device_type, timeout_s, _fault, os.getpid(),
+                                     os.path.join(self._stack_dir.name, f"rank{rank}.stacks")))
             proc.start()
             child.close()
             self._conns.append(parent)
             self._procs.append(proc)
-        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._store)
+        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns, self._store, self._stack_dir)
         answers = self._collect("startup", max(timeout_s, 600.0) if startup_timeout_s is None else startup_timeout_s)
         self._description = answers[0]
         logger.info("started %d %s workers (mode=%s, pids %s)", world_size, device_type, self.mode, self.pids)
@@ -143,10 +149,7 @@ class WorkerGroup:
             ready = wait([self._conns[r] for r in pending] + [self._procs[r].sentinel for r in pending],
                          timeout=max(left, 0))
             if not ready:
-                ranks = sorted(pending)
-                self._fail(TimeoutError(
-                    f"mmenc worker rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} did not answer "
-                    f"within {timeout_s:g}s during {phase} (hung or stuck in a collective); the group is closed"))
+                self._fail(self._timeout_error(sorted(pending), timeout_s, phase))
             for r in sorted(pending):
                 conn, proc = self._conns[r], self._procs[r]
                 if conn in ready or (proc.sentinel in ready and conn.poll()):
@@ -168,12 +171,38 @@ class WorkerGroup:
                 pending.discard(r)
         return answers
 
+    def _timeout_error(self, ranks: list[int], timeout_s: float, phase: str) -> TimeoutError:
+        """Name the ranks that hung; a rank whose innermost frame is a torch.distributed collective
+        is only waiting for them."""
+        stacks = self._stacks(ranks)
+        waiting = [r for r in ranks if "torch/distributed/" in stacks[r].split("  File ", 1)[-1].split("\n", 1)[0]]
+        hung = [r for r in ranks if r not in waiting] or ranks
+        names = lambda rs: f"rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"  # noqa: E731
+        msg = f"mmenc worker {names(hung)} did not answer within {timeout_s:g}s during {phase} (hung)"
+        if waiting and waiting != hung:
+            msg += f"; {names(waiting)} waited for it in a collective"
+        where = "\n".join(f"--- rank {r} ---\n{stacks[r]}" for r in ranks)
+        return TimeoutError(f"{msg}. The group is closed. Where each was (most recent call first):\n{where}")
+
+    def _stacks(self, ranks: list[int]) -> dict[int, str]:
+        """The Python stacks of `ranks` (faulthandler on SIGUSR1), without the parent-watch thread."""
+        for r in ranks:
+            os.kill(self._procs[r].pid, signal.SIGUSR1)
+        time.sleep(0.5)
+        stacks = {}
+        for r in ranks:
+            path = os.path.join(self._stack_dir.name, f"rank{r}.stacks")
+            text = open(path).read() if os.path.exists(path) else ""
+            blocks = [b for b in text.strip().split("\n\n") if b and "in _parent_watch" not in b]
+            stacks[r] = "\n".join(blocks) or "(no stack written)"
+        return stacks
+
     def _fail(self, error: Exception):
         self.close()
         raise error
 
 
-def _shutdown(procs, conns, store, grace_s: float = 5.0) -> None:
+def _shutdown(procs, conns, store, stack_dir, grace_s: float = 5.0) -> None:
     for conn in conns:
         try:
             conn.send(("stop",))
@@ -191,6 +220,7 @@ def _shutdown(procs, conns, store, grace_s: float = 5.0) -> None:
             p.join()
     for conn in conns:
         conn.close()
+    stack_dir.cleanup()
     del store
 
 
@@ -217,11 +247,11 @@ def _inject(fault: dict | None, rank: int, at: str, count: int) -> None:
 
 def _watch_parent(parent_pid: int) -> None:
     """Exit when the caller is gone (it was killed without closing the group)."""
-    def loop():
+    def _parent_watch():
         while os.getppid() == parent_pid:
             time.sleep(1.0)
         os._exit(1)
-    threading.Thread(target=loop, daemon=True, name="mmenc-parent-watch").start()
+    threading.Thread(target=_parent_watch, daemon=True, name="mmenc-parent-watch").start()
 
 
 def _describe(loaded):
@@ -230,10 +260,6 @@ def _describe(loaded):
         return dataclasses.replace(loaded, **{f.name: None for f in dataclasses.fields(loaded)
                                               if isinstance(getattr(loaded, f.name), torch.nn.Module)})
     return None
-
-
-def _output_tokens(loaded, grid_thw: torch.Tensor) -> list[int]:
-    return list(loaded.tower.output_tokens(grid_thw))
 
 
 def _to_shared_cpu(out: TowerOutput) -> TowerOutput:
@@ -253,11 +279,14 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _worker_main(rank, world, port, conn, tower_args, mode, tp_size, device_type, timeout_s, fault, parent_pid):
+def _worker_main(rank, world, port, conn, tower_args, mode, tp_size, device_type, timeout_s, fault, parent_pid,
+                 stack_path):
     from mmenc.distributed import init_process_group, parallel_state
     from mmenc.engine.parallel import run_data_parallel
 
     _watch_parent(parent_pid)
+    stack_file = open(stack_path, "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     try:
         store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False,
                               timeout=datetime.timedelta(seconds=max(timeout_s, 60)))
@@ -287,11 +316,11 @@ def _worker_main(rank, world, port, conn, tower_args, mode, tp_size, device_type
                 runs += 1
                 start = time.perf_counter()
                 with torch.inference_mode():
-                    if mode == "weights":
-                        out = run_tower(loaded, pixel_values.to(env.device), grid_thw)
-                    else:
+                    if mode == "weights":  # run_tower moves the CPU pack to the device and dtype
+                        out = run_tower(loaded, pixel_values, grid_thw)
+                    else:  # only this rank's images leave shared memory
                         out = run_data_parallel(lambda pv, g: run_tower(loaded, pv, g), pixel_values, grid_thw,
-                                                _output_tokens(loaded, grid_thw), device=env.device)
+                                                loaded.tower.output_tokens(grid_thw), device="cpu")
                 _synchronize(env.device)
                 stats = {"rank": rank, "tower_s": time.perf_counter() - start}
                 reply = {"stats": stats, "output": _to_shared_cpu(out) if rank == 0 else None}
