@@ -11,6 +11,7 @@ _FAMILIES = [
     "qwen2_vl",
     "qwen2_5_vl",
     "qwen3_vl",
+    "glm4v",
 ]
 _SPECS: dict[str, ModelSpec] = {}
 _loaded = False

@@ -1,0 +1,239 @@
+"""GLM-4.1V vision tower (GLM-4.5V's Glm4vMoe model carries the same tower).
+
+  patch embedding (conv with bias) -> RMSNorm (post_conv_layernorm)
+  + learned position table (image_size/patch_size per side) resampled to each frame's h x w grid,
+    bicubic (Keys a=-0.75), half-pixel centres, taps clamped to the border -- as transformers'
+    F.grid_sample(..., align_corners=False, padding_mode="border")
+  -> blocks: RMSNorm, attention per frame with 2-D rotary (qkv bias = attention_bias, proj without
+    bias), RMSNorm, SwiGLU MLP of width out_hidden_size (no biases)
+  -> RMSNorm (post_layernorm) -> downsample: a merge x merge conv with stride merge (hidden ->
+    out_hidden, bias), one matmul over each contiguous merge block
+  -> merger: proj (no bias) -> LayerNorm (eps 1e-5) -> GELU -> SwiGLU (intermediate_size, no biases).
+
+Tokens stay in merge-block order, so each merge x merge block is contiguous for the downsample.
+Each frame's position table uses its own item's (h, w); transformers' model feeds videos to the
+tower as t rows of (1, h, w), which is the same computation.
+
+Tensor parallelism: `tp_size=None` shards heads and MLP features over the current tensor-parallel
+group; `tp_size=1` builds the tower unsharded (data-parallel mode). The downsample is replicated.
+"""
+import dataclasses
+import importlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from mmenc.config import MultiModalConfig
+from mmenc.layers.grid import LRUCache, read_grid
+from mmenc.layers.linear import ColumnParallelLinear, ReplicatedLinear
+from mmenc.layers.norm import LayerNorm, RMSNorm
+from mmenc.layers.pos_embed import InterpolatedPosEmbed
+from mmenc.layers.rotary import VisionRotary2D
+from mmenc.layers.vision_blocks import GatedVisionMLP, PatchEmbed, VisionAttention, resolve_tp_size
+from mmenc.layers.weights import WeightMap, load_named_weights
+from mmenc.models.base import ModelSpec, TowerOutput
+from mmenc.models.qwen2_vl import check_patch_count, rope_theta, vision_config_dict
+from mmenc.models.qwen3_vl import PosPackPlan, make_pos_plan
+from mmenc.models.registry import register_model
+
+
+@dataclasses.dataclass(frozen=True)
+class Glm4vVisionConfig:
+    """GLM-4.1V's vision_config. Defaults are transformers' Glm4vVisionConfig defaults (GLM-4.1V-9B).
+
+    hidden_size: the tower's width; out_hidden_size: the output width (the language model's), also
+    the blocks' MLP width; intermediate_size: the merger's SwiGLU width.
+    """
+
+    depth: int = 24
+    hidden_size: int = 1536
+    num_heads: int = 12
+    intermediate_size: int = 13696
+    out_hidden_size: int = 4096
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    in_channels: int = 3
+    image_size: int = 336
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    spatial_merge_size: int = 2
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    def __post_init__(self):
+        for field in ("depth", "hidden_size", "num_heads", "intermediate_size", "out_hidden_size", "in_channels",
+                      "image_size", "patch_size", "temporal_patch_size", "spatial_merge_size"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"Glm4vVisionConfig.{field}={value!r} must be a positive integer")
+        if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 4:
+            raise ValueError(f"Glm4vVisionConfig: hidden_size={self.hidden_size} must be num_heads={self.num_heads} "
+                             f"times a head size divisible by 4 (2-D rotary)")
+        if self.image_size % self.patch_size:
+            raise ValueError(f"Glm4vVisionConfig.image_size={self.image_size} must be a multiple of "
+                             f"patch_size={self.patch_size} (the learned position grid is image_size/patch_size)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def patch_features(self) -> int:
+        """Values per row of pixel_values: C * temporal_patch * patch * patch."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+    @property
+    def num_positions(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @classmethod
+    def from_hf(cls, config: Mapping[str, Any]) -> "Glm4vVisionConfig":
+        v = vision_config_dict(config)
+        d = cls()
+        return cls(depth=v.get("depth", d.depth), hidden_size=v.get("hidden_size", d.hidden_size),
+                   num_heads=v.get("num_heads", d.num_heads),
+                   intermediate_size=v.get("intermediate_size", d.intermediate_size),
+                   out_hidden_size=v.get("out_hidden_size", d.out_hidden_size),
+                   hidden_act=v.get("hidden_act", d.hidden_act),
+                   attention_bias=bool(v.get("attention_bias", d.attention_bias)),
+                   in_channels=v.get("in_channels", d.in_channels), image_size=v.get("image_size", d.image_size),
+                   patch_size=v.get("patch_size", d.patch_size),
+                   temporal_patch_size=v.get("temporal_patch_size", d.temporal_patch_size),
+                   spatial_merge_size=v.get("spatial_merge_size", d.spatial_merge_size),
+                   rms_norm_eps=v.get("rms_norm_eps", d.rms_norm_eps), rope_theta=rope_theta(v))
+
+
+# Checkpoint name -> parameter name: separate gate/up projections (blocks and merger) land in one
+# merged parameter; the position table is a top-level module here.
+GLM4V_WEIGHT_MAP = WeightMap([
+    (".gate_proj.", ".gate_up_proj.", 0),
+    (".up_proj.", ".gate_up_proj.", 1),
+    ("embeddings.position_embedding.", "pos_embed.", None),
+])
+
+
+class Glm4vBlock(nn.Module):
+    """x + attn(norm1(x)), then x + mlp(norm2(x)); RMSNorm, SwiGLU, no biases but the optional qkv one."""
+
+    def __init__(self, config: Glm4vVisionConfig, tp_size: int, multimodal_config: MultiModalConfig | None,
+                 prefix: str, device=None, dtype=None):
+        super().__init__()
+        dim, eps = config.hidden_size, config.rms_norm_eps
+        self.norm1 = RMSNorm(dim, eps, device=device, dtype=dtype)
+        self.norm2 = RMSNorm(dim, eps, device=device, dtype=dtype)
+        self.attn = VisionAttention(dim, config.num_heads, qkv_bias=config.attention_bias, proj_bias=False,
+                                    tp_size=tp_size, multimodal_config=multimodal_config, prefix=f"{prefix}.attn",
+                                    device=device, dtype=dtype)
+        self.mlp = GatedVisionMLP(dim, config.out_hidden_size, act=config.hidden_act, bias=False, tp_size=tp_size,
+                                  prefix=f"{prefix}.mlp", device=device, dtype=dtype)
+
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), cu_seqlens, max_seqlen, rotary)
+        return x + self.mlp(self.norm2(x))
+
+
+class Glm4vMerger(GatedVisionMLP):
+    """x [N, dim] -> SwiGLU(GELU(LayerNorm(proj(x)))) [N, dim]. proj is column-parallel with its
+    output gathered (the LayerNorm needs the whole vector); gate_up / down split as in GatedVisionMLP."""
+
+    def __init__(self, dim: int, context_dim: int, act: str, tp_size: int, device=None, dtype=None):
+        super().__init__(dim, context_dim, act=act, bias=False, tp_size=tp_size, prefix="merger", device=device,
+                         dtype=dtype)
+        self.proj = ColumnParallelLinear(dim, dim, bias=False, gather_output=True, tp_size=tp_size,
+                                         prefix="merger.proj", device=device, dtype=dtype)
+        self.post_projection_norm = LayerNorm(dim, eps=1e-5, device=device, dtype=dtype)
+        self.act1 = nn.GELU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.act1(self.post_projection_norm(self.proj(x))))
+
+
+class Glm4vVisionTower(nn.Module):
+    """forward(pixel_values [T, C*tp*p*p], grid_thw int64 [N, 3] on CPU) -> TowerOutput with
+    embeddings [T / merge^2, out_hidden_size], images in grid order."""
+
+    weight_map = GLM4V_WEIGHT_MAP
+
+    def __init__(self, config: Glm4vVisionConfig, multimodal_config: MultiModalConfig | None = None,
+                 device=None, dtype=None, tp_size: int | None = None):
+        super().__init__()
+        self.config = config
+        tp = resolve_tp_size(tp_size)
+        self.tp_size = tp
+        self.merge = m = config.spatial_merge_size
+        dim, eps = config.hidden_size, config.rms_norm_eps
+        self.patch_embed = PatchEmbed(config.patch_features, dim, bias=True, device=device, dtype=dtype)
+        self.post_conv_layernorm = RMSNorm(dim, eps, device=device, dtype=dtype)
+        self.pos_embed = InterpolatedPosEmbed(config.num_positions, dim, mode="bicubic", align_corners=False,
+                                              merge_size=m, device=device, dtype=dtype)
+        self.rotary = VisionRotary2D(config.head_dim, config.rope_theta, merge_size=m)
+        self.blocks = nn.ModuleList([Glm4vBlock(config, tp, multimodal_config, f"blocks.{i}", device, dtype)
+                                     for i in range(config.depth)])
+        self.post_layernorm = RMSNorm(dim, eps, device=device, dtype=dtype)
+        # merge x merge conv, stride merge: one matmul over a block's m*m contiguous patches
+        self.downsample = ReplicatedLinear(m * m * dim, config.out_hidden_size, bias=True, prefix="downsample",
+                                           device=device, dtype=dtype)
+        self.downsample.weight.weight_loader = self._load_downsample_weight
+        self.merger = Glm4vMerger(config.out_hidden_size, config.intermediate_size, config.hidden_act, tp,
+                                  device=device, dtype=dtype)
+        self._plans = LRUCache(32)
+
+    def _load_downsample_weight(self, param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
+        out, dim, m = self.config.out_hidden_size, self.config.hidden_size, self.merge
+        if tuple(loaded.shape) != (out, dim, m, m):
+            raise ValueError(f"tensor has shape {tuple(loaded.shape)}; expected the downsample convolution "
+                             f"weight {(out, dim, m, m)}")
+        # [out, C, m, m] -> [out, m, m, C]: input rows are m*m patches of C features each
+        param.data.copy_(loaded.permute(0, 2, 3, 1).reshape(param.shape))
+
+    def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
+        return [t * h * w // self.merge ** 2 for t, h, w in read_grid(grid_thw, self.merge)]
+
+    def plan(self, grid_thw: torch.Tensor, device) -> PosPackPlan:
+        grid = read_grid(grid_thw, self.merge)
+        return self._plans.get((grid, str(device)), lambda: make_pos_plan(grid, device, self.rotary, self.pos_embed))
+
+    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
+        plan = self.plan(grid_thw, pixel_values.device)
+        check_patch_count(pixel_values, plan)
+        x = self.post_conv_layernorm(self.patch_embed(pixel_values))  # [T, hidden]
+        x = x + self.pos_embed(plan.pos_index, plan.pos_weight).to(x.dtype)
+        rotary = (plan.cos, plan.sin)
+        for block in self.blocks:
+            x = block(x, plan.cu_seqlens, plan.max_seqlen, rotary)
+        x = self.post_layernorm(x)
+        x = self.downsample(x.reshape(-1, self.merge ** 2 * x.shape[-1]))  # [T / m^2, out_hidden]
+        return TowerOutput(self.merger(x))
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return load_named_weights(self, weights, self.weight_map)
+
+
+def glm4v_processor(preprocessor_config: Mapping[str, Any]):
+    """The GLM-4.1V image processor (mmenc.preprocess.qwen_vl), imported when first needed."""
+    return importlib.import_module("mmenc.preprocess.qwen_vl").glm4v_from_hf(preprocessor_config)
+
+
+def _builtin(arch: str, model_type: str, intermediate: int) -> dict[str, Any]:
+    vision = {"depth": 24, "hidden_size": 1536, "num_heads": 12, "intermediate_size": intermediate,
+              "out_hidden_size": 4096, "hidden_act": "silu", "attention_bias": False, "in_channels": 3,
+              "image_size": 336, "patch_size": 14, "temporal_patch_size": 2, "spatial_merge_size": 2,
+              "rms_norm_eps": 1e-5}
+    return {"architectures": [arch], "model_type": model_type, "torch_dtype": "bfloat16",
+            "text_config": {"hidden_size": 4096}, "vision_config": vision}
+
+
+GLM4V_SPEC = register_model(ModelSpec(
+    architectures=("Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration"),
+    tower_cls=Glm4vVisionTower,
+    config_from_hf=Glm4vVisionConfig.from_hf,
+    weight_prefixes=("model.visual.", "visual."),
+    processor_from_hf=glm4v_processor,
+    builtin_configs={
+        "zai-org/GLM-4.1V-9B-Thinking": _builtin("Glm4vForConditionalGeneration", "glm4v", 13696),
+        "zai-org/GLM-4.5V": _builtin("Glm4vMoeForConditionalGeneration", "glm4v_moe", 10944),
+    },
+))
