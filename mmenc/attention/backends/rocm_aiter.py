@@ -28,7 +28,7 @@ class AiterBackend(AttentionBackend):
     @classmethod
     def _reasons(cls, head_size, dtype, device):
         reasons = collect(need_device(device, "cuda"))
-        if not device.is_rocm or device.arch not in ARCHS:
+        if not reasons and (not device.is_rocm or device.arch not in ARCHS):
             reasons.append(f"needs an AMD GPU of arch {', '.join(ARCHS)}, this is {device.describe()}")
         return reasons + collect(need_half(dtype), need_head_size(head_size, 8, 256))
 

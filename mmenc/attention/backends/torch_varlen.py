@@ -33,7 +33,7 @@ class TorchVarlenBackend(AttentionBackend):
     def _reasons(cls, head_size, dtype, device):
         if _varlen() is None:
             return [f"torch {torch.__version__} has no torch.nn.attention.varlen (needs a newer torch)"]
-        return collect(need_device(device, "cuda"), need_nvidia_capability(device, 8, 0), need_half(dtype),
+        return collect(need_device(device, "cuda") or need_nvidia_capability(device, 8, 0), need_half(dtype),
                        need_head_size(head_size, 8, 256))
 
     @classmethod
