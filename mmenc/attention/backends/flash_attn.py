@@ -70,7 +70,8 @@ def _dist_version(dist: str) -> str:
 @functools.cache
 def _device_info(device: torch.device) -> DeviceInfo:
     if torch.version.hip:
-        return DeviceInfo(type="cuda", vendor="amd", arch=torch.cuda.get_device_properties(device).gcnArchName.split(":")[0])
+        arch = torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
+        return DeviceInfo(type="cuda", vendor="amd", arch=arch)
     return DeviceInfo(type="cuda", vendor="nvidia", capability=torch.cuda.get_device_capability(device))
 
 
