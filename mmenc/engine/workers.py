@@ -185,7 +185,7 @@ class WorkerGroup:
         return TimeoutError(f"{msg}. The group is closed. Where each was (most recent call first):\n{where}")
 
     def _stacks(self, ranks: list[int]) -> dict[int, str]:
-        """The Python stacks of `ranks` (faulthandler on SIGUSR1), without the parent-watch thread."""
+        """The main-thread Python stack of each of `ranks` (faulthandler on SIGUSR1)."""
         for r in ranks:
             os.kill(self._procs[r].pid, signal.SIGUSR1)
         time.sleep(0.5)
@@ -193,8 +193,8 @@ class WorkerGroup:
         for r in ranks:
             path = os.path.join(self._stack_dir.name, f"rank{r}.stacks")
             text = open(path).read() if os.path.exists(path) else ""
-            blocks = [b for b in text.strip().split("\n\n") if b and "in _parent_watch" not in b]
-            stacks[r] = "\n".join(blocks) or "(no stack written)"
+            main = [b for b in text.strip().split("\n\n") if "in spawn_main" in b]  # the main thread's stack
+            stacks[r] = main[-1].split("\n", 1)[-1] if main else (text.strip() or "(no stack written)")
         return stacks
 
     def _fail(self, error: Exception):
