@@ -12,6 +12,7 @@ _FAMILIES = [
     "qwen2_5_vl",
     "qwen3_vl",
     "glm4v",
+    "kimi_vit",
 ]
 _SPECS: dict[str, ModelSpec] = {}
 _loaded = False
