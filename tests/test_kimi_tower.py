@@ -197,3 +197,22 @@ def test_builtin_builds_on_meta(name, arch, out_hidden):
     vit = params - sum(p.numel() for p in tower.merger.parameters())
     print(f"{name}: MoonViT {vit / 1e6:.1f}M parameters, projector {(params - vit) / 1e6:.1f}M")
     assert 400e6 < vit < 420e6  # "MoonViT-SO-400M"
+
+
+def test_processor_from_hf_feeds_the_tower(k25):
+    """mmenc's Kimi-K2.5 processor output (pixel_values [P, C, p, p], grid rows [1, h, w]) goes
+    straight into the tower and matches transformers on the same pixels."""
+    pytest.importorskip("PIL")
+    from PIL import Image
+
+    loaded, model, _ = k25
+    processor = get_model_spec("Kimi_K25ForConditionalGeneration").processor_from_hf({})
+    g = torch.Generator().manual_seed(1)
+    images = [Image.fromarray(torch.randint(0, 256, (h, w, 3), generator=g, dtype=torch.uint8).numpy())
+              for h, w in [(56, 84), (30, 40)]]
+    pixels, grid = processor(images)
+    assert pixels.shape[1:] == (3, 14, 14) and grid[:, 0].tolist() == [1, 1] and grid[0].tolist() == [1, 4, 6]
+    err = relative_error(run_tower(loaded, pixels, grid).embeddings, hf_kimi_embeddings(model, pixels, grid))
+    assert err < TOL, f"relative error {err:.2e} exceeds tolerance {TOL:.0e}"
+    with pytest.raises(ValueError, match="encode_pixels"):
+        get_model_spec("KimiVLForConditionalGeneration").processor_from_hf({})

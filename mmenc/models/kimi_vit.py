@@ -332,17 +332,11 @@ def kimi_processor(preprocessor_config: Mapping[str, Any]):
 
 
 def kimi_vl_processor(preprocessor_config: Mapping[str, Any]):
-    """Kimi-VL's images through the K2.5 processor with Kimi-VL's patch budget (`in_token_limit`).
-
-    Not checked against Kimi-VL's remote-code processor (not in transformers): the resize and pad
-    rules are the K2.5 ones, which this budget makes agree in patch counts, not necessarily in pixels.
-    """
-    d = dict(preprocessor_config)
-    overrides = {"max_patches": int(d.pop("in_token_limit"))} if d.get("in_token_limit") else {}
-    kernel = d.pop("merge_kernel_size", None)
-    if kernel:
-        overrides["merge_size"] = int(kernel[0])
-    return importlib.import_module("mmenc.preprocess.kimi").kimi_k25_from_hf(d, **overrides)
+    """Kimi-VL's image processor is remote code (PIL resize under an `in_token_limit` patch budget, its
+    own mean/std defaults) and has no mmenc counterpart yet; raises ValueError saying what to do."""
+    raise ValueError("Kimi-VL's image processor (remote code KimiVLImageProcessor) is not implemented in mmenc; "
+                     "preprocess with the checkpoint's own processor and call encode_pixels(pixel_values, grid_thw) "
+                     "with grid_thw rows [1, h, w] (its image_grid_hws with t = 1 prepended)")
 
 
 _K25_VISION = {"patch_size": 14, "init_pos_emb_height": 64, "init_pos_emb_width": 64, "init_pos_emb_time": 4,
