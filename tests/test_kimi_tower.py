@@ -216,3 +216,20 @@ def test_processor_from_hf_feeds_the_tower(k25):
     assert err < TOL, f"relative error {err:.2e} exceeds tolerance {TOL:.0e}"
     with pytest.raises(ValueError, match="encode_pixels"):
         get_model_spec("KimiVLForConditionalGeneration").processor_from_hf({})
+
+
+@pytest.mark.slow
+def test_tensor_parallel_two_ranks_match_one(k25):
+    """Weights mode over 2 gloo CPU workers: heads, MLPs and the projector split in two."""
+    from mmenc.engine.workers import WorkerGroup
+
+    loaded, _, folder = k25
+    grid = torch.tensor(GRIDS["video_and_images"])
+    pixels = random_patches(grid, seed=7).flatten(1)
+    want = run_tower(loaded, pixels, grid).embeddings
+    with WorkerGroup(2, dict(model=str(folder), load_format="auto", dtype=torch.float32), mode="weights",
+                     device_type="cpu", timeout_s=120) as group:
+        got = group.run(pixels, grid).embeddings
+    err = relative_error(got, want)
+    print(f"Kimi-K2.5 tp=2 vs tp=1: relative error {err:.2e} (tolerance {TOL:.0e})")
+    assert err < TOL, f"tp=2 relative error {err:.2e} exceeds tolerance {TOL:.0e}"
