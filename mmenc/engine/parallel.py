@@ -52,18 +52,26 @@ def assign_images(patch_counts: Sequence[int], world: int) -> list[list[int]]:
     return [sorted(r) for r in ranks]
 
 
-def pack_for_rank(pixel_values: torch.Tensor, grid_thw: torch.Tensor,
-                  images: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The sub-pack of `images` (ascending indices): (pixel_values [sum of their patches, ...], grid_thw [k, 3])."""
+def pack_for_rank(pixel_values: torch.Tensor, grid_thw: torch.Tensor, images: Sequence[int],
+                  device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sub-pack of `images` (ascending indices): (pixel_values [sum of their patches, ...] on
+    `device` (default: pixel_values' device), grid_thw [k, 3]). Each image's rows are copied once,
+    straight to `device`; a contiguous run of images on the same device is a view."""
     starts = [0, *itertools.accumulate(patch_counts(grid_thw))]
     if starts[-1] != pixel_values.shape[0]:
         raise ValueError(f"pixel_values has {pixel_values.shape[0]} rows but grid_thw describes {starts[-1]} patches")
     images = list(images)
-    if images and images == list(range(images[0], images[-1] + 1)):  # a contiguous run: a view
-        pv = pixel_values[starts[images[0]]:starts[images[-1] + 1]]
-    else:
-        pv = torch.cat([pixel_values[starts[i]:starts[i + 1]] for i in images]) if images else pixel_values[:0]
-    return pv, grid_thw[images]
+    device = pixel_values.device if device is None else torch.device(device)
+    if images and images == list(range(images[0], images[-1] + 1)):  # a contiguous run
+        return pixel_values[starts[images[0]]:starts[images[-1] + 1]].to(device, non_blocking=True), grid_thw[images]
+    out = torch.empty(sum(starts[i + 1] - starts[i] for i in images), *pixel_values.shape[1:],
+                      dtype=pixel_values.dtype, device=device)
+    offset = 0
+    for i in images:
+        n = starts[i + 1] - starts[i]
+        out[offset:offset + n].copy_(pixel_values[starts[i]:starts[i + 1]], non_blocking=True)
+        offset += n
+    return out, grid_thw[images]
 
 
 def split_pack(pixel_values: torch.Tensor, grid_thw: torch.Tensor,
@@ -162,14 +170,12 @@ def run_data_parallel(run: Callable[[torch.Tensor, torch.Tensor], TowerOutput], 
                       ) -> TowerOutput:
     """Data mode on one rank of `group` (every rank calls it with the same full pack): run this
     rank's images with `run(pixel_values, grid_thw)`, gather, return the full output in input order.
-    `device`: where this rank's sub-pack goes before `run` (default: where pixel_values is)."""
+    `device`: where this rank's sub-pack goes before `run` (default: where pixel_values is); only
+    this rank's images are copied there."""
     assignment = assign_images(patch_counts(grid_thw), dist.get_world_size(group))
     mine = assignment[dist.get_rank(group)]
     device = pixel_values.device if device is None else torch.device(device)
-    local = None
-    if mine:
-        pv, grid = pack_for_rank(pixel_values, grid_thw, mine)
-        local = run(pv.to(device, non_blocking=True), grid)
+    local = run(*pack_for_rank(pixel_values, grid_thw, mine, device)) if mine else None
     return gather_outputs(local, assignment, tokens_per_image, group, device)
 
 

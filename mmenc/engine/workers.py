@@ -291,6 +291,8 @@ def _worker_main(rank, world, port, conn, tower_args, mode, tp_size, device_type
         store = dist.TCPStore("127.0.0.1", port, world + 1, is_master=False,
                               timeout=datetime.timedelta(seconds=max(timeout_s, 60)))
         env = init_process_group(rank, world, rank, device_type, store=store, timeout_s=max(timeout_s, 60))
+        if device_type == "cpu":  # share the cores instead of oversubscribing them
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         if mode == "weights":
             parallel_state.set_tp_group(dist.group.WORLD)
         _inject(fault, rank, "start", 0)
@@ -320,7 +322,7 @@ def _worker_main(rank, world, port, conn, tower_args, mode, tp_size, device_type
                         out = run_tower(loaded, pixel_values, grid_thw)
                     else:  # only this rank's images leave shared memory
                         out = run_data_parallel(lambda pv, g: run_tower(loaded, pv, g), pixel_values, grid_thw,
-                                                loaded.tower.output_tokens(grid_thw), device="cpu")
+                                                loaded.tower.output_tokens(grid_thw), device=env.device)
                 _synchronize(env.device)
                 stats = {"rank": rank, "tower_s": time.perf_counter() - start}
                 reply = {"stats": stats, "output": _to_shared_cpu(out) if rank == 0 else None}
