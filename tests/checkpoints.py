@@ -162,3 +162,41 @@ def hf_tower_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) 
     if isinstance(out, tuple):
         return out[0], list(out[1]) if len(out) > 1 else []
     return out.pooler_output, list(getattr(out, "deepstack_features", None) or [])
+
+
+# Kimi-K2.5: MoonViT with a 6x6 learned position grid (grids below, at and above it resample it), up to
+# 4 frames per video chunk, under a tiny DeepSeek-V3 text model.
+TINY_KIMI_VISION = dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=2, intermediate_size=40,
+                        patch_size=14, pos_emb_height=6, pos_emb_width=6, pos_emb_time=4)
+TINY_DEEPSEEK_TEXT = dict(model_type="deepseek_v3", hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
+                          num_key_value_heads=2, intermediate_size=32, moe_intermediate_size=8, n_routed_experts=2,
+                          num_experts_per_tok=1, n_shared_experts=1, first_k_dense_replace=1, vocab_size=64,
+                          kv_lora_rank=8, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+                          n_group=1, topk_group=1)
+
+
+def save_kimi_k25(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None):
+    """Kimi_K25ForConditionalGeneration (ImportError where transformers lacks it), tower and projector
+    weights all random (norm weights around 1). save_pretrained writes the published names
+    (vision_tower.encoder.blocks.N.wqkv, mm_projector.proj.0, ...)."""
+    from transformers import Kimi_K25Config, Kimi_K25ForConditionalGeneration
+
+    vision = {**TINY_KIMI_VISION, **(vision or {})}
+    config = Kimi_K25Config(vision_config=vision, text_config=dict(TINY_DEEPSEEK_TEXT),
+                            projection_hidden_size=vision["hidden_size"], dtype=torch.float32)
+    torch.manual_seed(seed)
+    model = Kimi_K25ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "vision_tower" in name or "mm_projector" in name:
+                norm = p.dim() == 1 and "norm" in name and name.endswith("weight")
+                p.copy_(torch.randn_like(p) * (0.1 if p.dim() == 1 else 0.2) + (1.0 if norm else 0.0))
+    return _save(model, folder, max_shard_size), model
+
+
+def hf_kimi_embeddings(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+    """transformers' Kimi-K2.5 embeddings the language model consumes: get_image_features (tower,
+    temporal pooling, mm_projector), grid rows concatenated: [sum(h*w) / 4, text hidden]."""
+    with torch.no_grad():
+        out = model.model.get_image_features(pixel_values, grid_thw)
+    return torch.cat(list(out.pooler_output))

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from checkpoints import relative_error
+from checkpoints import hf_kimi_embeddings, relative_error, save_kimi_k25
 from mmenc.engine.runner import build_tower, run_tower
 from mmenc.loader import iter_tower_tensors
 from mmenc.models.kimi_vit import (KIMI_K25_WEIGHT_MAP, KIMI_VL_WEIGHT_MAP, KimiVisionConfig, KimiVLVisionTower,
@@ -14,43 +14,11 @@ from mmenc.models.kimi_vit import (KIMI_K25_WEIGHT_MAP, KIMI_VL_WEIGHT_MAP, Kimi
 from mmenc.models.registry import get_builtin_config, get_model_spec
 
 TOL = 1e-5
-TINY_KIMI_VISION = dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=2, intermediate_size=40,
-                        patch_size=14, pos_emb_height=6, pos_emb_width=6, pos_emb_time=4)
-TINY_DEEPSEEK_TEXT = dict(model_type="deepseek_v3", hidden_size=24, num_hidden_layers=1, num_attention_heads=2,
-                          num_key_value_heads=2, intermediate_size=32, moe_intermediate_size=8, n_routed_experts=2,
-                          num_experts_per_tok=1, n_shared_experts=1, first_k_dense_replace=1, vocab_size=64,
-                          kv_lora_rank=8, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
-                          n_group=1, topk_group=1)
 # (t, h, w) in patches. The tiny position grid is 6x6: grids below, at and above it resample it.
 GRIDS = {
     "mixed_images": [[1, 2, 2], [1, 6, 6], [1, 4, 10], [1, 8, 2]],
     "video_and_images": [[4, 4, 6], [1, 6, 4], [2, 2, 2], [3, 4, 4]],
 }
-
-
-def save_kimi_k25(folder, seed: int = 0):
-    """Tiny Kimi_K25ForConditionalGeneration, every parameter random (norms around 1), save_pretrained."""
-    transformers = pytest.importorskip("transformers")
-    if not hasattr(transformers, "Kimi_K25ForConditionalGeneration"):
-        pytest.skip(f"transformers {transformers.__version__} has no Kimi_K25ForConditionalGeneration")
-    config = transformers.Kimi_K25Config(vision_config=dict(TINY_KIMI_VISION), text_config=dict(TINY_DEEPSEEK_TEXT),
-                                         projection_hidden_size=TINY_KIMI_VISION["hidden_size"], dtype=torch.float32)
-    torch.manual_seed(seed)
-    model = transformers.Kimi_K25ForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "vision_tower" in name or "mm_projector" in name:
-                norm = p.dim() == 1 and "norm" in name and name.endswith("weight")
-                p.copy_(torch.randn_like(p) * (0.1 if p.dim() == 1 else 0.2) + (1.0 if norm else 0.0))
-    model.save_pretrained(folder)
-    return folder, model
-
-
-def hf_kimi_embeddings(model, pixel_values, grid_thw):
-    """transformers' embeddings the language model consumes: get_image_features, rows concatenated."""
-    with torch.no_grad():
-        out = model.model.get_image_features(pixel_values, grid_thw)
-    return torch.cat(list(out.pooler_output))
 
 
 def random_patches(grid_thw, seed=0):
@@ -60,6 +28,9 @@ def random_patches(grid_thw, seed=0):
 
 @pytest.fixture(scope="module")
 def k25(tmp_path_factory):
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "Kimi_K25ForConditionalGeneration"):
+        pytest.skip(f"transformers {transformers.__version__} has no Kimi_K25ForConditionalGeneration")
     folder, model = save_kimi_k25(tmp_path_factory.mktemp("kimi_k25"))
     return build_tower(str(folder), device="cpu"), model, folder
 
