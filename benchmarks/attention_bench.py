@@ -11,6 +11,7 @@ TFLOP/s = 4 * sum(len_i^2) * H * D / time; time = median of CUDA-event timings a
 the first segments of the pack (relative error of those rows, in the table).
 """
 import argparse
+import dataclasses
 import functools
 import json
 import sys
@@ -106,6 +107,7 @@ def run_backends(args, results):
                     row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 results["backends"].append(row)
                 _print_row(row)
+                save(args, results)
             results["skipped"][f"{pack}/{heads}x{d}"] = skipped
             del check, ref
             torch.cuda.empty_cache()
@@ -121,15 +123,14 @@ def _print_row(row):
 
 
 def sweep_configs(d):
+    """Pointer-load configs first, then TMA ones (Hopper+); "-pad" variants where the split matters."""
     from mmenc.kernels.triton_varlen_attn import KernelConfig, head_split
 
-    grid = [KernelConfig(m, n, w, s) for m, n, w, s in [
-        (64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3), (128, 32, 4, 2), (128, 64, 4, 2), (128, 64, 4, 3),
-        (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (128, 128, 8, 3)]]
+    shapes = [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2)]
+    grid = [KernelConfig(*s) for s in shapes]
     if head_split(d) != head_split(d, split=False):
-        grid += [KernelConfig(128, 64, 4, 3, split=False), KernelConfig(128, 64, 8, 3, split=False),
-                 KernelConfig(64, 64, 4, 2, split=False)]
-    return grid
+        grid.append(KernelConfig(128, 64, 8, 3, split=False))
+    return grid + [dataclasses.replace(c, tma=True) for c in grid]
 
 
 def run_sweep(args, results):
@@ -154,6 +155,7 @@ def run_sweep(args, results):
                     row["error"] = f"{type(e).__name__}: {str(e)[:200]}"
                 rows.append(row)
             results["sweep"] += rows
+            save(args, results)
             ok = sorted((r for r in rows if "ms" in r), key=lambda r: r["ms"])
             summary = "  ".join(f"{r['config']} {r['tflops']:.0f}" for r in ok[:4])
             bad = [r["config"] for r in rows if "error" in r or r.get("rel_err", 0) > 2e-2]
@@ -187,6 +189,11 @@ def main(argv=None):
         run_sweep(args, results)
     results["seconds"] = round(time.time() - started, 1)
     print(f"done in {results['seconds']} s")
+    save(args, results)
+
+
+def save(args, results):
+    """Written after every measurement, so a crash (e.g. a config that faults) keeps what was done."""
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

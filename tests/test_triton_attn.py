@@ -147,6 +147,17 @@ def test_interpreter_gqa_and_tiles(hq, hkv, config):
 
 
 @interp
+@pytest.mark.parametrize("d", [24, 72, 80])
+@pytest.mark.parametrize("split", [True, False])
+def test_interpreter_tma(d, split, monkeypatch):
+    """The TMA path (K/V through tensor descriptors; zero fill past T and past the head size)."""
+    monkeypatch.setattr(tva, "_tma_ok", lambda *_: True)
+    q, k, v, cu, mx = _pack([1, 5, 70, 3, 0, 20, 8, 8, 8], 4, 2, d, torch.float16, "cpu", seed=d)
+    config = tva.KernelConfig(32, 16, split=split, tma=True)
+    _check(tva.launch(q, k, v, cu, d ** -0.5, config), q, k, v, cu, mx, f"d={d} {config}")
+
+
+@interp
 def test_interpreter_windows_packed():
     q, k, v, cu, mx = _pack([8] * 12 + [5, 8, 3], 2, 1, 72, torch.float16, "cpu")
     _check(tva.launch(q, k, v, cu, 72 ** -0.5, SMALL), q, k, v, cu, mx, "8-token windows in 32-row tiles")
@@ -203,6 +214,16 @@ def test_gpu_every_config_and_gqa(hq, hkv, bucket):
     q, k, v, cu, mx = _pack(GPU_PACKS["mixed"], hq, hkv, 80, torch.bfloat16, "cuda")
     for config in tva.CONFIGS[bucket]:
         _check(tva.launch(q, k, v, cu, 80 ** -0.5, config), q, k, v, cu, mx, f"{config} hq={hq} hkv={hkv}")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [72, 80, 128])
+@pytest.mark.parametrize("tma", [False, True])
+def test_gpu_tma_and_pointer_paths(d, tma):
+    q, k, v, cu, mx = _pack(GPU_PACKS["mixed"] + [64] * 5, 16, 4, d, torch.bfloat16, "cuda")
+    for config in (tva.KernelConfig(128, 64, 8, 3, tma=tma), tva.KernelConfig(64, 64, 4, 2, split=False, tma=tma)):
+        _check(tva.launch(q, k, v, cu, d ** -0.5, config), q, k, v, cu, mx, f"d={d} {config}")
 
 
 @gpu

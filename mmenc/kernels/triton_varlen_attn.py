@@ -33,6 +33,7 @@ from mmenc.attention.packing import PackInfo, make_cu_seqlens, pack_info
 try:
     import triton
     import triton.language as tl
+    from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # the op still registers; calling it explains what is missing
     triton = None
 
@@ -46,19 +47,21 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 2
     split: bool = True
+    tma: bool = False  # K/V through TMA descriptors (Hopper+; falls back to pointer loads elsewhere)
 
     def __str__(self) -> str:
         return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}"
-                f"{'' if self.split else '-pad'}")
+                f"{'' if self.split else '-pad'}{'-tma' if self.tma else ''}")
 
 
 # Candidates per length bucket of the pack ("short": windows, "long": full images), best guess
 # first. With more than one candidate, the first call for a (head_size, dtype, bucket) times them
 # on its own inputs and keeps the fastest. Trim these to the winners of `--kernel-sweep`.
+_TMA_LONG = [KernelConfig(128, 64, 8, 3, tma=True), KernelConfig(128, 128, 8, 2, tma=True), KernelConfig(128, 64, 8, 3)]
 CONFIGS: dict[str, list[KernelConfig]] = {
-    "short": [KernelConfig(128, 64, 4, 2), KernelConfig(64, 64, 4, 2), KernelConfig(128, 128, 8, 2)],
-    "mid": [KernelConfig(128, 64, 4, 3), KernelConfig(128, 64, 8, 3), KernelConfig(64, 64, 4, 3)],
-    "long": [KernelConfig(128, 64, 4, 3), KernelConfig(128, 64, 8, 3), KernelConfig(128, 128, 8, 3)],
+    "short": [KernelConfig(64, 64, 4, 2, tma=True), KernelConfig(128, 64, 8, 2, tma=True), KernelConfig(64, 64, 4, 2)],
+    "mid": list(_TMA_LONG),
+    "long": list(_TMA_LONG),
 }
 _CHOSEN: dict[tuple, KernelConfig] = {}
 _LOG2E = 1.4426950408889634  # the softmax runs on exp2
@@ -118,12 +121,24 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
         config = _choose(info, q, k, v, scale)
     tiles, seg_ids = tile_table(info, config.block_m, config.block_n, q.device)
     da, db = head_split(d, config.split)
+    descs = (k, k, v, v)
+    if config.tma and _tma_ok(q, k, v):
+        descs = tuple(TensorDescriptor(x, list(x.shape), list(x.stride()), [config.block_n, 1, part])
+                      for x in (k, v) for part in (da, max(db, 16)))
     _kernel[(tiles.shape[0], hq)](
-        q, k, v, out, tiles, seg_ids, scale * _LOG2E,
+        q, k, v, out, tiles, seg_ids, *descs, scale * _LOG2E,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         GROUP=hq // hkv, HEAD_DIM=d, DA=da, DB=max(db, 16), HAS_B=db > 0,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, num_warps=config.num_warps, num_stages=config.num_stages)
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, USE_TMA=descs[0] is not k,
+        num_warps=config.num_warps, num_stages=config.num_stages)
     return out
+
+
+def _tma_ok(q, k, v) -> bool:
+    """TMA (Hopper+) needs 16-byte aligned bases and strides (head size a multiple of 8 in fp16/bf16)."""
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device) < (9, 0):
+        return False
+    return all(x.data_ptr() % 16 == 0 and all(s * x.element_size() % 16 == 0 for s in x.stride()[:-1]) for x in (k, v))
 
 
 def tile_table(info: PackInfo, block_m: int, block_n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,28 +193,32 @@ def _choose(info: PackInfo, q, k, v, scale) -> KernelConfig:
 if triton is not None:
 
     @triton.jit
+    def _load_kv(ptr, off, desc, start, kv_head, col0, col_ok, dim_ok, FULL: tl.constexpr, MASKED: tl.constexpr,
+                 USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, DX: tl.constexpr):
+        """A [BN, DX] block of K or V. TMA zero-fills past T and past the head size; keys of other
+        segments are masked by the caller."""
+        if USE_TMA:
+            x = desc.load([start, kv_head, col0]).reshape(BLOCK_N, DX)
+        elif FULL and not MASKED:
+            x = tl.load(ptr + off)
+        elif MASKED:
+            x = tl.load(ptr + off, mask=col_ok[:, None] & dim_ok[None, :], other=0.0)
+        else:
+            x = tl.load(ptr + off, mask=dim_ok[None, :], other=0.0)
+        return x
+
+    @triton.jit
     def _block(acc_a, acc_b, l_i, m_i, q_a, q_b, seg_q, k_base, v_base, seg_ptr, start, kv_hi,
-               k_off_a, k_off_b, v_off_a, v_off_b, a_ok, b_ok, offs_n, qk_scale,
-               A_FULL: tl.constexpr, B_FULL: tl.constexpr, HAS_B: tl.constexpr, MASKED: tl.constexpr):
+               k_off_a, k_off_b, v_off_a, v_off_b, a_ok, b_ok, offs_n, qk_scale, KA, KB, VA, VB, kv_head,
+               A_FULL: tl.constexpr, B_FULL: tl.constexpr, HAS_B: tl.constexpr, MASKED: tl.constexpr,
+               USE_TMA: tl.constexpr, BLOCK_N: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr):
         """One KV block of the online softmax; MASKED applies the segment mask (edge/packed blocks)."""
         cols = start + offs_n  # [BN]
         col_ok = cols < kv_hi
-        if MASKED:
-            ka_mask = col_ok[:, None] & a_ok[None, :]
-            kb_mask = col_ok[:, None] & b_ok[None, :]
-        else:
-            ka_mask = a_ok[None, :]
-            kb_mask = b_ok[None, :]
-        if A_FULL and not MASKED:
-            k_a = tl.load(k_base + k_off_a)
-        else:
-            k_a = tl.load(k_base + k_off_a, mask=ka_mask, other=0.0)
+        k_a = _load_kv(k_base, k_off_a, KA, start, kv_head, 0, col_ok, a_ok, A_FULL, MASKED, USE_TMA, BLOCK_N, DA)
         qk = tl.dot(q_a, tl.trans(k_a))  # [BM, BN] fp32
         if HAS_B:
-            if B_FULL and not MASKED:
-                k_b = tl.load(k_base + k_off_b)
-            else:
-                k_b = tl.load(k_base + k_off_b, mask=kb_mask, other=0.0)
+            k_b = _load_kv(k_base, k_off_b, KB, start, kv_head, DA, col_ok, b_ok, B_FULL, MASKED, USE_TMA, BLOCK_N, DB)
             qk = tl.dot(q_b, tl.trans(k_b), qk)
         if MASKED:
             seg_k = tl.load(seg_ptr + cols, mask=col_ok, other=-1)
@@ -209,24 +228,20 @@ if triton is not None:
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         p = p.to(q_a.dtype)
-        if A_FULL and not MASKED:
-            v_a = tl.load(v_base + v_off_a)
-        else:
-            v_a = tl.load(v_base + v_off_a, mask=ka_mask, other=0.0)
+        v_a = _load_kv(v_base, v_off_a, VA, start, kv_head, 0, col_ok, a_ok, A_FULL, MASKED, USE_TMA, BLOCK_N, DA)
         acc_a = tl.dot(p, v_a, acc_a * alpha[:, None])
         if HAS_B:
-            if B_FULL and not MASKED:
-                v_b = tl.load(v_base + v_off_b)
-            else:
-                v_b = tl.load(v_base + v_off_b, mask=kb_mask, other=0.0)
+            v_b = _load_kv(v_base, v_off_b, VB, start, kv_head, DA, col_ok, b_ok, B_FULL, MASKED, USE_TMA, BLOCK_N, DB)
             acc_b = tl.dot(p, v_b, acc_b * alpha[:, None])
         return acc_a, acc_b, l_i, m_new
 
     @triton.jit
-    def _kernel(Q, K, V, O, TILES, SEG, qk_scale,
+    def _kernel(Q, K, V, O, TILES, SEG, KA, KB, VA, VB, qk_scale,
                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                 GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
-                HAS_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+                HAS_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr):
+        """KA/KB/VA/VB: TMA descriptors of K and V ([T, Hkv, D], blocks [BN, 1, DA|DB]) when USE_TMA,
+        else unused (the K/V tensors again)."""
         tile = tl.program_id(0)
         head = tl.program_id(1)
         q_lo = tl.load(TILES + tile * 5)
@@ -274,13 +289,15 @@ if triton is not None:
         for start in range(kv_lo, full_end, BLOCK_N):
             acc_a, acc_b, l_i, m_i = _block(
                 acc_a, acc_b, l_i, m_i, q_a, q_b, seg_q, k_ptr, v_ptr, SEG, start, kv_hi,
-                k_off_a, k_off_b, v_off_a, v_off_b, a_ok, b_ok, offs_n, qk_scale, A_FULL, B_FULL, HAS_B, False)
+                k_off_a, k_off_b, v_off_a, v_off_b, a_ok, b_ok, offs_n, qk_scale, KA, KB, VA, VB, kv_head,
+                A_FULL, B_FULL, HAS_B, False, USE_TMA, BLOCK_N, DA, DB)
             k_ptr += BLOCK_N * stride_kt
             v_ptr += BLOCK_N * stride_vt
         for start in range(full_end, kv_hi, BLOCK_N):
             acc_a, acc_b, l_i, m_i = _block(
                 acc_a, acc_b, l_i, m_i, q_a, q_b, seg_q, k_ptr, v_ptr, SEG, start, kv_hi,
-                k_off_a, k_off_b, v_off_a, v_off_b, a_ok, b_ok, offs_n, qk_scale, A_FULL, B_FULL, HAS_B, True)
+                k_off_a, k_off_b, v_off_a, v_off_b, a_ok, b_ok, offs_n, qk_scale, KA, KB, VA, VB, kv_head,
+                A_FULL, B_FULL, HAS_B, True, USE_TMA, BLOCK_N, DA, DB)
             k_ptr += BLOCK_N * stride_kt
             v_ptr += BLOCK_N * stride_vt
 
