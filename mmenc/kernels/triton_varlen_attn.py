@@ -16,7 +16,11 @@ per-token segment ids are built on the host from the pack's `PackInfo` (no devic
 cached in `PackInfo.cache`, so every layer of a forward reuses them.
 
 Head sizes that are not powers of two are split into two power-of-two parts (80 = 64 + 16,
-72 = 64 + 16 with 8 masked columns) instead of being padded to 128.
+72 = 64 + 16 with 8 masked columns) instead of being padded to 128. On Hopper, configs with
+`tma=True` load K/V through TMA tensor descriptors over [T, Hkv, D] (zero fill past T and past D);
+elsewhere, or for unaligned strides, they fall back to masked pointer loads.
+Configs: `CONFIGS` per length bucket; the first call per (head size, dtype, GQA group, bucket)
+times the candidates on its own inputs (not while a CUDA graph is being captured).
 
 torch.compile: `varlen_attention` is the custom op `mmenc::triton_varlen_attn` with a fake
 implementation, so compiled towers trace through it without graph breaks. The tile table is not an
