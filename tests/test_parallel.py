@@ -221,12 +221,26 @@ def test_data_mode_matches_single_process_and_worker_error_surfaces(tiny_model):
     group.close()  # idempotent
 
 
+def test_resolve_tower_tp_mode_checks_every_sharded_size():
+    from mmenc.engine.parallel import resolve_tower_tp_mode
+    args = dict(model="Qwen/Qwen2.5-VL-7B-Instruct", load_format="dummy", dtype=torch.bfloat16)
+    assert resolve_tower_tp_mode("weights", args, 2) == ("weights", None)
+    assert resolve_tower_tp_mode("data", args, 3) == ("data", None)
+    mode, reason = resolve_tower_tp_mode("weights", args, 3)
+    assert mode == "data" and "num_heads=16 is not divisible by tensor_parallel_size=3" in reason
+    mode, reason = resolve_tower_tp_mode("weights", args, 8)  # 16 heads split, but not the MLP's 3420
+    assert mode == "data" and "3420 is not divisible by tensor_parallel_size=8" in reason, reason
+
+
 @pytest.mark.slow
-def test_worker_exit_at_startup_is_reported(tiny_model):
+def test_worker_exit_at_startup_is_reported_after_mode_fallback(tmp_path, mmenc_caplog):
+    from checkpoints import save_qwen2_5_vl
     from mmenc.engine.workers import WorkerError
-    folder = tiny_model[0]
+    folder, _ = save_qwen2_5_vl(tmp_path, vision={"num_heads": 1})  # 1 head: weights mode over 2 ranks cannot shard
     with pytest.raises(WorkerError, match=r"worker rank 1 exited with code 3 during startup"):
-        _group(folder, "data", _fault={"rank": 1, "at": "start", "action": "exit"})
+        _group(str(folder), "weights", _fault={"rank": 1, "at": "start", "action": "exit"})
+    assert "num_heads=1 is not divisible by tensor_parallel_size=2" in mmenc_caplog.text
+    assert "using mm_encoder_tp_mode='data'" in mmenc_caplog.text
 
 
 @pytest.mark.slow

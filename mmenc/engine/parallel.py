@@ -17,7 +17,7 @@ from mmenc.config import MultiModalConfig
 from mmenc.models.base import TowerOutput
 
 
-def resolve_tp_mode(mode: str, num_heads: int, world: int,
+def resolve_tp_mode(mode: str, num_heads: int | None, world: int,
                     sizes: Mapping[str, int] | None = None) -> tuple[str, str | None]:
     """("weights" | "data", reason or None). Weights mode needs `num_heads` (and every size in
     `sizes`, e.g. {"intermediate_size": 3420}) divisible by `world`; otherwise data mode, with the
@@ -25,12 +25,25 @@ def resolve_tp_mode(mode: str, num_heads: int, world: int,
     mode = MultiModalConfig(mm_encoder_tp_mode=mode).mm_encoder_tp_mode
     if mode == "data" or world == 1:
         return mode, None
-    for name, n in {"num_heads": num_heads, **(sizes or {})}.items():
+    for name, n in {**({"num_heads": num_heads} if num_heads is not None else {}), **(sizes or {})}.items():
         if n % world:
             return "data", (f"{name}={n} is not divisible by tensor_parallel_size={world}, so the tower cannot be "
                             f"sharded by weights; using mm_encoder_tp_mode='data' (a full replica per rank, "
                             f"images split across ranks)")
     return mode, None
+
+
+def resolve_tower_tp_mode(mode: str, tower_args: Mapping, world: int) -> tuple[str, str | None]:
+    """`resolve_tp_mode` for the tower `build_tower(**tower_args)` would give: built on the meta
+    device (no memory, no weights read), its heads and every size its parallel linears split."""
+    mode = MultiModalConfig(mm_encoder_tp_mode=mode).mm_encoder_tp_mode
+    if mode == "data" or world == 1:
+        return mode, None
+    from mmenc.engine.runner import build_tower
+    from mmenc.layers.linear import tp_sharded_sizes
+
+    loaded = build_tower(**{**tower_args, "device": "meta"}, tp_size=1)
+    return resolve_tp_mode(mode, getattr(loaded.config, "num_heads", None), world, tp_sharded_sizes(loaded.tower))
 
 
 def patch_counts(grid_thw: torch.Tensor) -> list[int]:

@@ -28,6 +28,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from mmenc.config import MultiModalConfig
+from mmenc.engine.parallel import resolve_tower_tp_mode
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
 
@@ -44,7 +45,9 @@ class WorkerGroup:
     """Start `world_size` workers, each building the tower with `build_tower(**tower_args, device=..., tp_size=...)`.
 
     mode: "weights" (tower sharded over all ranks; tp_size=world_size) or "data" (full replica per
-        rank, tp_size=1; images split with `assign_images`).
+        rank, tp_size=1; images split with `assign_images`). Weights mode falls back to data mode
+        when the tower's heads (or another sharded size) do not divide by world_size: `mode` then
+        says "data" and `mode_reason` why (also logged as a warning).
     device_type: "cuda" (NCCL, rank i on device i of CUDA_VISIBLE_DEVICES) or "cpu" (gloo).
     timeout_s: the most one `run` may take before the group is declared hung (TimeoutError naming
         the ranks that did not answer); startup_timeout_s bounds process start + tower build
@@ -68,6 +71,9 @@ class WorkerGroup:
                              f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); use "
                              f"tensor_parallel_size <= {found}")
         _check_fault(_fault, world_size)
+        self.mode, self.mode_reason = resolve_tower_tp_mode(self.mode, tower_args, world_size)
+        if self.mode_reason:
+            logger.warning(self.mode_reason)
         self.world_size, self.device_type, self.timeout_s = world_size, device_type, timeout_s
         self._closed = False
         self._requests = 0

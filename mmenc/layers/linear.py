@@ -214,3 +214,20 @@ class RowParallelLinear(_LinearBase):
             return F.linear(x, self.weight, self.bias)
         y = tp_all_reduce(F.linear(x, self.weight))
         return y + self.bias if self.bias is not None else y
+
+
+def tp_sharded_sizes(module: nn.Module) -> dict[str, int]:
+    """Every size the tensor-parallel linears in `module` split over ranks, keyed by layer name
+    (e.g. "blocks.0.attn.qkv.num_heads", "blocks.0.mlp.fc1.out_features"). Weights mode over N ranks
+    needs each divisible by N. Build the module with tp_size=1 (device="meta" costs nothing)."""
+    sizes = {}
+    for name, m in module.named_modules():
+        if isinstance(m, QKVParallelLinear):
+            sizes[f"{name}.num_heads"] = m.num_heads
+        elif isinstance(m, MergedColumnParallelLinear):
+            sizes.update({f"{name}.output_sizes[{i}]": n for i, n in enumerate(m.full_sizes)})
+        elif isinstance(m, ColumnParallelLinear):
+            sizes[f"{name}.out_features"] = m.out_per_rank * m.tp_size
+        elif isinstance(m, RowParallelLinear):
+            sizes[f"{name}.in_features"] = m.in_per_rank * m.tp_size
+    return sizes
