@@ -177,6 +177,44 @@ def _all_gone(pids, wait_s=10.0) -> bool:
     return not any(_alive(p) for p in pids)
 
 
+def _torchrun_like_worker(rank, world, port, folder, pixel_values, grid, want_embeddings):
+    """What an Encoder launched by torchrun does on each rank: init_from_env, build, run the same pack."""
+    from mmenc.distributed import init_from_env, parallel_state
+    from mmenc.engine.parallel import build_rank_tower, run_rank_tower
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    env = init_from_env(device_type="cpu")
+    assert (env.rank, env.world_size, env.device.type) == (rank, world, "cpu")
+    try:
+        for mode in ("weights", "data"):
+            loaded = build_rank_tower(dict(model=folder, load_format="auto", dtype=torch.float32), mode, env.device)
+            assert parallel_state.get_tp_size() == (world if mode == "weights" else 1)
+            with torch.inference_mode():
+                got = run_rank_tower(loaded, pixel_values, grid, mode)
+            _close(got.embeddings, want_embeddings, f"torchrun-style {mode} mode, rank {rank}")
+    finally:
+        parallel_state.set_tp_group(None)
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_torchrun_style_spmd_matches_single_process(tiny_model):
+    import socket
+    folder, pv, grid, want = tiny_model
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_torchrun_like_worker, args=(2, port, folder, pv, grid, want.embeddings), nprocs=2, join=True)
+
+
+def test_init_from_env_without_launcher_is_none(monkeypatch):
+    from mmenc.distributed import init_from_env
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert init_from_env() is None
+
+
 def test_group_rejects_more_ranks_than_devices():
     from mmenc.engine.workers import WorkerGroup
     n = torch.cuda.device_count() + 1

@@ -192,6 +192,31 @@ def run_data_parallel(run: Callable[[torch.Tensor, torch.Tensor], TowerOutput], 
     return gather_outputs(local, assignment, tokens_per_image, group, device)
 
 
+
+def build_rank_tower(tower_args: Mapping, mode: str, device: torch.device | str):
+    """On every rank of the default group (torchrun or a WorkerGroup worker): set the TP group
+    (weights mode: the whole world; data mode: none) and build this rank's tower on `device`.
+    `mode` must already be resolved (see `resolve_tower_tp_mode`). Returns the LoadedTower."""
+    from mmenc.distributed import parallel_state
+    from mmenc.engine.runner import build_tower
+
+    world = dist.get_world_size()
+    parallel_state.set_tp_group(dist.group.WORLD if mode == "weights" and world > 1 else None)
+    return build_tower(**{**tower_args, "device": device}, tp_size=world if mode == "weights" else 1)
+
+
+def run_rank_tower(loaded, pixel_values: torch.Tensor, grid_thw: torch.Tensor, mode: str) -> TowerOutput:
+    """Every rank calls this with the same full pack (pixel_values on CPU or this rank's device);
+    every rank returns the full TowerOutput on its device, in input image order.
+    Weights mode: each rank runs the whole pack through its shard. Data mode: `run_data_parallel`."""
+    from mmenc.engine.runner import run_tower
+
+    if mode == "weights":
+        return run_tower(loaded, pixel_values, grid_thw)
+    return run_data_parallel(lambda pv, g: run_tower(loaded, pv, g), pixel_values, grid_thw,
+                             loaded.output_tokens(grid_thw), device=loaded.device)
+
+
 def __getattr__(name: str):
     if name == "WorkerGroup":  # lives in engine/workers.py (process management); importable from here too
         from mmenc.engine.workers import WorkerGroup

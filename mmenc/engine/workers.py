@@ -84,11 +84,10 @@ class WorkerGroup:
         self._stack_dir = tempfile.TemporaryDirectory(prefix="mmenc-workers-")
         ctx = mp.get_context("spawn")
         self._conns, self._procs = [], []
-        tp_size = world_size if self.mode == "weights" else 1
         for rank in range(world_size):
             parent, child = ctx.Pipe(duplex=True)
             proc = ctx.Process(target=_worker_main, name=f"mmenc-worker-{rank}", daemon=True,
-                               args=(rank, world_size, self._store.port, child, tower_args, self.mode, tp_size,
+                               args=(rank, world_size, self._store.port, child, tower_args, self.mode,
                                      device_type, timeout_s, _fault, os.getpid(),
                                      os.path.join(self._stack_dir.name, f"rank{rank}.stacks")))
             proc.start()
@@ -285,10 +284,10 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _worker_main(rank, world, port, conn, tower_args, mode, tp_size, device_type, timeout_s, fault, parent_pid,
+def _worker_main(rank, world, port, conn, tower_args, mode, device_type, timeout_s, fault, parent_pid,
                  stack_path):
     from mmenc.distributed import init_process_group, parallel_state
-    from mmenc.engine.parallel import run_data_parallel
+    from mmenc.engine.parallel import build_rank_tower, run_rank_tower
 
     _watch_parent(parent_pid)
     stack_file = open(stack_path, "w")
@@ -299,12 +298,8 @@ def _worker_main(rank, world, port, conn, tower_args, mode, tp_size, device_type
         env = init_process_group(rank, world, rank, device_type, store=store, timeout_s=max(timeout_s, 60))
         if device_type == "cpu":  # share the cores instead of oversubscribing them
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-        if mode == "weights":
-            parallel_state.set_tp_group(dist.group.WORLD)
         _inject(fault, rank, "start", 0)
-        from mmenc.engine.runner import build_tower, run_tower
-
-        loaded = build_tower(**{**tower_args, "device": env.device}, tp_size=tp_size)
+        loaded = build_rank_tower(tower_args, mode, env.device)
         conn.send(("ok", _describe(loaded) if rank == 0 else None))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
@@ -323,12 +318,8 @@ def _worker_main(rank, world, port, conn, tower_args, mode, tp_size, device_type
                 _inject(fault, rank, "run", runs)
                 runs += 1
                 start = time.perf_counter()
-                with torch.inference_mode():
-                    if mode == "weights":  # run_tower moves the CPU pack to the device and dtype
-                        out = run_tower(loaded, pixel_values, grid_thw)
-                    else:  # only this rank's images leave shared memory
-                        out = run_data_parallel(lambda pv, g: run_tower(loaded, pv, g), pixel_values, grid_thw,
-                                                loaded.tower.output_tokens(grid_thw), device=env.device)
+                with torch.inference_mode():  # only this rank's images leave shared memory in data mode
+                    out = run_rank_tower(loaded, pixel_values, grid_thw, mode)
                 _synchronize(env.device)
                 stats = {"rank": rank, "tower_s": time.perf_counter() - start}
                 reply = {"stats": stats, "output": _to_shared_cpu(out) if rank == 0 else None}
