@@ -215,6 +215,17 @@ def test_init_from_env_without_launcher_is_none(monkeypatch):
     assert init_from_env() is None
 
 
+def test_results_travel_in_shared_memory_with_extras():
+    from mmenc.engine.workers import _shared_copy, _to_shared_cpu
+    grid, pv = _grid_and_pixels()
+    out = _to_shared_cpu(_fake_tower(pv, grid))
+    tensors = [out.embeddings, out.extras["scale"], *out.extras["deepstack"]]
+    assert all(t.is_shared() for t in tensors) and out.extras["note"] == "merged 2x2"
+    _same_output(out, _fake_tower(pv, grid), "shared copy")
+    half = _shared_copy(pv, torch.bfloat16)
+    assert half.is_shared() and half.dtype == torch.bfloat16 and torch.equal(half, pv.to(torch.bfloat16))
+
+
 def test_group_rejects_more_ranks_than_devices():
     from mmenc.engine.workers import WorkerGroup
     n = torch.cuda.device_count() + 1

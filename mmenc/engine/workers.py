@@ -76,7 +76,6 @@ class WorkerGroup:
             logger.warning(self.mode_reason)
         self.world_size, self.device_type, self.timeout_s = world_size, device_type, timeout_s
         self._closed = False
-        self._requests = 0
         self.last_stats: list[dict] = []
         # The caller hosts the rendezvous store on a free port: no port race between workers.
         self._store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False)
@@ -109,7 +108,8 @@ class WorkerGroup:
 
     def run(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, timeout_s: float | None = None) -> TowerOutput:
         """Run the tower over a pack. pixel_values [patches, C*tp*p*p], grid_thw int64 [N, 3].
-        Returns a TowerOutput (CPU tensors, input image order). Raises WorkerError when a worker
+        pixel_values is copied once into shared memory (in the tower's dtype) unless it already is
+        a shared CPU tensor (`share_memory_()`), which is sent as is. Returns a TowerOutput (CPU tensors, input image order). Raises WorkerError when a worker
         raised or died, TimeoutError after `timeout_s` (default: the group's), both naming the rank;
         the group is closed after either."""
         if self._closed:
@@ -117,8 +117,10 @@ class WorkerGroup:
         grid_thw = torch.as_tensor(grid_thw, dtype=torch.int64).cpu()
         if grid_thw.dim() != 2 or grid_thw.shape[0] == 0:
             raise ValueError(f"grid_thw must be [N >= 1, 3], got shape {tuple(grid_thw.shape)}")
-        pixel_values = pixel_values.detach().cpu().share_memory_()  # in place when already CPU; reused when shared
-        self._requests += 1
+        if not (pixel_values.device.type == "cpu" and pixel_values.is_shared()):
+            # one copy into shared memory, cast to the tower's dtype on the way (run_tower would cast anyway)
+            dtype = getattr(self._description, "dtype", None) or pixel_values.dtype
+            pixel_values = _shared_copy(pixel_values.detach(), dtype)
         for conn in self._conns:
             self._send(conn, ("run", pixel_values, grid_thw))
         answers = self._collect("run", self.timeout_s if timeout_s is None else timeout_s)
@@ -267,12 +269,16 @@ def _describe(loaded):
     return None
 
 
+def _shared_copy(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`t` copied (one copy, device-to-host if needed) into a new shared-memory CPU tensor."""
+    buf = torch.empty(t.shape, dtype=dtype or t.dtype).share_memory_()
+    buf.copy_(t)
+    return buf
+
+
 def _to_shared_cpu(out: TowerOutput) -> TowerOutput:
-    """Copy every tensor straight into shared CPU memory (one device-to-host copy, then sent by handle)."""
-    def share(t):
-        buf = torch.empty(t.shape, dtype=t.dtype).share_memory_()
-        buf.copy_(t)
-        return buf
+    """Every tensor of `out` copied straight into shared CPU memory (then sent by handle)."""
+    share = _shared_copy
     extras = {k: share(v) if isinstance(v, torch.Tensor)
               else type(v)(share(x) for x in v) if isinstance(v, (list, tuple)) and v
               and all(isinstance(x, torch.Tensor) for x in v) else v for k, v in out.extras.items()}
