@@ -1,4 +1,13 @@
-"""NVIDIA GPUs. Priorities by compute capability; every default is measured (BENCHMARKS.md)."""
+"""NVIDIA GPUs. Priorities by compute capability; the Ampere-and-later defaults follow the H200
+measurements in BENCHMARKS.md (bf16, 16 heads x 64/72/80, 12 x 128):
+
+  long segments (8 x 5476 tokens): FLASH_ATTN (FA4) 470-692 TFLOP/s > TORCH_SDPA (cuDNN) 335-597
+      > TRITON_ATTN 276-466 > TORCH_VARLEN 232-351 > FLEX_ATTENTION 169-331
+  short segments (684 x 64-token windows): TRITON_ATTN 51-99 ~ TORCH_SDPA 53-93 > TORCH_VARLEN
+      42-78 > FLEX_ATTENTION 42-67 > FLASH_ATTN (FA4) 15-32
+so packs whose longest segment is short (window layers) use TRITON_ATTN (or TORCH_SDPA), others
+the FlashAttention family when installed, else cuDNN through TORCH_SDPA.
+"""
 import torch
 
 from mmenc.attention.backend_enum import AttentionBackendEnum as B
@@ -14,9 +23,16 @@ class CudaPlatform(Platform):
     def _detect_device_info(self) -> DeviceInfo:
         return DeviceInfo(type="cuda", vendor="nvidia", capability=torch.cuda.get_device_capability())
 
+    def _ampere_or_later(self) -> bool:
+        return (self.device_info().capability or (0, 0)) >= (8, 0)
+
     def vit_attn_priority(self, dtype: torch.dtype) -> list[B]:
-        capability = self.device_info().capability or (0, 0)
-        if capability < (8, 0):
+        if not self._ampere_or_later():
             # Pre-Ampere: no Triton or FlashAttention defaults; xformers is the packed path.
             return [B.TORCH_SDPA, B.XFORMERS, B.NAIVE]
         return [B.FLASH_ATTN, B.TORCH_SDPA, B.TRITON_ATTN, B.TORCH_VARLEN, B.FLEX_ATTENTION, B.XFORMERS, B.NAIVE]
+
+    def vit_attn_short_priority(self, dtype: torch.dtype) -> list[B]:
+        if not self._ampere_or_later():
+            return []
+        return [B.TRITON_ATTN, B.TORCH_SDPA]
