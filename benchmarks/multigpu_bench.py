@@ -8,6 +8,7 @@ Configurations, each on both workloads (8x1036px = 8 x grid (1,74,74); 32x448px 
   1gpu-group             a WorkerGroup of 1 (the multi-process path's own overhead: shared memory in/out)
   {N}gpu-data            WorkerGroup of N, mm_encoder_tp_mode="data" (a replica per GPU, images split)
   {N}gpu-weights         WorkerGroup of N, mm_encoder_tp_mode="weights" (tower sharded over the GPUs)
+  *-shm-input            a group row with pixel_values already in shared memory (no input copy by the caller)
 Group rows are end to end (CPU pixel_values in, CPU embeddings out, synchronous `run`); `worker_ms`
 is the slowest rank's own time (host-to-device copy, tower, gather; synchronized). Timing: warm-up
 calls, then the median of `--iters` calls (CUDA events in process; perf_counter around the
@@ -152,16 +153,21 @@ def main(argv=None):
                     continue
                 ms, worker_ms = _median_ms_group(group, pv, grid, args.warmup, args.iters)
                 rows.append(_row(name, label, workloads[name], ms, worker_ms=worker_ms))
+                # the same with pixel_values already in shared memory in the tower's dtype (as a
+                # preprocess writing there would give): no input copy in the caller
+                shared = torch.empty(pv.shape, dtype=group.describe().dtype).share_memory_().copy_(pv)
+                ms, worker_ms = _median_ms_group(group, shared, grid, args.warmup, args.iters)
+                rows.append(_row(name, f"{label}-shm-input", workloads[name], ms, worker_ms=worker_ms))
 
     # -- report -----------------------------------------------------------------------------
     base = {r["workload"]: r["images_per_s"] for r in rows if r["config"] == "1gpu-inproc"}
-    print(f"\n{'workload':<10} {'config':<22} {'ms':>9} {'worker ms':>10} {'images/s':>9} {'patches/s':>11} "
+    print(f"\n{'workload':<10} {'config':<24} {'ms':>9} {'worker ms':>10} {'images/s':>9} {'patches/s':>11} "
           f"{'vs 1gpu':>8}")
     for r in rows:
         r["speedup_vs_1gpu_inproc"] = round(r["images_per_s"] / base[r["workload"]], 3) if r["workload"] in base \
             else None
         wm = f"{r['worker_ms']:.1f}" if r["worker_ms"] is not None else "-"
-        print(f"{r['workload']:<10} {r['config']:<22} {r['ms']:>9.1f} {wm:>10} {r['images_per_s']:>9.1f} "
+        print(f"{r['workload']:<10} {r['config']:<24} {r['ms']:>9.1f} {wm:>10} {r['images_per_s']:>9.1f} "
               f"{r['patches_per_s']:>11,} {r['speedup_vs_1gpu_inproc'] or 0:>7.2f}x")
     if skipped:
         print(f"skipped: {', '.join(skipped)}")
