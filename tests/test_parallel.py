@@ -177,8 +177,9 @@ def _all_gone(pids, wait_s=10.0) -> bool:
     return not any(_alive(p) for p in pids)
 
 
-def _torchrun_like_worker(rank, world, port, folder, pixel_values, grid, want_embeddings):
-    """What an Encoder launched by torchrun does on each rank: init_from_env, build, run the same pack."""
+def _torchrun_like_worker(rank, world, port, cases):
+    """What an Encoder launched by torchrun does on each rank: init_from_env, build, run the same pack.
+    cases: [(checkpoint folder, pixel_values, grid_thw, single-process TowerOutput)]."""
     from mmenc.distributed import init_from_env, parallel_state
     from mmenc.engine.parallel import build_rank_tower, run_rank_tower
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
@@ -187,25 +188,35 @@ def _torchrun_like_worker(rank, world, port, folder, pixel_values, grid, want_em
     env = init_from_env(device_type="cpu")
     assert (env.rank, env.world_size, env.device.type) == (rank, world, "cpu")
     try:
-        for mode in ("weights", "data"):
-            loaded = build_rank_tower(dict(model=folder, load_format="auto", dtype=torch.float32), mode, env.device)
-            assert parallel_state.get_tp_size() == (world if mode == "weights" else 1)
-            with torch.inference_mode():
-                got = run_rank_tower(loaded, pixel_values, grid, mode)
-            _close(got.embeddings, want_embeddings, f"torchrun-style {mode} mode, rank {rank}")
+        for folder, pixel_values, grid, want in cases:
+            for mode in ("weights", "data"):
+                args = dict(model=folder, load_format="auto", dtype=torch.float32)
+                loaded = build_rank_tower(args, mode, env.device)
+                assert parallel_state.get_tp_size() == (world if mode == "weights" else 1)
+                with torch.inference_mode():
+                    got = run_rank_tower(loaded, pixel_values, grid, mode)
+                _same_output(got, want, f"torchrun-style {mode} mode, rank {rank}, {folder}")
     finally:
         parallel_state.set_tp_group(None)
         dist.destroy_process_group()
 
 
 @pytest.mark.slow
-def test_torchrun_style_spmd_matches_single_process(tiny_model):
+def test_torchrun_style_spmd_matches_single_process(tiny_model, tmp_path):
+    """Qwen2.5-VL (windowed attention) and Qwen3-VL (DeepStack extras: a list of tensors gathered too)."""
     import socket
-    folder, pv, grid, want = tiny_model
+    from checkpoints import random_pixels, save_qwen3_vl
+    from mmenc.engine.runner import build_tower, run_tower
+    folder3, _ = save_qwen3_vl(tmp_path / "qwen3_vl")
+    pv3 = random_pixels(GRID, patch_features=3 * 2 * 16 * 16)
+    with torch.inference_mode():
+        want3 = run_tower(build_tower(model=str(folder3), dtype=torch.float32, device="cpu", tp_size=1), pv3, GRID)
+    assert len(want3.extras["deepstack"]) == 2
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_torchrun_like_worker, args=(2, port, folder, pv, grid, want.embeddings), nprocs=2, join=True)
+    cases = [tiny_model, (str(folder3), pv3, GRID, want3)]
+    mp.spawn(_torchrun_like_worker, args=(2, port, cases), nprocs=2, join=True)
 
 
 def test_init_from_env_without_launcher_is_none(monkeypatch):
