@@ -21,11 +21,13 @@ class MultiModalConfig:
     custom_ops: which CustomOps use their platform forward: ("all",) or ("none",) followed by
         "+name" / "-name" entries (e.g. ("all", "-mm_encoder_attn")); a disabled op runs
         forward_native. A comma-separated string is accepted.
+    compile: run the tower's blocks through torch.compile (regional; see mmenc.engine.compile).
     """
 
     mm_encoder_attn_backend: "AttentionBackendEnum | str | None" = None
     mm_encoder_tp_mode: TPMode = "weights"
     custom_ops: tuple[str, ...] = ("all",)
+    compile: bool = False
 
     def __post_init__(self):
         from mmenc.attention.backend_enum import AttentionBackendEnum
@@ -40,9 +42,12 @@ class MultiModalConfig:
                              f"('weight' is accepted for 'weights')")
         object.__setattr__(self, "mm_encoder_tp_mode", _TP_MODE_ALIASES[mode.lower()])
         object.__setattr__(self, "custom_ops", parse_custom_ops(self.custom_ops))
+        if not isinstance(self.compile, bool):
+            raise ValueError(f"compile={self.compile!r} must be True or False")
 
     def compute_hash(self) -> str:
         """A digest of every field that changes the computation (compile caches key on it)."""
         backend = self.mm_encoder_attn_backend
-        fields = [backend.name if backend is not None else "auto", self.mm_encoder_tp_mode, ",".join(self.custom_ops)]
+        fields = [backend.name if backend is not None else "auto", self.mm_encoder_tp_mode, ",".join(self.custom_ops),
+                  f"compile={self.compile}"]
         return hashlib.sha256("|".join(fields).encode()).hexdigest()[:16]

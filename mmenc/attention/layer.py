@@ -4,7 +4,7 @@ import math
 import torch
 
 from mmenc.attention.backend_enum import AttentionBackendEnum
-from mmenc.attention.backends import get_backend_class
+from mmenc.attention.op import mm_encoder_attention
 from mmenc.attention.packing import make_cu_seqlens
 from mmenc.config import MultiModalConfig
 from mmenc.custom_op import CustomOp
@@ -42,14 +42,12 @@ class MMEncoderAttention(CustomOp):
         dtype = dtype or torch.get_default_dtype()
         self.backend: AttentionBackendEnum = current_platform.get_vit_attn_backend(
             head_size, dtype, config.mm_encoder_attn_backend)
-        self._impl = get_backend_class(self.backend)
         # Per-shape choice: packs whose longest segment is short (window layers) may run another
         # backend; decided from max_seqlen, a host int, so no device sync. None when not used.
         self.short_backend: AttentionBackendEnum | None = None
         self.short_seqlen_max = current_platform.short_seqlen_max
         if config.mm_encoder_attn_backend is None:
             self.short_backend = current_platform.get_vit_attn_short_backend(head_size, dtype, self.backend)
-        self._short_impl = get_backend_class(self.short_backend) if self.short_backend else None
 
     def extra_repr(self) -> str:
         return (f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_size={self.head_size}, "
@@ -62,14 +60,14 @@ class MMEncoderAttention(CustomOp):
         return f"{self.backend.name} ({self.short_backend.name} for segments <= {self.short_seqlen_max})"
 
     def forward_native(self, query, key, value, cu_seqlens=None, max_seqlen=None):
-        return self._run(get_backend_class(AttentionBackendEnum.TORCH_SDPA), query, key, value, cu_seqlens, max_seqlen)
+        return self._run((AttentionBackendEnum.TORCH_SDPA, None), query, key, value, cu_seqlens, max_seqlen)
 
     def forward_cuda(self, query, key, value, cu_seqlens=None, max_seqlen=None):
-        return self._run(None, query, key, value, cu_seqlens, max_seqlen)
+        return self._run((self.backend, self.short_backend), query, key, value, cu_seqlens, max_seqlen)
 
     forward_cpu = forward_xpu = forward_tpu = forward_oot = forward_cuda
 
-    def _run(self, impl, query, key, value, cu_seqlens, max_seqlen):
+    def _run(self, backends, query, key, value, cu_seqlens, max_seqlen):
         q, batch, seq = self._to_packed(query, self.num_heads, "query")
         k, _, _ = self._to_packed(key, self.num_kv_heads, "key", batch, seq)
         v, _, _ = self._to_packed(value, self.num_kv_heads, "value", batch, seq)
@@ -84,11 +82,9 @@ class MMEncoderAttention(CustomOp):
         elif cu_seqlens.device != q.device:
             raise ValueError(f"{self._name}: cu_seqlens is on {cu_seqlens.device} but query is on {q.device}; "
                              f"make it on the query's device (make_cu_seqlens(lengths, device))")
-        max_seqlen = int(max_seqlen)
-        if impl is None:
-            short = self._short_impl is not None and max_seqlen <= self.short_seqlen_max
-            impl = self._short_impl if short else self._impl
-        out = impl.forward(q, k, v, cu_seqlens, max_seqlen, self.scale)  # [T, Hq, D]
+        main, short = backends
+        out = mm_encoder_attention(q, k, v, cu_seqlens, max_seqlen, self.scale, main.name,
+                                   short.name if short else "", self.short_seqlen_max)  # [T, Hq, D]
         return out.reshape(query.shape)
 
     @property

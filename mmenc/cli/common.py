@@ -16,9 +16,11 @@ def add_encoder_args(parser: argparse.ArgumentParser, default_model_help: str) -
                         help="number of devices (worker processes) for the tower")
     parser.add_argument("--mm-encoder-tp-mode", choices=["weights", "data"], default="weights",
                         help="weights: shard the tower over the devices; data: one replica per device, images split")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the tower's blocks (first call compiles)")
 
 
 def encoder_kwargs(args: argparse.Namespace, default_model: str) -> dict:
     return dict(model=args.model or default_model, dtype=args.dtype, device=args.device,
                 mm_encoder_attn_backend=args.mm_encoder_attn_backend, load_format=args.load_format,
-                tensor_parallel_size=args.tensor_parallel_size, mm_encoder_tp_mode=args.mm_encoder_tp_mode)
+                tensor_parallel_size=args.tensor_parallel_size, mm_encoder_tp_mode=args.mm_encoder_tp_mode,
+                compile=args.compile)

@@ -38,14 +38,15 @@ class Encoder:
     def __init__(self, model: str = DEFAULT_MODEL, dtype: str | torch.dtype = "auto",
                  device: str | torch.device | None = None, mm_encoder_attn_backend: str | None = None,
                  load_format: Literal["auto", "dummy"] = "auto", tensor_parallel_size: int = 1,
-                 mm_encoder_tp_mode: str = "weights", max_batch_patches: int = 1 << 16):
+                 mm_encoder_tp_mode: str = "weights", max_batch_patches: int = 1 << 16, compile: bool = False):
         """model: a local Hugging Face checkpoint folder, or a built-in name (then
         load_format="dummy" is implied: random weights, no files). max_batch_patches bounds one
-        tower call; `encode` splits larger inputs into several calls (whole images only)."""
+        tower call; `encode` splits larger inputs into several calls (whole images only).
+        compile=True runs the tower's blocks through torch.compile (the first call compiles)."""
         if tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size={tensor_parallel_size} must be >= 1")
         self.mm_config = MultiModalConfig(mm_encoder_attn_backend=mm_encoder_attn_backend,
-                                          mm_encoder_tp_mode=mm_encoder_tp_mode)
+                                          mm_encoder_tp_mode=mm_encoder_tp_mode, compile=compile)
         self.device = torch.device(device) if device is not None else default_device()
         self.max_batch_patches = max_batch_patches
         self.tensor_parallel_size = tensor_parallel_size
@@ -79,6 +80,8 @@ class Encoder:
                       return_extras: bool = False) -> torch.Tensor | TowerOutput:
         """Embeddings [sum of tokens per image, out_hidden] in image order (dtype of the tower).
         Inputs larger than max_batch_patches run as several tower calls over whole images."""
+        if pixel_values.dim() > 2:  # [P, C, p, p] (Kimi's processor) -> one row per patch
+            pixel_values = pixel_values.reshape(pixel_values.shape[0], -1)
         grid_thw = _check_grid(pixel_values, grid_thw)
         outputs = [self._run(pv, g) for pv, g in self._chunks(pixel_values, grid_thw)]
         out = outputs[0] if len(outputs) == 1 else _concat_outputs(outputs)

@@ -155,6 +155,11 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
             init_dummy_weights(tower)
         else:
             load_tower_weights(tower, folder, spec.weight_prefixes)
+    mm_config = multimodal_config or MultiModalConfig()
+    if mm_config.compile and device.type != "meta":
+        from mmenc.engine.compile import compile_tower
+
+        compile_tower(tower, mm_config)
     preprocessor = read_json_if_present(folder, "preprocessor_config.json") if folder is not None else {}
     return LoadedTower(model=str(model), spec=spec, hf_config=hf_config, config=config, tower=tower.eval(),
                        dtype=dtype, device=device, load_format=load_format, preprocessor_config=preprocessor)
