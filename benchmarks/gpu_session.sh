@@ -39,13 +39,16 @@ for stage in "$@"; do
     sweep)
       timeout 300 python3 benchmarks/attention_bench.py --sweep-only --out "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;
     towers)
-      for b in auto TORCH_SDPA FLASH_ATTN TRITON_ATTN; do
-        extra=(); [ "$b" != auto ] && extra=(--mm-encoder-attn-backend "$b")
-        timeout 200 $MMENC bench --json "$OUT/bench_qwen25_$b.json" "${extra[@]}" 2>&1 | tee "$OUT/bench_qwen25_$b.log" | tail -7
-      done ;;
+      timeout 150 $MMENC bench --json "$OUT/bench_qwen25_auto.json" 2>&1 | tee "$OUT/bench_qwen25_auto.log" | tail -6
+      timeout 200 $MMENC bench --compile --no-hf --json "$OUT/bench_qwen25_compile.json" 2>&1 | tee "$OUT/bench_qwen25_compile.log" | tail -4
+      timeout 100 $MMENC bench --no-hf --mm-encoder-attn-backend FLASH_ATTN --json "$OUT/bench_qwen25_fa.json" 2>&1 | tail -4 ;;
+    tower-tests)
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_tower_parity.py 2>&1 | tee "$OUT/gpu_tower_tests.log" | tail -15 ;;
     families)
       for m in Qwen/Qwen2-VL-72B-Instruct Qwen/Qwen3-VL-235B-A22B-Instruct zai-org/GLM-4.1V-9B-Thinking moonshotai/Kimi-K2.5; do
-        timeout 200 $MMENC bench --model "$m" --json "$OUT/bench_$(echo "$m" | tr '/' '_').json" 2>&1 | tail -6
+        f=$(echo "$m" | tr '/' '_')
+        timeout 120 $MMENC bench --model "$m" --json "$OUT/bench_$f.json" 2>&1 | tee "$OUT/bench_$f.log" | tail -6
+        timeout 150 $MMENC bench --model "$m" --compile --no-hf --json "$OUT/bench_${f}_compile.json" 2>&1 | tail -3
       done ;;
     multigpu)
       timeout 300 python3 benchmarks/multigpu_bench.py --out "$OUT/multigpu.json" 2>&1 | tee "$OUT/multigpu.log" | tail -20 ;;

@@ -113,6 +113,7 @@ def test_hash_differs_when_any_field_differs():
         "mm_encoder_attn_backend": [B.NAIVE, B.TORCH_SDPA, B.FLASH_ATTN],
         "mm_encoder_tp_mode": ["data"],
         "custom_ops": [("none",), ("all", "-mm_encoder_attn"), ("none", "+mm_encoder_attn")],
+        "compile": [True],
     }
     # Every field of the dataclass must be covered here, so a new field cannot be forgotten.
     assert set(variants) == {f.name for f in dataclasses.fields(MultiModalConfig)}
