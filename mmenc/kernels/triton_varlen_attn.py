@@ -133,9 +133,17 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
         q, k, v, out, tiles, seg_ids, *descs, scale * _LOG2E,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         GROUP=hq // hkv, HEAD_DIM=d, DA=da, DB=max(db, 16), HAS_B=db > 0,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, USE_TMA=descs[0] is not k,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, USE_TMA=descs[0] is not k, ALIGN=_stride_align(q, k, v, out),
         num_warps=config.num_warps, num_stages=config.num_stages)
     return out
+
+
+def _stride_align(*tensors) -> int:
+    """The largest power of two (elements, at most 16 bytes' worth) dividing every non-unit stride."""
+    align = 16 // tensors[0].element_size()
+    while align > 1 and any(s % align for x in tensors for s in x.stride()[:-1]):
+        align //= 2
+    return align
 
 
 def _tma_ok(q, k, v) -> bool:
@@ -243,9 +251,17 @@ if triton is not None:
     def _kernel(Q, K, V, O, TILES, SEG, KA, KB, VA, VB, qk_scale,
                 stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                 GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
-                HAS_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr):
+                HAS_B: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
+                ALIGN: tl.constexpr):
         """KA/KB/VA/VB: TMA descriptors of K and V ([T, Hkv, D], blocks [BN, 1, DA|DB]) when USE_TMA,
-        else unused (the K/V tensors again)."""
+        else unused (the K/V tensors again). ALIGN: a power of two (elements) dividing every stride."""
+        # Triton only knows a stride's alignment when it is a multiple of 16 (d=72: stride_h = 72 is
+        # not), and without it every Q/K/V/O access is a scalar 2-byte load/store. x // A * A (a shift
+        # pair) states the alignment in a way the compiler tracks (tl.multiple_of on an argument is lost).
+        stride_qt, stride_qh = stride_qt // ALIGN * ALIGN, stride_qh // ALIGN * ALIGN
+        stride_kt, stride_kh = stride_kt // ALIGN * ALIGN, stride_kh // ALIGN * ALIGN
+        stride_vt, stride_vh = stride_vt // ALIGN * ALIGN, stride_vh // ALIGN * ALIGN
+        stride_ot, stride_oh = stride_ot // ALIGN * ALIGN, stride_oh // ALIGN * ALIGN
         tile = tl.program_id(0)
         head = tl.program_id(1)
         q_lo = tl.load(TILES + tile * 5)
