@@ -84,6 +84,16 @@ def test_head_split(d, expected):
     assert db == 0 and da >= d
 
 
+def test_window_table_and_candidates():
+    info = PackInfo((3, 0, 5, 0, 0, 2), 5)
+    assert tva.window_table(info, torch.device("cpu")).tolist() == [0, 3, 8, 10]
+    assert tva.head_class(72) == tva.head_class(80) == "64+16" and tva.head_class(64) == "64"
+    for d in (17, 64, 72, 80, 96, 128, 256):
+        for max_seqlen in (64, 1000, 5000):
+            configs = tva.candidates(d, max_seqlen)
+            assert 1 <= len(configs) <= 2, (d, max_seqlen, configs)
+
+
 def test_reasons():
     cls = get_backend_class(AttentionBackendEnum.TRITON_ATTN)
     h100 = DeviceInfo(type="cuda", vendor="nvidia", capability=(9, 0))
@@ -178,12 +188,41 @@ def test_interpreter_strided_views_and_empty():
 @interp
 def test_interpreter_op_and_backend_and_compile(monkeypatch):
     q, k, v, cu, mx = _pack([9, 1, 30], 4, 2, 64, torch.float16, "cpu")
-    for bucket in tva.CONFIGS:
-        monkeypatch.setitem(tva.CONFIGS, bucket, [SMALL])
+    for key in tva.CONFIGS:
+        monkeypatch.setitem(tva.CONFIGS, key, [SMALL])
     backend = get_backend_class(AttentionBackendEnum.TRITON_ATTN)
     _check(backend.forward(q, k, v, cu, mx, 0.125), q, k, v, cu, mx, "backend.forward")
     compiled = torch.compile(backend.forward, fullgraph=True, backend="eager")
     _check(compiled(q, k, v, cu, mx, 0.125), q, k, v, cu, mx, "torch.compile(fullgraph=True)")
+
+
+@interp
+@pytest.mark.parametrize("d", [16, 17, 72, 80])
+@pytest.mark.parametrize("hq,hkv", [(4, 2), (2, 2)])
+def test_interpreter_windows_kernel(d, hq, hkv):
+    """Every segment <= block_m: one single-block softmax per window, several windows per program."""
+    q, k, v, cu, mx = _pack([16, 16, 5, 0, 16, 1, 9, 16], hq, hkv, d, torch.float16, "cpu", seed=d + hq)
+    config = tva.KernelConfig(16, 16, windows=3)
+    _check(tva.launch(q, k, v, cu, d ** -0.5, config), q, k, v, cu, mx, f"d={d} {config}")
+    from mmenc.attention.packing import pack_info
+    assert ("triton_attn_windows", torch.device("cpu")) in pack_info(cu, q.shape[0]).cache  # the windows path ran
+
+
+@interp
+def test_interpreter_windows_config_falls_back_to_tiles():
+    q, k, v, cu, mx = _pack([16, 40, 3], 2, 1, 72, torch.float16, "cpu")  # 40 > block_m: tile kernel
+    config = tva.KernelConfig(32, 16, windows=2)
+    _check(tva.launch(q, k, v, cu, 72 ** -0.5, config), q, k, v, cu, mx, f"{config} on a 40-token segment")
+    from mmenc.attention.packing import pack_info
+    assert ("triton_attn_windows", torch.device("cpu")) not in pack_info(cu, q.shape[0]).cache
+
+
+@interp
+def test_interpreter_windows_strided_views():
+    t, h, d = 45, 2, 72
+    cu, mx = make_cu_seqlens([16, 13, 16])
+    q, k, v = torch.randn(t, 3, h, d).half().unbind(1)
+    _check(tva.launch(q, k, v, cu, d ** -0.5, tva.KernelConfig(16, 16, windows=2)), q, k, v, cu, mx, "windows, views")
 
 
 # ---------------------------------------------------------------- GPU
@@ -209,11 +248,23 @@ def test_gpu_against_naive(pack, d, dtype):
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("hq,hkv", [(16, 4), (16, 1), (12, 12)])
-@pytest.mark.parametrize("bucket", sorted(tva.CONFIGS))
-def test_gpu_every_config_and_gqa(hq, hkv, bucket):
-    q, k, v, cu, mx = _pack(GPU_PACKS["mixed"], hq, hkv, 80, torch.bfloat16, "cuda")
-    for config in tva.CONFIGS[bucket]:
-        _check(tva.launch(q, k, v, cu, 80 ** -0.5, config), q, k, v, cu, mx, f"{config} hq={hq} hkv={hkv}")
+@pytest.mark.parametrize("key", sorted(tva.CONFIGS))
+@pytest.mark.parametrize("pack", ["mixed", "windows"])
+def test_gpu_every_config_and_gqa(hq, hkv, key, pack):
+    d = {"any": 80}.get(key[1]) or sum(int(x) for x in key[1].split("+")) - 8  # a size of the class: 72, 120
+    q, k, v, cu, mx = _pack(GPU_PACKS[pack], hq, hkv, d, torch.bfloat16, "cuda")
+    for config in tva.CONFIGS[key]:
+        _check(tva.launch(q, k, v, cu, d ** -0.5, config), q, k, v, cu, mx, f"{config} d={d} hq={hq} hkv={hkv}")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [17, 64, 72, 80, 128])
+@pytest.mark.parametrize("config", [tva.KernelConfig(64, 64, 4, 3, windows=4), tva.KernelConfig(64, 64, 4, 2, windows=8),
+                                    tva.KernelConfig(128, 64, 8, 2, windows=2)])
+def test_gpu_windows_kernel(d, config):
+    q, k, v, cu, mx = _pack(GPU_PACKS["windows"] + [17, 64, 5], 16, 4, d, torch.float16, "cuda", seed=d)
+    _check(tva.launch(q, k, v, cu, d ** -0.5, config), q, k, v, cu, mx, f"d={d} {config}")
 
 
 @gpu

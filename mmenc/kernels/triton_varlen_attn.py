@@ -52,20 +52,26 @@ class KernelConfig:
     num_stages: int = 2
     split: bool = True
     tma: bool = False  # K/V through TMA descriptors (Hopper+; falls back to pointer loads elsewhere)
+    windows: int = 0  # > 0: packs whose segments all fit block_m run the windows kernel, this many per program
 
     def __str__(self) -> str:
         return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.num_stages}"
-                f"{'' if self.split else '-pad'}{'-tma' if self.tma else ''}")
+                f"{'' if self.split else '-pad'}{'-tma' if self.tma else ''}"
+                f"{f'-win{self.windows}' if self.windows else ''}")
 
 
-# Candidates per length bucket of the pack ("short": windows, "long": full images), best guess
-# first. With more than one candidate, the first call for a (head_size, dtype, bucket) times them
-# on its own inputs and keeps the fastest. Trim these to the winners of `--kernel-sweep`.
-_TMA_LONG = [KernelConfig(128, 64, 8, 3, tma=True), KernelConfig(128, 128, 8, 2, tma=True), KernelConfig(128, 64, 8, 3)]
-CONFIGS: dict[str, list[KernelConfig]] = {
-    "short": [KernelConfig(64, 64, 4, 2, tma=True), KernelConfig(128, 64, 8, 2, tma=True), KernelConfig(64, 64, 4, 2)],
-    "mid": list(_TMA_LONG),
-    "long": list(_TMA_LONG),
+# Candidates per (length bucket, head class), best guess first; ("<bucket>", "any") is the fallback.
+# The head class is the head split ("64", "64+16" for 72 and 80, "128"), i.e. the compiled shapes.
+# With two candidates, the first call per (head size, dtype, GQA group, bucket) times both on its own
+# inputs and keeps the faster; with one it just runs it. `attention_bench.py --sweep-only` prints
+# replacement entries to paste here (winner + runner-up per key).
+_K = KernelConfig
+CONFIGS: dict[tuple[str, str], list[KernelConfig]] = {
+    ("short", "any"): [_K(64, 64, 4, 3, windows=4), _K(64, 64, 4, 2, tma=True)],
+    ("short", "128"): [_K(64, 64, 4, 2, windows=4), _K(64, 64, 4, 2, tma=True)],  # s3: 152 KiB smem, 1 CTA/SM
+    ("mid", "any"): [_K(128, 64, 8, 3, tma=True), _K(128, 128, 8, 2, tma=True)],
+    ("long", "any"): [_K(128, 64, 8, 3, tma=True), _K(128, 128, 8, 2, tma=True)],
+    **{(bucket, "256"): [_K(64, 64, 4, 2, tma=True)] for bucket in ("short", "mid", "long")},  # fits 227 KiB smem
 }
 _CHOSEN: dict[tuple, KernelConfig] = {}
 _LOG2E = 1.4426950408889634  # the softmax runs on exp2
@@ -73,6 +79,26 @@ _LOG2E = 1.4426950408889634  # the softmax runs on exp2
 
 def length_bucket(max_seqlen: int) -> str:
     return "short" if max_seqlen <= 256 else "mid" if max_seqlen <= 2048 else "long"
+
+
+def head_class(head_size: int) -> str:
+    """The CONFIGS key part for a head size: its split, e.g. 72 -> "64+16", 64 -> "64"."""
+    da, db = head_split(head_size)
+    return f"{da}+{db}" if db else str(da)
+
+
+def candidates(head_size: int, max_seqlen: int) -> list[KernelConfig]:
+    bucket = length_bucket(max_seqlen)
+    return CONFIGS.get((bucket, head_class(head_size))) or CONFIGS[(bucket, "any")]
+
+
+def chosen_config(q: torch.Tensor, k: torch.Tensor, max_seqlen: int) -> KernelConfig | None:
+    """The config a call on (q, k) of this length bucket has been tuned to (None: not called yet)."""
+    return _CHOSEN.get(_choice_key(q, k, max_seqlen))
+
+
+def _choice_key(q, k, max_seqlen) -> tuple:
+    return q.shape[2], q.dtype, q.shape[1] // k.shape[1], length_bucket(max_seqlen)
 
 
 def head_split(head_size: int, split: bool = True) -> tuple[int, int]:
@@ -123,18 +149,24 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
     info = pack_info(cu_seqlens, num_tokens)
     if config is None:
         config = _choose(info, q, k, v, scale)
-    tiles, seg_ids = tile_table(info, config.block_m, config.block_n, q.device)
     da, db = head_split(d, config.split)
+    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1))
+    common = dict(GROUP=hq // hkv, HEAD_DIM=d, DA=da, DB=max(db, 16), HAS_B=db > 0, ALIGN=_stride_align(q, k, v, out),
+                  num_warps=config.num_warps, num_stages=config.num_stages)
+    if config.windows and info.max_seqlen <= config.block_m:
+        bounds = window_table(info, q.device)
+        n_windows = bounds.shape[0] - 1
+        grid = (triton.cdiv(n_windows, config.windows), hq)
+        _windows_kernel[grid](q, k, v, out, bounds, n_windows, scale * _LOG2E, *strides,
+                              BLOCK=config.block_m, PER_PROGRAM=config.windows, **common)
+        return out
+    tiles, seg_ids = tile_table(info, config.block_m, config.block_n, q.device)
     descs = (k, k, v, v)
     if config.tma and _tma_ok(q, k, v):
         descs = tuple(TensorDescriptor(x, list(x.shape), list(x.stride()), [config.block_n, 1, part])
                       for x in (k, v) for part in (da, max(db, 16)))
-    _kernel[(tiles.shape[0], hq)](
-        q, k, v, out, tiles, seg_ids, *descs, scale * _LOG2E,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        GROUP=hq // hkv, HEAD_DIM=d, DA=da, DB=max(db, 16), HAS_B=db > 0,
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, USE_TMA=descs[0] is not k, ALIGN=_stride_align(q, k, v, out),
-        num_warps=config.num_warps, num_stages=config.num_stages)
+    _kernel[(tiles.shape[0], hq)](q, k, v, out, tiles, seg_ids, *descs, scale * _LOG2E, *strides,
+                                  BLOCK_M=config.block_m, BLOCK_N=config.block_n, USE_TMA=descs[0] is not k, **common)
     return out
 
 
@@ -186,20 +218,38 @@ def tile_table(info: PackInfo, block_m: int, block_n: int, device: torch.device)
     return info.cache[key]
 
 
+def window_table(info: PackInfo, device: torch.device) -> torch.Tensor:
+    """int32 [n + 1]: the starts of the n non-empty segments, then the pack's end; cached per pack."""
+    key = ("triton_attn_windows", device)
+    if key not in info.cache:
+        starts = [s for s, n in zip(info.starts(), info.lengths) if n > 0]
+        info.cache[key] = torch.tensor(starts + [sum(info.lengths)], dtype=torch.int32).to(device)
+    return info.cache[key]
+
+
 def _choose(info: PackInfo, q, k, v, scale) -> KernelConfig:
     """The config for this (head size, dtype, GQA group, length bucket): tuned once on these inputs."""
-    bucket = length_bucket(info.max_seqlen)
-    key = (q.shape[2], q.dtype, q.shape[1] // k.shape[1], bucket)
+    key = _choice_key(q, k, info.max_seqlen)
     if key not in _CHOSEN:
-        candidates = CONFIGS[bucket]
-        if len(candidates) == 1 or not q.is_cuda or torch.cuda.is_current_stream_capturing():
-            return candidates[0]
+        configs = candidates(q.shape[2], info.max_seqlen)
+        if len(configs) == 1 or not q.is_cuda or torch.cuda.is_current_stream_capturing():
+            return configs[0]
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         cu, _ = make_cu_seqlens(info.lengths, q.device)  # a registered twin: no read-back while tuning
-        times = [triton.testing.do_bench(lambda c=c: launch(q, k, v, cu, scale, c, out), warmup=5, rep=20)
-                 for c in candidates]
-        _CHOSEN[key] = candidates[min(range(len(times)), key=times.__getitem__)]
+        times = [_time(lambda c=c: launch(q, k, v, cu, scale, c, out)) for c in configs]
+        if min(times) == float("inf"):
+            raise RuntimeError(f"TRITON_ATTN: no config of {[str(c) for c in configs]} fits this GPU's shared memory "
+                               f"for head_size {q.shape[2]}; add a smaller one to CONFIGS[{key[3]!r}, ...]")
+        _CHOSEN[key] = configs[min(range(len(times)), key=times.__getitem__)]
     return _CHOSEN[key]
+
+
+def _time(fn) -> float:
+    """Median ms of fn, or inf when its config needs more shared memory than the GPU has."""
+    try:
+        return triton.testing.do_bench(fn, warmup=5, rep=20)
+    except triton.runtime.errors.OutOfResources:
+        return float("inf")
 
 
 if triton is not None:
@@ -246,6 +296,57 @@ if triton is not None:
             v_b = _load_kv(v_base, v_off_b, VB, start, kv_head, DA, col_ok, b_ok, B_FULL, MASKED, USE_TMA, BLOCK_N, DB)
             acc_b = tl.dot(p, v_b, acc_b * alpha[:, None])
         return acc_a, acc_b, l_i, m_new
+
+    @triton.jit
+    def _windows_kernel(Q, K, V, O, BOUNDS, n_windows, qk_scale,
+                        stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
+                        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
+                        HAS_B: tl.constexpr, BLOCK: tl.constexpr, PER_PROGRAM: tl.constexpr, ALIGN: tl.constexpr):
+        """Packs of short windows (every segment <= BLOCK tokens): one program per (PER_PROGRAM
+        consecutive windows, query head). Each window attends to itself in a single block, so the
+        softmax is one pass (no running max) and no segment ids are read; the loop over windows lets
+        the compiler prefetch the next window while this one computes. BOUNDS: int32 [n_windows + 1]."""
+        stride_qt, stride_qh = stride_qt // ALIGN * ALIGN, stride_qh // ALIGN * ALIGN  # see _kernel
+        stride_kt, stride_kh = stride_kt // ALIGN * ALIGN, stride_kh // ALIGN * ALIGN
+        stride_vt, stride_vh = stride_vt // ALIGN * ALIGN, stride_vh // ALIGN * ALIGN
+        stride_ot, stride_oh = stride_ot // ALIGN * ALIGN, stride_oh // ALIGN * ALIGN
+        head = tl.program_id(1)
+        kv_head = head // GROUP
+        first = tl.program_id(0) * PER_PROGRAM
+        last = tl.minimum(first + PER_PROGRAM, n_windows)
+        offs = tl.arange(0, BLOCK)
+        offs_a = tl.arange(0, DA)
+        offs_b = DA + tl.arange(0, DB)
+        a_ok = offs_a < HEAD_DIM
+        b_ok = offs_b < HEAD_DIM
+        q_head = Q + head * stride_qh + offs[:, None] * stride_qt  # [BLOCK, 1] pointers of row r
+        k_head = K + kv_head * stride_kh + offs[:, None] * stride_kt
+        v_head = V + kv_head * stride_vh + offs[:, None] * stride_vt
+        o_head = O + head * stride_oh + offs[:, None] * stride_ot
+        for w in range(first, last):
+            lo = tl.load(BOUNDS + w)
+            ok = offs < tl.load(BOUNDS + w + 1) - lo  # [BLOCK] rows (and keys) of this window
+            lo = lo.to(tl.int64)
+            mask_a = ok[:, None] & a_ok[None, :]
+            q_a = tl.load(q_head + lo * stride_qt + offs_a[None, :], mask=mask_a, other=0.0)
+            k_a = tl.load(k_head + lo * stride_kt + offs_a[None, :], mask=mask_a, other=0.0)
+            qk = tl.dot(q_a, tl.trans(k_a))  # [BLOCK, BLOCK] fp32
+            if HAS_B:
+                mask_b = ok[:, None] & b_ok[None, :]
+                q_b = tl.load(q_head + lo * stride_qt + offs_b[None, :], mask=mask_b, other=0.0)
+                k_b = tl.load(k_head + lo * stride_kt + offs_b[None, :], mask=mask_b, other=0.0)
+                qk = tl.dot(q_b, tl.trans(k_b), qk)
+            qk = tl.where(ok[None, :], qk, float("-inf"))  # rows past the window: q = 0, harmless
+            p = tl.math.exp2((qk - tl.max(qk, 1)[:, None]) * qk_scale)
+            inv_l = 1.0 / tl.sum(p, 1)
+            p = p.to(q_a.dtype)
+            v_a = tl.load(v_head + lo * stride_vt + offs_a[None, :], mask=mask_a, other=0.0)
+            o_a = tl.dot(p, v_a) * inv_l[:, None]
+            tl.store(o_head + lo * stride_ot + offs_a[None, :], o_a.to(O.dtype.element_ty), mask=mask_a)
+            if HAS_B:
+                v_b = tl.load(v_head + lo * stride_vt + offs_b[None, :], mask=mask_b, other=0.0)
+                o_b = tl.dot(p, v_b) * inv_l[:, None]
+                tl.store(o_head + lo * stride_ot + offs_b[None, :], o_b.to(O.dtype.element_ty), mask=mask_b)
 
     @triton.jit
     def _kernel(Q, K, V, O, TILES, SEG, KA, KB, VA, VB, qk_scale,
