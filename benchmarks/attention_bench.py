@@ -8,7 +8,9 @@ Packs (bf16): "windows" = 684 x 64-token windows (Qwen2.5-VL window attention), 
 tokens (8 images of 74x74 patches); heads: 16 x 64, 16 x 72, 16 x 80, 12 x 128.
 TFLOP/s = 4 * sum(len_i^2) * H * D / time; time = median of CUDA-event timings after warm-up
 (triton.testing.do_bench), on fresh random inputs. Each backend is first checked against NAIVE on
-the first segments of the pack (relative error of those rows, in the table).
+the first segments of the pack (relative error of those rows, in the table). TRITON_ATTN rows name
+the config its first-call tuning chose. The sweep ends with CONFIGS entries (winner + runner-up per
+(length bucket, head class)) ready to paste into mmenc/kernels/triton_varlen_attn.py.
 """
 import argparse
 import dataclasses
@@ -87,7 +89,7 @@ def usable_backends(d, only):
 
 
 def run_backends(args, results):
-    print(f"{'pack':8} {'H x D':8} {'backend':15} {'ms':>9} {'TFLOP/s':>8} {'rel err':>9}")
+    print(f"{'pack':8} {'H x D':8} {'backend':15} {'ms':>9} {'TFLOP/s':>8} {'rel err':>9}  config")
     for pack, lengths in PACKS.items():
         for heads, d in HEADS:
             backends, skipped = usable_backends(d, args.backends)
@@ -103,6 +105,8 @@ def run_backends(args, results):
                     rep = 20 if backend is AttentionBackendEnum.NAIVE else args.rep
                     row["ms"] = bench_ms(functools.partial(cls.forward, q, k, v, cu, mx, scale), rep)
                     row["tflops"] = flops(lengths, heads, d) / row["ms"] / 1e9
+                    if backend is AttentionBackendEnum.TRITON_ATTN:
+                        row["config"] = str(_triton_config(q, k, mx))
                 except Exception as e:  # noqa: BLE001 - a failing backend is reported, the others still run
                     row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
                 results["backends"].append(row)
@@ -119,25 +123,39 @@ def _print_row(row):
         print(f"{row['pack']:8} {name:8} {row['backend']:15} ERROR {row['error']}", flush=True)
     else:
         print(f"{row['pack']:8} {name:8} {row['backend']:15} {row['ms']:9.3f} {row['tflops']:8.1f} "
-              f"{row['rel_err']:9.2e}", flush=True)
+              f"{row['rel_err']:9.2e}  {row.get('config', '')}", flush=True)
 
 
-def sweep_configs(d):
-    """Pointer-load configs first, then TMA ones (Hopper+); "-pad" variants where the split matters."""
-    from mmenc.kernels.triton_varlen_attn import KernelConfig, head_split
+def _triton_config(q, k, max_seqlen):
+    from mmenc.kernels import triton_varlen_attn as tva
 
-    shapes = [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2)]
-    grid = [KernelConfig(*s) for s in shapes]
-    if head_split(d) != head_split(d, split=False):
-        grid.append(KernelConfig(128, 64, 8, 3, split=False))
-    return grid + [dataclasses.replace(c, tma=True) for c in grid]
+    chosen = tva.chosen_config(q, k, max_seqlen)
+    return chosen or tva.candidates(q.shape[2], max_seqlen)[0]  # one candidate: nothing was timed
+
+
+def sweep_configs(pack, d):
+    """The grid for one pack: windows-kernel variants + a few tile configs for "windows", tile configs
+    (pointer and TMA loads) for "full"; "-pad" where the head split matters. ~9 configs each, so the
+    whole sweep (4 head sizes x 2 packs) compiles and times in about 2 minutes."""
+    from mmenc.kernels.triton_varlen_attn import KernelConfig as K
+    from mmenc.kernels.triton_varlen_attn import head_split
+
+    if pack == "windows":
+        grid = [K(64, 64, 4, 2, windows=n) for n in (2, 4, 8)] + [K(64, 64, 4, 3, windows=n) for n in (4, 8)]
+        grid += [K(64, 64, 4, 4, windows=8), K(64, 64, 4, 2, tma=True), K(64, 64, 4, 2), K(128, 64, 8, 2, tma=True)]
+    else:
+        grid = [K(128, 64, 8, 3, tma=True), K(128, 64, 8, 3), K(128, 64, 8, 2, tma=True), K(128, 128, 8, 2, tma=True),
+                K(128, 128, 8, 3, tma=True), K(128, 64, 4, 3, tma=True), K(64, 64, 4, 3, tma=True)]
+        if head_split(d) != head_split(d, split=False):
+            grid.append(K(128, 64, 8, 3, split=False, tma=True))
+    return grid
 
 
 def run_sweep(args, results):
     from mmenc.kernels import triton_varlen_attn as tva
 
     print("\nTRITON_ATTN config sweep: m<BLOCK_M>n<BLOCK_N>w<warps>s<stages>[-pad: head dim padded, not split]"
-          ", fastest first, TFLOP/s")
+          "[-tma][-win<n>: windows kernel, n windows per program], fastest first, TFLOP/s")
     for pack, lengths in PACKS.items():
         for heads, d in HEADS:
             scale = d ** -0.5
@@ -145,8 +163,9 @@ def run_sweep(args, results):
             ref = Reference(q, k, v, lengths, CHECK_SEGMENTS[pack], scale)
             out = torch.empty_like(q)
             rows = []
-            for config in sweep_configs(d):
-                row = {"pack": pack, "heads": heads, "head_size": d, "config": str(config)}
+            for config in sweep_configs(pack, d):
+                row = {"pack": pack, "heads": heads, "head_size": d, "config": str(config),
+                       "code": config_code(config), "bucket": tva.length_bucket(mx), "head_class": tva.head_class(d)}
                 try:
                     row["rel_err"] = ref.rel_err(tva.launch(q, k, v, cu, scale, config, out))
                     row["ms"] = bench_ms(functools.partial(tva.launch, q, k, v, cu, scale, config, out), args.rep)
@@ -156,12 +175,46 @@ def run_sweep(args, results):
                 rows.append(row)
             results["sweep"] += rows
             save(args, results)
-            ok = sorted((r for r in rows if "ms" in r), key=lambda r: r["ms"])
+            ok = sorted((r for r in rows if "ms" in r and r["rel_err"] <= 2e-2), key=lambda r: r["ms"])
             summary = "  ".join(f"{r['config']} {r['tflops']:.0f}" for r in ok[:4])
             bad = [r["config"] for r in rows if "error" in r or r.get("rel_err", 0) > 2e-2]
             print(f"{pack:8} {heads}x{d:<5} best: {summary}" + (f"  FAILED: {bad}" if bad else ""), flush=True)
             del q, k, v, ref, out
             torch.cuda.empty_cache()
+    results["configs_code"] = configs_code(results["sweep"])
+    print("\nCONFIGS entries from this sweep (paste into mmenc/kernels/triton_varlen_attn.py; \"mid\" is not"
+          " measured here):\n" + results["configs_code"])
+
+
+def config_code(config) -> str:
+    """`_K(...)` as written in CONFIGS: the four shape fields, then the fields that differ from the default."""
+    from mmenc.kernels.triton_varlen_attn import KernelConfig
+
+    shape = [str(x) for x in (config.block_m, config.block_n, config.num_warps, config.num_stages)]
+    extra = [f"{f.name}={getattr(config, f.name)!r}" for f in dataclasses.fields(KernelConfig)[4:]
+             if getattr(config, f.name) != f.default]
+    return f"_K({', '.join(shape + extra)})"
+
+
+def configs_code(sweep_rows) -> str:
+    """Per (bucket, head class): the two configs with the best mean relative speed (best ms / ms, 0 when
+    failed or wrong) over the head sizes of that class, as CONFIGS lines."""
+    groups: dict[tuple, dict[str, dict]] = {}
+    for r in sweep_rows:
+        groups.setdefault((r["bucket"], r["head_class"]), {}).setdefault(r["head_size"], {})[r["code"]] = r
+    lines = []
+    for key, by_size in sorted(groups.items()):
+        score: dict[str, float] = {}
+        for rows in by_size.values():
+            good = {c: r["ms"] for c, r in rows.items() if "ms" in r and r["rel_err"] <= 2e-2}
+            best = min(good.values(), default=None)
+            for c in rows:
+                score[c] = score.get(c, 0.0) + (best / good[c] if c in good else 0.0) / len(by_size)
+        top = sorted(score, key=score.get, reverse=True)[:2]
+        tflops = " / ".join(f"{max(rows[c]['tflops'] for rows in by_size.values() if 'tflops' in rows.get(c, {})):.0f}"
+                            for c in top if any('tflops' in rows.get(c, {}) for rows in by_size.values()))
+        lines.append(f"    {key!r}: [{', '.join(top)}],  # sizes {sorted(by_size)}: {tflops} TFLOP/s")
+    return "\n".join(lines)
 
 
 def main(argv=None):

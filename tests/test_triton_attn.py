@@ -23,7 +23,7 @@ HAS_CUDA = torch.cuda.is_available()
 if HAS_TRITON and not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel module imports triton
 
-from mmenc.kernels import triton_varlen_attn as tva  # noqa: E402
+from mmenc.kernels import triton_varlen_attn as tva
 
 gpu = pytest.mark.skipif(not (HAS_CUDA and HAS_TRITON), reason="needs a CUDA GPU and triton")
 TOL = 2e-2
@@ -260,7 +260,8 @@ def test_gpu_every_config_and_gqa(hq, hkv, key, pack):
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("d", [17, 64, 72, 80, 128])
-@pytest.mark.parametrize("config", [tva.KernelConfig(64, 64, 4, 3, windows=4), tva.KernelConfig(64, 64, 4, 2, windows=8),
+@pytest.mark.parametrize("config", [tva.KernelConfig(64, 64, 4, 3, windows=4),
+                                    tva.KernelConfig(64, 64, 4, 2, windows=8),
                                     tva.KernelConfig(128, 64, 8, 2, windows=2)])
 def test_gpu_windows_kernel(d, config):
     q, k, v, cu, mx = _pack(GPU_PACKS["windows"] + [17, 64, 5], 16, 4, d, torch.float16, "cuda", seed=d)

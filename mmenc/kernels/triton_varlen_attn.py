@@ -15,12 +15,18 @@ The tile table (int32 [tiles, 5]: q_lo, q_hi, kv_lo, kv_hi, number of unmasked K
 per-token segment ids are built on the host from the pack's `PackInfo` (no device read-back) and
 cached in `PackInfo.cache`, so every layer of a forward reuses them.
 
+Packs whose segments all fit one block (window attention: 64-token windows) can instead run the
+windows kernel (configs with `windows=n`): each window is its own block, n consecutive windows per
+program, a single-pass softmax, no segment ids, and the loop lets loads of the next window overlap
+this one's math. A windows config on a pack with a longer segment runs the tile kernel.
+
 Head sizes that are not powers of two are split into two power-of-two parts (80 = 64 + 16,
-72 = 64 + 16 with 8 masked columns) instead of being padded to 128. On Hopper, configs with
-`tma=True` load K/V through TMA tensor descriptors over [T, Hkv, D] (zero fill past T and past D);
-elsewhere, or for unaligned strides, they fall back to masked pointer loads.
-Configs: `CONFIGS` per length bucket; the first call per (head size, dtype, GQA group, bucket)
-times the candidates on its own inputs (not while a CUDA graph is being captured).
+72 = 64 + 16 with 8 masked columns) instead of being padded to 128. Strides are passed with their
+alignment (ALIGN): Triton only infers it for multiples of 16, which d=72's head stride is not. On
+Hopper, configs with `tma=True` load K/V through TMA tensor descriptors over [T, Hkv, D] (zero fill
+past T and past D); elsewhere, or for unaligned strides, they fall back to masked pointer loads.
+Configs: `CONFIGS` per (length bucket, head class); the first call per (head size, dtype, GQA group,
+bucket) times the (two) candidates on its own inputs (not while a CUDA graph is being captured).
 
 torch.compile: `varlen_attention` is the custom op `mmenc::triton_varlen_attn` with a fake
 implementation, so compiled towers trace through it without graph breaks. The tile table is not an
@@ -150,9 +156,9 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
     if config is None:
         config = _choose(info, q, k, v, scale)
     da, db = head_split(d, config.split)
-    strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1))
-    common = dict(GROUP=hq // hkv, HEAD_DIM=d, DA=da, DB=max(db, 16), HAS_B=db > 0, ALIGN=_stride_align(q, k, v, out),
-                  num_warps=config.num_warps, num_stages=config.num_stages)
+    strides = [s for x in (q, k, v, out) for s in x.stride()[:2]]  # (token, head) of each
+    common = {"GROUP": hq // hkv, "HEAD_DIM": d, "DA": da, "DB": max(db, 16), "HAS_B": db > 0,
+              "ALIGN": _stride_align(q, k, v, out), "num_warps": config.num_warps, "num_stages": config.num_stages}
     if config.windows and info.max_seqlen <= config.block_m:
         bounds = window_table(info, q.device)
         n_windows = bounds.shape[0] - 1

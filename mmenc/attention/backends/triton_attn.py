@@ -1,7 +1,8 @@
 """TRITON_ATTN: mmenc's own varlen attention kernel (mmenc/kernels/triton_varlen_attn.py).
 
 One launch per layer for any pack: long segments are cut into 128-row query tiles, runs of short
-windows are packed into one tile with a block-diagonal mask. Any head size from 1 to 256 (multiples
+windows are packed into one tile with a block-diagonal mask, or (packs of windows that each fit a
+block) attend window by window, several per program. Any head size from 1 to 256 (multiples
 of 8 run fastest); non-powers of two (72, 80) are split into two power-of-two parts rather than
 padded. The kernel's tile table is built once per pack (cached in PackInfo.cache); the kernel is a
 torch custom op, so compiled towers trace through it.
