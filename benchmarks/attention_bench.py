@@ -145,7 +145,9 @@ def sweep_configs(pack, d):
         grid += [K(64, 64, 4, 4, windows=8), K(64, 64, 4, 2, tma=True), K(64, 64, 4, 2), K(128, 64, 8, 2, tma=True)]
     else:
         grid = [K(128, 64, 8, 3, tma=True), K(128, 64, 8, 3), K(128, 64, 8, 2, tma=True), K(128, 128, 8, 2, tma=True),
-                K(128, 128, 8, 3, tma=True), K(128, 64, 4, 3, tma=True), K(64, 64, 4, 3, tma=True)]
+                K(128, 128, 8, 3, tma=True), K(64, 64, 4, 3, tma=True)]
+        if d < 128:
+            grid.append(K(128, 64, 4, 3, tma=True))  # spills at d=128 (255 registers, sm_90 AOT compile)
         if head_split(d) != head_split(d, split=False):
             grid.append(K(128, 64, 8, 3, split=False, tma=True))
     return grid
