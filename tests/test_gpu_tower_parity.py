@@ -1,6 +1,7 @@
 """On a CUDA GPU: every tower family in bf16, with every usable CUDA attention backend forced (and
 the platform's own choice, eager and compiled), against transformers' fp32 result on the same
-weights: relative error < 2e-2. Head sizes are the published ones (80 for Qwen2/2.5-VL, 72 for
+weights: relative error < 2e-2, or at most 1.25x transformers' own bf16 error where bf16 arithmetic
+alone exceeds 2e-2 on the random test weights (both errors are printed). Head sizes are the published ones (80 for Qwen2/2.5-VL, 72 for
 Qwen3-VL and MoonViT, 96 for GLM-4.1V) on small widths, so the kernels run their real tile shapes."""
 import pytest
 import torch
@@ -21,8 +22,9 @@ FAMILIES = {
     "qwen2_vl": (ck.save_qwen2_vl, dict(embed_dim=160, num_heads=2, depth=2), ck.hf_tower_output, 1176, QWEN_GRIDS),
     "qwen3_vl": (ck.save_qwen3_vl, dict(hidden_size=144, num_heads=2, intermediate_size=256),
                  lambda m, pv, g: ck.hf_tower_outputs(m, pv, g)[0], 1536, QWEN_GRIDS),
+    # transformers' GLM tower fails on t > 1 grid rows (its model splits videos into frames first)
     "glm4v": (ck.save_glm4v, dict(hidden_size=192, num_heads=2, intermediate_size=256, out_hidden_size=64),
-              ck.hf_tower_output, 1176, QWEN_GRIDS),
+              ck.hf_tower_output, 1176, [[1, 16, 16], [1, 8, 12], [1, 8, 8], [1, 2, 2]]),
     "kimi_k25": (ck.save_kimi_k25, dict(hidden_size=144, num_attention_heads=2, intermediate_size=256),
                  ck.hf_kimi_embeddings, 588, [[1, 16, 16], [1, 8, 12], [1, 2, 2]]),
 }
@@ -48,12 +50,15 @@ def family(request, tmp_path_factory):
     pixels = ck.random_pixels(grid, features, seed=1)
     hf_pixels = pixels.view(-1, 3, 14, 14) if request.param == "kimi_k25" else pixels
     reference = ref_fn(model.float(), hf_pixels, grid)
-    return request.param, str(folder), pixels, grid, reference
+    hf_bf16 = ref_fn(model.to("cuda", torch.bfloat16), hf_pixels.to("cuda", torch.bfloat16), grid.cuda())
+    model.to("cpu")
+    hf_err = ck.relative_error(hf_bf16.float().cpu(), reference)
+    return request.param, str(folder), pixels, grid, reference, hf_err
 
 
 @pytest.mark.parametrize("choice", ["auto", "auto+compile", *[b.name for b in AttentionBackendEnum]])
 def test_bf16_parity_with_transformers(family, choice):
-    name, folder, pixels, grid, reference = family
+    name, folder, pixels, grid, reference, hf_err = family
     backend = None if choice.startswith("auto") else AttentionBackendEnum[choice]
     head_size = 72 if name in ("qwen3_vl", "kimi_k25") else (96 if name == "glm4v" else 80)
     if backend is not None and backend not in _cuda_backends(head_size):
@@ -62,4 +67,6 @@ def test_bf16_parity_with_transformers(family, choice):
     loaded = build_tower(folder, device="cuda", dtype=torch.bfloat16, multimodal_config=config)
     out = run_tower(loaded, pixels, grid).embeddings.float().cpu()
     err = ck.relative_error(out, reference)
-    assert err < TOL, f"{name} with {choice}: relative error {err:.2e} vs transformers fp32 (tolerance {TOL})"
+    bound = max(TOL, 1.25 * hf_err)
+    assert err < bound, (f"{name} with {choice}: relative error {err:.2e} vs transformers fp32; transformers' own "
+                         f"bf16 error {hf_err:.2e}; tolerance {bound:.2e}")

@@ -54,11 +54,12 @@ def run(args) -> int:
         gflop = 0.0
         tower = getattr(loaded, "tower", None)
         if tower is not None:
-            with count_flops(tower) as counter:
-                encoder.encode_pixels(pixel_values, grid_thw)
+            with count_flops(tower) as counter, torch.compiler.set_stance("force_eager"):
+                encoder.encode_pixels(pixel_values, grid_thw)  # hooks count; compiled blocks run eagerly
             gflop = counter["flops"] / 1e9
         ours = encoder.encode_pixels(pixel_values, grid_thw)
-        rows.append(measure(name, f"mmenc ({encoder.attention_backends()})",
+        label = f"mmenc{' compiled' if encoder.mm_config.compile else ''} ({encoder.attention_backends()})"
+        rows.append(measure(name, label,
                             lambda: encoder.encode_pixels(pixel_values, grid_thw), grids, device,
                             args.warmup, args.iters, gflop))
         entry = {"workload": name, "grids": grids, "gflop": gflop}
