@@ -2,6 +2,7 @@
 import argparse
 import json
 import sys
+import time
 
 import torch
 
@@ -57,12 +58,17 @@ def run(args) -> int:
             with count_flops(tower) as counter, torch.compiler.set_stance("force_eager"):
                 encoder.encode_pixels(pixel_values, grid_thw)  # hooks count; compiled blocks run eagerly
             gflop = counter["flops"] / 1e9
-        ours = encoder.encode_pixels(pixel_values, grid_thw)
+        start = time.perf_counter()
+        ours = encoder.encode_pixels(pixel_values, grid_thw)  # first call: pays torch.compile if enabled
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        first_s = time.perf_counter() - start
+        print(f"{name}: first call {first_s:.1f} s", file=sys.stderr)
         label = f"mmenc{' compiled' if encoder.mm_config.compile else ''} ({encoder.attention_backends()})"
         rows.append(measure(name, label,
                             lambda: encoder.encode_pixels(pixel_values, grid_thw), grids, device,
                             args.warmup, args.iters, gflop))
-        entry = {"workload": name, "grids": grids, "gflop": gflop}
+        entry = {"workload": name, "grids": grids, "gflop": gflop, "first_call_s": first_s}
         if hf is not None:
             ref = hf(pixel_values, grid_thw)
             err = ((ours.float() - ref.float()).norm() / ref.float().norm()).item()

@@ -1,10 +1,13 @@
 """Normalisations used by vision towers: RMSNorm and LayerNorm, both with `device=None, dtype=None`."""
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 
 class RMSNorm(nn.Module):
-    """y = weight * (x / sqrt(mean(x^2) + eps)), the statistics in float32, the result in x's dtype.
+    """y = weight * (x / sqrt(mean(x^2) + eps)), the statistics in float32, the result in x's dtype
+    (torch's fused rms_norm; transformers rounds x / rms to x's dtype before the weight multiply,
+    which differs by at most one rounding step in bf16).
 
     x [..., hidden] -> [..., hidden]. Parameter: weight [hidden] (checkpoint name `weight`).
     """
@@ -15,9 +18,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # fused; float32 statistics
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
