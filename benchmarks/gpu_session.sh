@@ -35,7 +35,7 @@ for stage in "$@"; do
     tests)
       timeout 420 python3 -m pytest -q -x -p no:cacheprovider -m "gpu or multigpu" tests/ 2>&1 | tee "$OUT/gpu_tests.log" | tail -25 ;;
     attn)
-      timeout 300 python3 benchmarks/attention_bench.py --out "$OUT/attn.json" 2>&1 | tee "$OUT/attn.log" | tail -45 ;;
+      timeout 200 python3 benchmarks/attention_bench.py --out "$OUT/attn.json" 2>&1 | tee "$OUT/attn.log" | grep -v "UserWarn\|exe_args" | tail -45 ;;
     sweep)
       timeout 300 python3 benchmarks/attention_bench.py --sweep-only --out "$OUT/sweep.json" 2>&1 | tee "$OUT/sweep.log" | tail -40 ;;
     towers)
@@ -43,13 +43,21 @@ for stage in "$@"; do
       timeout 200 $MMENC bench --compile --no-hf --json "$OUT/bench_qwen25_compile.json" 2>&1 | tee "$OUT/bench_qwen25_compile.log" | tail -4
       timeout 100 $MMENC bench --no-hf --mm-encoder-attn-backend FLASH_ATTN --json "$OUT/bench_qwen25_fa.json" 2>&1 | tail -4 ;;
     tower-tests)
-      timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_tower_parity.py 2>&1 | tee "$OUT/gpu_tower_tests.log" | tail -15 ;;
+      timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_tower_parity.py 2>&1 | tee "$OUT/gpu_tower_tests.log" | grep -E "passed|failed|Error|FAILED" | tail -15 ;;
     families)
       for m in Qwen/Qwen2-VL-72B-Instruct Qwen/Qwen3-VL-235B-A22B-Instruct zai-org/GLM-4.1V-9B-Thinking moonshotai/Kimi-K2.5; do
         f=$(echo "$m" | tr '/' '_')
         timeout 120 $MMENC bench --model "$m" --json "$OUT/bench_$f.json" 2>&1 | tee "$OUT/bench_$f.log" | tail -6
         timeout 150 $MMENC bench --model "$m" --compile --no-hf --json "$OUT/bench_${f}_compile.json" 2>&1 | tail -3
       done ;;
+    kimi)
+      timeout 150 python3 benchmarks/kimi_vs_transformers.py --json "$OUT/kimi.json" 2>&1 | grep -v "^INFO\|^WARN" | tail -8 ;;
+    kimi-compile)
+      timeout 200 python3 benchmarks/kimi_vs_transformers.py --compile --json "$OUT/kimi_compile.json" 2>&1 | grep -v "^INFO\|^WARN" | tail -8 ;;
+    towers-compile)
+      timeout 240 $MMENC bench --compile --json "$OUT/bench_qwen25_compile.json" 2>&1 | tee "$OUT/bench_qwen25_compile.log" | grep -v "^INFO\|^WARN\|UserWarn\|exe_args" | tail -9 ;;
+    triton-tests)
+      timeout 240 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_triton_attn.py 2>&1 | tee "$OUT/triton_tests.log" | tail -6 ;;
     multigpu)
       timeout 300 python3 benchmarks/multigpu_bench.py --out "$OUT/multigpu.json" 2>&1 | tee "$OUT/multigpu.log" | tail -20 ;;
     *) echo "unknown stage $stage" ;;
