@@ -53,6 +53,7 @@ def _worker(rank: int, world: int, init_file: str, ckpt: str):
     parallel_state.set_tp_group(dist.group.WORLD)
     try:
         _check_all(rank, world, ckpt)
+        dist.barrier()  # no rank tears gloo down while the other still reads its last collective
     finally:
         parallel_state.set_tp_group(None)
         dist.destroy_process_group()

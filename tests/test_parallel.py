@@ -128,6 +128,7 @@ def _gather_worker(rank, world, init_file):
         local = _fake_tower(*pack_for_rank(pv[:16], grid[:1], [0])) if rank == 0 else None
         got = gather_outputs(local, assignment, _tokens(grid[:1]), device="cpu")
         _same_output(got, _fake_tower(pv[:16], grid[:1]), "gather with empty rank")
+        dist.barrier()  # no rank tears gloo down while the other still reads its last collective
     finally:
         dist.destroy_process_group()
 
@@ -196,6 +197,7 @@ def _torchrun_like_worker(rank, world, port, cases):
                 with torch.inference_mode():
                     got = run_rank_tower(loaded, pixel_values, grid, mode)
                 _same_output(got, want, f"torchrun-style {mode} mode, rank {rank}, {folder}")
+        dist.barrier()  # no rank tears gloo down while the other still reads its last collective
     finally:
         parallel_state.set_tp_group(None)
         dist.destroy_process_group()
