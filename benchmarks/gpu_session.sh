@@ -50,6 +50,12 @@ for stage in "$@"; do
         timeout 120 $MMENC bench --model "$m" --json "$OUT/bench_$f.json" 2>&1 | tee "$OUT/bench_$f.log" | tail -6
         timeout 150 $MMENC bench --model "$m" --compile --no-hf --json "$OUT/bench_${f}_compile.json" 2>&1 | tail -3
       done ;;
+    parity)
+      timeout 240 python3 benchmarks/parity_fp32.py --compile 2>&1 | grep -v "^INFO\|^WARN\|UserWarn\|exe_args\|^  " | tail -8 ;;
+    families-compile)
+      for m in Qwen/Qwen3-VL-235B-A22B-Instruct zai-org/GLM-4.1V-9B-Thinking Qwen/Qwen2-VL-72B-Instruct; do
+        timeout 100 $MMENC bench --model "$m" --compile --iters 5 --json "$OUT/bench_$(echo "$m" | tr '/' '_')_compile.json" 2>&1 | grep -v "^INFO\|^WARN\|UserWarn\|exe_args\|^  " | tail -6
+      done ;;
     kimi)
       timeout 150 python3 benchmarks/kimi_vs_transformers.py --json "$OUT/kimi.json" 2>&1 | grep -v "^INFO\|^WARN" | tail -8 ;;
     kimi-compile)
