@@ -1,6 +1,7 @@
 """Regional compilation of towers: every transformer block through torch.compile, attention opaque.
 
-Towers repeat one block class (VisionBlock) tens of times, so compiling the block, not the whole
+Towers repeat one block class tens of times (VisionBlock, or a family's own block kept in the
+tower's `blocks` ModuleList, e.g. GLM-4.1V's), so compiling the block, not the whole
 tower, compiles once and reuses the code for every layer (parameters are graph inputs). Inside a
 block, norms, rotary, activations and residual adds fuse around the matmuls; the attention call
 is the custom op `mmenc::mm_encoder_attention`, so there is no graph break and no host sync.
@@ -10,6 +11,7 @@ Compiled functions are kept per (MultiModalConfig.compute_hash(), block class, b
 encoders with the same configuration share one compiled block.
 """
 import functools
+import re
 
 import torch
 import torch.nn as nn
@@ -33,7 +35,8 @@ def compiled_forward(cls: type, config: MultiModalConfig, backend: str = "induct
 def compile_tower(tower: nn.Module, config: MultiModalConfig, backend: str = "inductor",
                   fullgraph: bool = True) -> int:
     """Compile every block of `tower` in place; returns how many blocks now run compiled."""
-    blocks = [m for m in tower.modules() if isinstance(m, VisionBlock)]
+    blocks = [m for name, m in tower.named_modules()
+              if isinstance(m, VisionBlock) or re.fullmatch(r"(.+\.)?blocks\.\d+", name)]
     for block in blocks:
         block.forward = functools.partial(compiled_forward(type(block), config, backend, fullgraph), block)
     if blocks:
