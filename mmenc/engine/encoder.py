@@ -9,6 +9,8 @@ Towers with extra outputs (Qwen3-VL's deepstack features) return them with `retu
 encode_pixels then gives a TowerOutput (`.embeddings` first, `.extras` beside), encode gives
 ImageEmbedding objects. With tensor_parallel_size > 1 the Encoder starts and owns its worker
 processes ("weights": the tower sharded over them; "data": one replica each, images split).
+Under torchrun (RANK/WORLD_SIZE set) each process is one rank instead: every rank builds the
+Encoder and calls it with the same inputs, and every rank receives the full result.
 """
 import dataclasses
 from collections.abc import Sequence
@@ -52,7 +54,13 @@ class Encoder:
         self.tensor_parallel_size = tensor_parallel_size
         tower_args = dict(model=model, load_format=load_format, dtype=dtype, multimodal_config=self.mm_config)
         self._group = None
-        if tensor_parallel_size > 1:
+        self._spmd_mode = None
+        from mmenc.distributed import init_from_env
+
+        env = init_from_env(device_type=self.device.type if device is not None else None)
+        if env is not None and env.world_size > 1:
+            self._init_spmd(env, tower_args, tensor_parallel_size)
+        elif tensor_parallel_size > 1:
             from mmenc.engine.parallel import WorkerGroup
 
             self._group = WorkerGroup(tensor_parallel_size, tower_args, mode=self.mm_config.mm_encoder_tp_mode,
@@ -109,6 +117,22 @@ class Encoder:
             results[i] = piece if return_extras else piece.embeddings
         return results
 
+    def _init_spmd(self, env, tower_args: dict, tensor_parallel_size: int) -> None:
+        """Launched by torchrun (one process per device): this process is one rank; every rank
+        constructs the Encoder and calls it with the same inputs, and every rank gets the result."""
+        from mmenc.engine.parallel import build_rank_tower, resolve_tower_tp_mode
+
+        if tensor_parallel_size not in (1, env.world_size):
+            raise ValueError(f"tensor_parallel_size={tensor_parallel_size} but torchrun started {env.world_size} "
+                             f"processes; pass {env.world_size} (or leave it at 1) under torchrun")
+        mode, reason = resolve_tower_tp_mode(self.mm_config.mm_encoder_tp_mode, tower_args, env.world_size)
+        if reason:
+            logger.warning("%s", reason)
+        self._spmd_mode = mode
+        self.device = env.device
+        self.tensor_parallel_size = env.world_size
+        self.loaded = build_rank_tower(tower_args, mode, env.device)
+
     def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
         """Embedding rows each image yields."""
         return self.loaded.output_tokens(torch.as_tensor(grid_thw, dtype=torch.int64).cpu())
@@ -138,6 +162,11 @@ class Encoder:
     def _run(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
         if self._group is not None:
             return self._group.run(pixel_values, grid_thw)
+        if self._spmd_mode is not None:
+            from mmenc.engine.parallel import run_rank_tower
+
+            with torch.inference_mode():
+                return run_rank_tower(self.loaded, pixel_values, grid_thw, self._spmd_mode)
         from mmenc.engine.runner import run_tower
 
         return run_tower(self.loaded, pixel_values, grid_thw)
