@@ -9,9 +9,38 @@ Model files name no platform and no backend: MMEncoderAttention decides.
 """
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
+
+
+class TowerConfigBase:
+    """Derived sizes and checks shared by the towers' typed configs (frozen dataclasses with
+    num_heads, in_channels, temporal_patch_size, patch_size and a width field)."""
+
+    width_field: ClassVar[str] = "hidden_size"  # the tower's width (Qwen2-VL calls it embed_dim)
+
+    @property
+    def head_dim(self) -> int:
+        return getattr(self, self.width_field) // self.num_heads
+
+    @property
+    def patch_features(self) -> int:
+        """Values per row of pixel_values: C * temporal_patch * patch * patch."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+    def check_positive(self, *fields: str) -> None:
+        for field in fields:
+            value = getattr(self, field)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{type(self).__name__}.{field}={value!r} must be a positive integer")
+
+    def check_rotary_heads(self) -> None:
+        """The width splits into num_heads heads whose size divides by 4 (2-D rotary)."""
+        width = getattr(self, self.width_field)
+        if width % self.num_heads or (width // self.num_heads) % 4:
+            raise ValueError(f"{type(self).__name__}: {self.width_field}={width} must be num_heads={self.num_heads} "
+                             f"times a head size divisible by 4 (2-D rotary)")
 
 
 @dataclasses.dataclass

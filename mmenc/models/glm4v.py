@@ -33,14 +33,14 @@ from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import GatedVisionMLP, PatchEmbed, VisionAttention, resolve_tp_size
 from mmenc.layers.weights import WeightMap, load_named_weights
-from mmenc.models.base import ModelSpec, TowerOutput
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput
 from mmenc.models.qwen2_vl import check_patch_count, rope_theta, vision_config_dict
 from mmenc.models.qwen3_vl import PosPackPlan, make_pos_plan
 from mmenc.models.registry import register_model
 
 
 @dataclasses.dataclass(frozen=True)
-class Glm4vVisionConfig:
+class Glm4vVisionConfig(TowerConfigBase):
     """GLM-4.1V's vision_config. Defaults are transformers' Glm4vVisionConfig defaults (GLM-4.1V-9B).
 
     hidden_size: the tower's width; out_hidden_size: the output width (the language model's), also
@@ -63,26 +63,12 @@ class Glm4vVisionConfig:
     rope_theta: float = 10000.0
 
     def __post_init__(self):
-        for field in ("depth", "hidden_size", "num_heads", "intermediate_size", "out_hidden_size", "in_channels",
-                      "image_size", "patch_size", "temporal_patch_size", "spatial_merge_size"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"Glm4vVisionConfig.{field}={value!r} must be a positive integer")
-        if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 4:
-            raise ValueError(f"Glm4vVisionConfig: hidden_size={self.hidden_size} must be num_heads={self.num_heads} "
-                             f"times a head size divisible by 4 (2-D rotary)")
+        self.check_positive("depth", "hidden_size", "num_heads", "intermediate_size", "out_hidden_size",
+                            "in_channels", "image_size", "patch_size", "temporal_patch_size", "spatial_merge_size")
+        self.check_rotary_heads()
         if self.image_size % self.patch_size:
             raise ValueError(f"Glm4vVisionConfig.image_size={self.image_size} must be a multiple of "
                              f"patch_size={self.patch_size} (the learned position grid is image_size/patch_size)")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def patch_features(self) -> int:
-        """Values per row of pixel_values: C * temporal_patch * patch * patch."""
-        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
 
     @property
     def num_positions(self) -> int:

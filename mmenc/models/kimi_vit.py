@@ -41,13 +41,13 @@ from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.layers.rotary import VisionRotary2D, grid_positions
 from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock, resolve_tp_size
 from mmenc.layers.weights import WeightMap, load_named_weights
-from mmenc.models.base import ModelSpec, TowerOutput
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput
 from mmenc.models.qwen2_vl import vision_config_dict
 from mmenc.models.registry import register_model
 
 
 @dataclasses.dataclass(frozen=True)
-class KimiVisionConfig:
+class KimiVisionConfig(TowerConfigBase):
     """MoonViT + projector. Defaults are Kimi-K2.5's published tower.
 
     hidden_size: the tower's width; out_hidden_size: the projector's output (the language model's width).
@@ -71,32 +71,19 @@ class KimiVisionConfig:
     projector_norm_eps: float = 1e-5
 
     def __post_init__(self):
-        for field in ("depth", "hidden_size", "num_heads", "intermediate_size", "out_hidden_size", "in_channels",
-                      "patch_size", "spatial_merge_size", "pos_emb_height", "pos_emb_width"):
-            if getattr(self, field) <= 0:
-                raise ValueError(f"KimiVisionConfig.{field}={getattr(self, field)} must be positive")
+        self.check_positive("depth", "hidden_size", "num_heads", "intermediate_size", "out_hidden_size",
+                            "in_channels", "patch_size", "spatial_merge_size", "pos_emb_height", "pos_emb_width")
         if self.pos_emb_time < 0:
             raise ValueError(f"KimiVisionConfig.pos_emb_time={self.pos_emb_time} must be >= 0 (0: images only)")
-        if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 4:
-            raise ValueError(f"KimiVisionConfig: hidden_size={self.hidden_size} must be num_heads={self.num_heads} "
-                             f"times a head size divisible by 4 (2-D rotary)")
+        self.check_rotary_heads()
         if self.pos_emb_height != self.pos_emb_width:
             raise ValueError(f"KimiVisionConfig: pos_emb_height={self.pos_emb_height} != pos_emb_width="
                              f"{self.pos_emb_width}; only a square learned position grid is supported")
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
     def temporal_patch_size(self) -> int:
         """Frames per pixel row: 1 (a video chunk is a grid row of t frames, not a thicker patch)."""
         return 1
-
-    @property
-    def patch_features(self) -> int:
-        """Values per row of pixel_values: C * patch * patch."""
-        return self.in_channels * self.patch_size ** 2
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> "KimiVisionConfig":

@@ -24,14 +24,14 @@ from mmenc.layers.grid import Grid, LRUCache, frame_lengths, read_grid
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock, resolve_tp_size
 from mmenc.layers.weights import WeightMap, load_named_weights
-from mmenc.models.base import ModelSpec, TowerOutput
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput
 from mmenc.models.qwen2_vl import (PackPlan, _builtin, check_patch_count, qwen_vl_processor, rope_theta,
                                    vision_config_dict)
 from mmenc.models.registry import register_model
 
 
 @dataclasses.dataclass(frozen=True)
-class Qwen2_5_VisionConfig:
+class Qwen2_5_VisionConfig(TowerConfigBase):
     """Qwen2.5-VL's vision_config. Defaults are transformers' Qwen2_5_VLVisionConfig defaults.
 
     hidden_size: the tower's width; out_hidden_size: the output width (the language model's).
@@ -55,13 +55,9 @@ class Qwen2_5_VisionConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "fullatt_block_indexes", tuple(int(i) for i in self.fullatt_block_indexes))
-        for field in ("depth", "hidden_size", "num_heads", "intermediate_size", "out_hidden_size", "in_channels",
-                      "patch_size", "temporal_patch_size", "spatial_merge_size", "window_size"):
-            if getattr(self, field) <= 0:
-                raise ValueError(f"Qwen2_5_VisionConfig.{field}={getattr(self, field)} must be positive")
-        if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 4:
-            raise ValueError(f"Qwen2_5_VisionConfig: hidden_size={self.hidden_size} must be num_heads="
-                             f"{self.num_heads} times a head size divisible by 4 (2-D rotary)")
+        self.check_positive("depth", "hidden_size", "num_heads", "intermediate_size", "out_hidden_size",
+                            "in_channels", "patch_size", "temporal_patch_size", "spatial_merge_size", "window_size")
+        self.check_rotary_heads()
         unit = self.patch_size * self.spatial_merge_size
         if self.window_size % unit:
             raise ValueError(f"Qwen2_5_VisionConfig.window_size={self.window_size} must be a multiple of "
@@ -69,14 +65,6 @@ class Qwen2_5_VisionConfig:
         bad = [i for i in self.fullatt_block_indexes if not 0 <= i < self.depth]
         if bad:
             raise ValueError(f"Qwen2_5_VisionConfig.fullatt_block_indexes has {bad} outside 0..{self.depth - 1}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def patch_features(self) -> int:
-        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
 
     @property
     def merged_window(self) -> int:

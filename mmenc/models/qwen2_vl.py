@@ -10,7 +10,7 @@ group; `tp_size=1` builds the tower unsharded (data-parallel mode).
 import dataclasses
 import importlib
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
@@ -21,7 +21,7 @@ from mmenc.layers.grid import LRUCache, frame_lengths, num_patches, read_grid
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock, resolve_tp_size
 from mmenc.layers.weights import WeightMap, load_named_weights
-from mmenc.models.base import ModelSpec, TowerOutput
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput
 from mmenc.models.registry import register_model
 
 
@@ -39,12 +39,13 @@ def rope_theta(vision: Mapping[str, Any], default: float = 10000.0) -> float:
 
 
 @dataclasses.dataclass(frozen=True)
-class Qwen2VisionConfig:
+class Qwen2VisionConfig(TowerConfigBase):
     """Qwen2-VL's vision_config. Defaults are transformers' Qwen2VLVisionConfig defaults.
 
     embed_dim: the tower's width; hidden_size: the output width (the language model's hidden size).
     """
 
+    width_field: ClassVar[str] = "embed_dim"
     depth: int = 32
     embed_dim: int = 1280
     hidden_size: int = 3584
@@ -58,22 +59,9 @@ class Qwen2VisionConfig:
     rope_theta: float = 10000.0
 
     def __post_init__(self):
-        for field in ("depth", "embed_dim", "hidden_size", "num_heads", "in_channels", "patch_size",
-                      "temporal_patch_size", "spatial_merge_size"):
-            if getattr(self, field) <= 0:
-                raise ValueError(f"Qwen2VisionConfig.{field}={getattr(self, field)} must be positive")
-        if self.embed_dim % self.num_heads or (self.embed_dim // self.num_heads) % 4:
-            raise ValueError(f"Qwen2VisionConfig: embed_dim={self.embed_dim} must be num_heads={self.num_heads} "
-                             f"times a head size divisible by 4 (2-D rotary)")
-
-    @property
-    def head_dim(self) -> int:
-        return self.embed_dim // self.num_heads
-
-    @property
-    def patch_features(self) -> int:
-        """Values per row of pixel_values: C * temporal_patch * patch * patch."""
-        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+        self.check_positive("depth", "embed_dim", "hidden_size", "num_heads", "in_channels", "patch_size",
+                            "temporal_patch_size", "spatial_merge_size")
+        self.check_rotary_heads()
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> "Qwen2VisionConfig":

@@ -34,13 +34,13 @@ from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock, resolve_tp_size
 from mmenc.layers.weights import WeightMap, load_named_weights
-from mmenc.models.base import ModelSpec, TowerOutput
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput
 from mmenc.models.qwen2_vl import PackPlan, check_patch_count, rope_theta, vision_config_dict
 from mmenc.models.registry import register_model
 
 
 @dataclasses.dataclass(frozen=True)
-class Qwen3VisionConfig:
+class Qwen3VisionConfig(TowerConfigBase):
     """Qwen3-VL's vision_config. Defaults are transformers' Qwen3VLVisionConfig defaults.
 
     hidden_size: the tower's width; out_hidden_size: the output width (the language model's).
@@ -65,14 +65,10 @@ class Qwen3VisionConfig:
 
     def __post_init__(self):
         object.__setattr__(self, "deepstack_visual_indexes", tuple(int(i) for i in self.deepstack_visual_indexes))
-        for field in ("depth", "hidden_size", "num_heads", "intermediate_size", "out_hidden_size", "in_channels",
-                      "patch_size", "temporal_patch_size", "spatial_merge_size", "num_position_embeddings"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"Qwen3VisionConfig.{field}={value!r} must be a positive integer")
-        if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 4:
-            raise ValueError(f"Qwen3VisionConfig: hidden_size={self.hidden_size} must be num_heads={self.num_heads} "
-                             f"times a head size divisible by 4 (2-D rotary)")
+        self.check_positive("depth", "hidden_size", "num_heads", "intermediate_size", "out_hidden_size",
+                            "in_channels", "patch_size", "temporal_patch_size", "spatial_merge_size",
+                            "num_position_embeddings")
+        self.check_rotary_heads()
         side = int(self.num_position_embeddings ** 0.5 + 0.5)
         if side * side != self.num_position_embeddings:
             raise ValueError(f"Qwen3VisionConfig.num_position_embeddings={self.num_position_embeddings} must be a "
@@ -81,15 +77,6 @@ class Qwen3VisionConfig:
         if bad or len(set(self.deepstack_visual_indexes)) != len(self.deepstack_visual_indexes):
             raise ValueError(f"Qwen3VisionConfig.deepstack_visual_indexes={list(self.deepstack_visual_indexes)} "
                              f"must be distinct layers in 0..{self.depth - 1}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def patch_features(self) -> int:
-        """Values per row of pixel_values: C * temporal_patch * patch * patch."""
-        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> "Qwen3VisionConfig":
