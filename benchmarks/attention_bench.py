@@ -10,7 +10,7 @@ TFLOP/s = 4 * sum(len_i^2) * H * D / time; time = median of CUDA-event timings a
 (triton.testing.do_bench), on fresh random inputs. Each backend is first checked against NAIVE on
 the first segments of the pack (relative error of those rows, in the table). TRITON_ATTN rows name
 the config its first-call tuning chose. The sweep ends with CONFIGS entries (winner + runner-up per
-(length bucket, head class)) ready to paste into mmenc/kernels/triton_varlen_attn.py.
+(length bucket, head class)) ready to paste into mmenc/kernels/triton_attn_plan.py.
 """
 import argparse
 import dataclasses
@@ -184,7 +184,7 @@ def run_sweep(args, results):
             del q, k, v, ref, out
             torch.cuda.empty_cache()
     results["configs_code"] = configs_code(results["sweep"])
-    print("\nCONFIGS entries from this sweep (paste into mmenc/kernels/triton_varlen_attn.py; \"mid\" is not"
+    print("\nCONFIGS entries from this sweep (paste into mmenc/kernels/triton_attn_plan.py; \"mid\" is not"
           " measured here):\n" + results["configs_code"])
 
 
