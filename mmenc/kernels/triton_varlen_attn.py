@@ -25,8 +25,8 @@ Head sizes that are not powers of two are split into two power-of-two parts (80 
 alignment (ALIGN): Triton only infers it for multiples of 16, which d=72's head stride is not. On
 Hopper, configs with `tma=True` load K/V through TMA tensor descriptors over [T, Hkv, D] (zero fill
 past T and past D); elsewhere, or for unaligned strides, they fall back to masked pointer loads.
-Configs: `CONFIGS` (mmenc/kernels/triton_attn_plan.py, with the host-side tables) per (length bucket, head class); the first call per (head size, dtype, GQA group,
-bucket) times the (two) candidates on its own inputs (not while a CUDA graph is being captured).
+Configs: `CONFIGS` (mmenc/kernels/triton_attn_plan.py, with the host-side tables) per (length
+bucket, head class); the first call per (head size, dtype, GQA group, bucket) times the (two) candidates on its own inputs (not while a CUDA graph is being captured).
 
 torch.compile: `varlen_attention` is the custom op `mmenc::triton_varlen_attn` with a fake
 implementation, so compiled towers trace through it without graph breaks. The tile table is not an
