@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
+import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 
@@ -184,3 +185,23 @@ def load_images(
         lines = "\n".join(f"  [{f.index}] {f.message}" for f in failures)
         raise ImageLoadError(f"{len(failures)} of {len(items)} images failed to load:\n{lines}")
     return images, failures
+
+
+def process_by_size(images: Sequence[Any], process) -> tuple[torch.Tensor, torch.Tensor]:
+    """Load `images` (raising ImageLoadError for the first bad one), call `process(arrays)` once per
+    distinct input size with that size's RGB uint8 arrays [H, W, 3], and put the results back in
+    input order. `process` returns (patches [n, rows, ...] for its n images, grid [t, h, w]).
+    Returns (patches of every image concatenated along rows, grid_thw int64 [N, 3])."""
+    arrays = [load_image(im, index=i) for i, im in enumerate(images)]
+    if not arrays:
+        raise ValueError("images is empty; pass at least one image")
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, a in enumerate(arrays):
+        groups.setdefault(a.shape[:2], []).append(i)
+    out: list[Any] = [None] * len(arrays)
+    grids: list[Any] = [None] * len(arrays)
+    for idx in groups.values():  # one batched resize per input size
+        patches, grid = process([arrays[i] for i in idx])
+        for j, i in enumerate(idx):
+            out[i], grids[i] = patches[j], list(grid)
+    return torch.cat(out, 0), torch.tensor(grids, dtype=torch.int64)

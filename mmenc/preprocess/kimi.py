@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from mmenc.preprocess import ops
-from mmenc.preprocess.images import load_image
+from mmenc.preprocess.images import load_image, process_by_size
 
 
 def navit_resize(height: int, width: int, patch_size: int, merge_size: int, max_patches: int,
@@ -110,20 +110,11 @@ class KimiProcessor:
         return x.reshape(b, gh * gw, ch, p, p), gh, gw
 
     def __call__(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        arrays = [load_image(im, index=i) for i, im in enumerate(images)]
-        if not arrays:
-            raise ValueError("images is empty; pass at least one image")
-        groups: dict[tuple[int, int], list[int]] = {}
-        for i, a in enumerate(arrays):
-            groups.setdefault(a.shape[:2], []).append(i)
-        out: list[Any] = [None] * len(arrays)
-        grids: list[Any] = [None] * len(arrays)
-        for idx in groups.values():
-            patches, gh, gw = self._process(ops.stack_hwc([arrays[i] for i in idx], self.device),
-                                             self.config.max_patches)
-            for j, i in enumerate(idx):
-                out[i], grids[i] = patches[j], [1, gh, gw]
-        return torch.cat(out, 0), torch.tensor(grids, dtype=torch.int64)
+        def process(arrays):
+            patches, gh, gw = self._process(ops.stack_hwc(arrays, self.device), self.config.max_patches)
+            return patches, (1, gh, gw)
+
+        return process_by_size(images, process)
 
     def preprocess_video(self, frames: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """frames of one video -> (pixel_values [P, C, p, p], grid_thw [ceil(T/tp), 3]), one row per chunk.

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from mmenc.preprocess import ops
-from mmenc.preprocess.images import load_image
+from mmenc.preprocess.images import load_image, process_by_size
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -191,21 +191,12 @@ class QwenVLProcessor:
 
     def __call__(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """images: list of inputs -> (pixel_values float32 [P, C*tp*p*p], grid_thw int64 [N, 3])."""
-        arrays = [load_image(im, index=i) for i, im in enumerate(images)]
-        if not arrays:
-            raise ValueError("images is empty; pass at least one image")
-        groups: dict[tuple[int, int], list[int]] = {}
-        for i, a in enumerate(arrays):
-            groups.setdefault(a.shape[:2], []).append(i)
-        out: list[Any] = [None] * len(arrays)
-        grids: list[Any] = [None] * len(arrays)
-        for (h0, w0), idx in groups.items():  # one batched resize per input size
+        def process(arrays):
+            h0, w0 = arrays[0].shape[:2]
             h, w = self.target_size(h0, w0) if self.config.do_resize else (h0, w0)
-            batch = ops.stack_hwc([arrays[i] for i in idx], self.device)[:, None]
-            patches, grid = self._to_patches(batch, h, w)
-            for j, i in enumerate(idx):
-                out[i], grids[i] = patches[j], grid
-        return torch.cat(out, 0), torch.tensor(grids, dtype=torch.int64)
+            return self._to_patches(ops.stack_hwc(arrays, self.device)[:, None], h, w)
+
+        return process_by_size(images, process)
 
     def sample_frames(self, num_frames: int) -> np.ndarray:
         """Indices of the frames kept from a plain list of `num_frames` frames (no metadata)."""
