@@ -63,7 +63,12 @@ class CustomOp(nn.Module):
         from mmenc.platforms import current_platform
 
         if op_enabled(self.name, custom_ops):
-            self._forward_method = getattr(self, f"forward_{current_platform.custom_op_key}")
+            key = current_platform.custom_op_key
+            method = getattr(self, f"forward_{key}", None)
+            if method is None:
+                raise ValueError(f"platform {current_platform.name!r} has custom_op_key={key!r}, but CustomOp has no "
+                                 f"forward_{key}; use one of cuda, hip, cpu, xpu, tpu, oot, native")
+            self._forward_method = method
         else:
             self._forward_method = self.forward_native
 

@@ -195,3 +195,9 @@ def test_register_oot_keeps_subclasses_of_the_replaced_op(clean_oot):
 def test_registry_clean_after_oot_tests():
     assert type(MMEncoderAttention(2, 8)) is MMEncoderAttention
     assert "MMEncoderAttention" not in custom_op._OOT_REGISTRY
+
+
+def test_unknown_platform_key_is_a_clear_error(op_cls, use_platform, fake_platform_cls):
+    use_platform(fake_platform_cls("npu", name="acme")())
+    with pytest.raises(ValueError, match=r"platform 'acme' has custom_op_key='npu'.*forward_npu"):
+        op_cls()

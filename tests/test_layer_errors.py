@@ -116,3 +116,10 @@ def test_four_dim_input_keeps_shape(layer):
     q = torch.randn(2, 5, HEADS, D)
     kv = torch.randn(2, 5, KV_HEADS, D)
     assert layer(q, kv, kv).shape == q.shape
+
+
+def test_max_seqlen_must_match_the_pack(layer):
+    cu, _ = make_cu_seqlens([3, 5], "cpu")
+    q, k, v = qkv(seq=8)
+    with pytest.raises(ValueError, match=r"max_seqlen=4 but the longest segment of cu_seqlens has 5 tokens"):
+        layer(q, k, v, cu, 4)

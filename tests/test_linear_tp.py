@@ -179,6 +179,11 @@ def test_shape_and_shard_errors_name_the_value():
         qkv.weight.weight_loader(qkv.weight, torch.randn(8, 8), "x")
     with pytest.raises(ValueError, match=r"fused qkv tensor has 20 rows; expected 24"):
         qkv.weight.weight_loader(qkv.weight, torch.randn(20, 8))
+    with pytest.raises(ValueError, match=r"mlp.fc1.weight has shape \(9, 8\); expected 6 rows"):
+        layer.weight.weight_loader(layer.weight, torch.randn(9, 8))  # larger than the layer: not sliced silently
+    row = RowParallelLinear(6, 8, prefix="mlp.fc2")
+    with pytest.raises(ValueError, match=r"mlp.fc2.weight has shape \(8, 7\); expected 6 columns"):
+        row.weight.weight_loader(row.weight, torch.randn(8, 7))
     merged = MergedColumnParallelLinear(8, [4, 4])
     with pytest.raises(ValueError, match="needs shard_id"):
         merged.weight.weight_loader(merged.weight, torch.randn(4, 8))

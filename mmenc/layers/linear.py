@@ -104,6 +104,9 @@ class ColumnParallelLinear(_LinearBase):
 
     def weight_loader(self, param, loaded, shard_id=None):
         n = self.out_per_rank
+        if loaded.shape[0] != n * self.tp_size:
+            raise ValueError(f"{self._pname(param)} has shape {tuple(loaded.shape)}; expected {n * self.tp_size} "
+                             f"rows (the unsharded output features)")
         super().weight_loader(param, loaded.narrow(0, self.tp_rank * n, n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -207,6 +210,9 @@ class RowParallelLinear(_LinearBase):
             super().weight_loader(param, loaded)
         else:
             n = self.in_per_rank
+            if loaded.dim() != 2 or loaded.shape[1] != n * self.tp_size:
+                raise ValueError(f"{self._pname(param)} has shape {tuple(loaded.shape)}; expected {n * self.tp_size} "
+                                 f"columns (the unsharded input features)")
             super().weight_loader(param, loaded.narrow(1, self.tp_rank * n, n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
