@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch.nn as nn
 
-from mmenc.logger import init_logger
+from mmenc.logger import init_logger, log_once
 
 logger = init_logger(__name__)
 
@@ -62,6 +62,10 @@ class CustomOp(nn.Module):
         super().__init__()
         from mmenc.platforms import current_platform
 
+        unknown = sorted({item[1:] for item in custom_ops if item[:1] in "+-"} - set(_REGISTRY))
+        if unknown:
+            log_once(logger, f"custom_ops names {unknown}, which no registered op has (registered: "
+                             f"{sorted(_REGISTRY)}); those entries change nothing")
         if op_enabled(self.name, custom_ops):
             key = current_platform.custom_op_key
             method = getattr(self, f"forward_{key}", None)

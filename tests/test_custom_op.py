@@ -201,3 +201,9 @@ def test_unknown_platform_key_is_a_clear_error(op_cls, use_platform, fake_platfo
     use_platform(fake_platform_cls("npu", name="acme")())
     with pytest.raises(ValueError, match=r"platform 'acme' has custom_op_key='npu'.*forward_npu"):
         op_cls()
+
+
+def test_unknown_custom_op_name_is_reported(op_cls, use_platform, fake_platform_cls, mmenc_caplog):
+    use_platform(fake_platform_cls("cuda")())
+    op_cls(custom_ops=("all", "-mm_encoder_atn"))
+    assert "custom_ops names ['mm_encoder_atn'], which no registered op has" in mmenc_caplog.text
