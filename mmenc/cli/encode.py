@@ -57,7 +57,7 @@ def run(args) -> int:
         for first in range(0, len(paths), args.batch_size):
             batch = paths[first:first + args.batch_size]
             images, failures = load_images(batch, errors="skip")
-            failed += [f"{f.name}: {f.message}" for f in failures]
+            failed += [f.message for f in failures]  # each message names its input
             good = [p for i, p in enumerate(batch) if i not in {f.index for f in failures}]
             if good:
                 pixel_values, grid_thw = encoder.preprocess(images)

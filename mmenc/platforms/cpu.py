@@ -1,4 +1,5 @@
-"""CPU: torch SDPA (grouped by segment length), the reference as a last resort."""
+"""CPU: torch SDPA (grouped by segment length), the reference as a last resort. FlexAttention is
+not offered: its compiled CPU kernel fails with dynamic pack lengths (see backends/flex.py)."""
 import torch
 
 from mmenc.attention.backend_enum import AttentionBackendEnum as B
@@ -15,4 +16,4 @@ class CpuPlatform(Platform):
         return DeviceInfo(type="cpu", vendor="cpu")
 
     def vit_attn_priority(self, dtype: torch.dtype) -> list[B]:
-        return [B.TORCH_SDPA, B.FLEX_ATTENTION, B.NAIVE]
+        return [B.TORCH_SDPA, B.NAIVE]
