@@ -106,9 +106,10 @@ class Encoder:
 
         loaded, failures = load_images(list(images), errors=errors)
         for f in failures:
-            logger.warning("skipped %s: %s", f.name, f.message)
+            logger.warning("skipped: %s", f.message)  # the message names the input
         results: list = [None] * len(images)
-        ok = [i for i in range(len(images)) if i not in {f.index for f in failures}]
+        failed = {f.index for f in failures}
+        ok = [i for i in range(len(images)) if i not in failed]
         if not loaded:
             return results
         pixel_values, grid_thw = self.processor(loaded)
