@@ -97,3 +97,16 @@ def test_video_frames(encoder):
     (t, h, w), = grid_thw.tolist()
     assert t == 2, f"4 frames with temporal patch 2 should give t=2, got grid {grid_thw.tolist()}"
     assert encoder.encode_pixels(pixel_values, grid_thw).shape[0] == t * h * w // 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["data", "weights"])
+def test_encoder_with_worker_processes_matches_one_process(folder, encoder, mode):
+    images = _images(2)
+    want = encoder.encode(images)
+    with Encoder(folder, device="cpu", tensor_parallel_size=2, mm_encoder_tp_mode=mode) as enc:
+        got = enc.encode(images)
+        assert enc.attention_backends() == encoder.attention_backends()
+    for g, w in zip(got, want):
+        err = float((g - w).norm() / w.norm())
+        assert err < 1e-5, f"{mode} mode over 2 workers differs from one process by {err:.2e} (tolerance 1e-5)"

@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 
 from mmenc.config import MultiModalConfig
-from mmenc.engine.runner import default_device
+from mmenc.engine.runner import build_tower, default_device
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
 
@@ -66,9 +66,10 @@ class Encoder:
             self._group = WorkerGroup(tensor_parallel_size, tower_args, mode=self.mm_config.mm_encoder_tp_mode,
                                       device_type=self.device.type)
             self.loaded = self._group.describe()
+            # the workers hold the weights; a tower on the meta device (no memory) answers shape questions
+            self.loaded.tower = build_tower(**{**tower_args, "dtype": self.loaded.dtype}, device="meta",
+                                            tp_size=1).tower
         else:
-            from mmenc.engine.runner import build_tower
-
             self.loaded = build_tower(**tower_args, device=self.device)
         self.processor = self.loaded.processor
         self.model_name = model
