@@ -36,7 +36,8 @@ class HFTower:
 def hf_tower_available(architecture: str) -> str | None:
     """None if transformers can build this architecture's tower here, else the reason."""
     if architecture not in HF_TOWERS:
-        return f"no transformers reference registered for {architecture}"
+        return (f"no transformers tower registered for {architecture} (Kimi: its embeddings include the "
+                f"projector; compare with benchmarks/kimi_vs_transformers.py)")
     module, cls, _ = HF_TOWERS[architecture]
     try:
         mod = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
