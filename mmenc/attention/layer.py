@@ -1,4 +1,5 @@
 """MMEncoderAttention: non-causal attention over packed variable-length sequences for vision towers."""
+import functools
 import math
 
 import torch
@@ -107,12 +108,7 @@ class MMEncoderAttention(CustomOp):
         return x.reshape(b * s, heads, d), b, s
 
 
-_UNIFORM_CACHE: dict[tuple, tuple[torch.Tensor, int]] = {}
-
-
+@functools.lru_cache(maxsize=64)
 def _uniform_cu_seqlens(batch: int, seq: int, device: torch.device) -> tuple[torch.Tensor, int]:
     """cu_seqlens for `batch` sequences of `seq` tokens each, made once per (batch, seq, device)."""
-    key = (batch, seq, device)
-    if key not in _UNIFORM_CACHE:
-        _UNIFORM_CACHE[key] = make_cu_seqlens([seq] * batch, device)
-    return _UNIFORM_CACHE[key]
+    return make_cu_seqlens([seq] * batch, device)
