@@ -77,7 +77,6 @@ def run(args) -> int:
                                 device, args.warmup, args.iters, gflop))
             print(f"{name}: mmenc vs transformers relative error {err:.2e}", file=sys.stderr)
         results.append(entry)
-        del pixel_values
     print(f"model={encoder.model_name} dtype={str(dtype).removeprefix('torch.')} device={device} "
           f"torch={torch.__version__}" + (f" gpu={torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
           + (f" matmul_ceiling={ceiling:.0f} TFLOP/s" if ceiling else ""))

@@ -4,8 +4,6 @@ import os
 import sys
 import time
 
-import torch
-
 from mmenc.cli.common import add_encoder_args, encoder_kwargs
 from mmenc.engine.encoder import DEFAULT_MODEL
 
