@@ -1,6 +1,5 @@
 """Tensor-parallel linears: 2 gloo processes on CPU reproduce the unsharded layers (fp32, rel err < 1e-5),
 and the weight loaders read only this rank's slice of a (memory-mapped) checkpoint tensor."""
-import os
 
 import pytest
 import torch
