@@ -8,6 +8,10 @@
 #   towers      mmenc bench (Qwen2.5-VL-7B, both workloads) vs transformers, per backend
 #   families    mmenc bench for the other families' largest towers
 #   multigpu    benchmarks/multigpu_bench.py (1 GPU vs 2 GPUs, data and weights modes)
+#   parity      full-size bf16 towers vs transformers fp32 (benchmarks/parity_fp32.py)
+#   fa4-cost    FA4's first-use compile time per shape class (benchmarks/fa4_first_use.py)
+#   towers-nofa4  mmenc bench --compile with FA4 hidden (what a machine without FA4 gets), Qwen2.5-VL and Kimi
+# Every stage tees its full output under $OUT, so a call that hits its limit still returns its logs.
 # Example: bash benchmarks/gpu_session.sh fa4 tests attn
 set -u
 OUT=${OUT:-/tmp/mmenc-out}; mkdir -p "$OUT"
@@ -51,10 +55,17 @@ for stage in "$@"; do
         timeout 150 $MMENC bench --model "$m" --compile --no-hf --json "$OUT/bench_${f}_compile.json" 2>&1 | tail -3
       done ;;
     parity)
-      timeout 240 python3 benchmarks/parity_fp32.py --compile 2>&1 | grep -v "^INFO\|^WARN\|UserWarn\|exe_args\|^  " | tail -8 ;;
+      timeout 240 python3 benchmarks/parity_fp32.py --compile 2>&1 | tee "$OUT/parity.log" | grep -v "^INFO\|^WARN\|UserWarn\|exe_args\|^  " | tail -8 ;;
+    fa4-cost)
+      timeout 240 python3 benchmarks/fa4_first_use.py --json "$OUT/fa4_cost.json" 2>&1 | tee "$OUT/fa4_cost.log" | grep -v "UserWarn\|exe_args\|^  " | tail -10 ;;
+    towers-nofa4)
+      nofa=$(echo "$PYTHONPATH" | tr ':' '\n' | grep -v '^/tmp/site' | paste -sd: -)
+      PYTHONPATH="$nofa" timeout 200 $MMENC bench --compile --json "$OUT/bench_qwen25_nofa4.json" 2>&1 | tee "$OUT/bench_qwen25_nofa4.log" | grep -v "^INFO\|^WARN\|UserWarn\|exe_args\|^  " | tail -8
+      PYTHONPATH="$nofa" timeout 200 python3 benchmarks/kimi_vs_transformers.py --compile --json "$OUT/kimi_nofa4.json" 2>&1 | tee "$OUT/kimi_nofa4.log" | grep -v "^INFO\|^WARN" | tail -8 ;;
     families-compile)
       for m in Qwen/Qwen3-VL-235B-A22B-Instruct zai-org/GLM-4.1V-9B-Thinking Qwen/Qwen2-VL-72B-Instruct; do
-        timeout 100 $MMENC bench --model "$m" --compile --iters 5 --json "$OUT/bench_$(echo "$m" | tr '/' '_')_compile.json" 2>&1 | grep -v "^INFO\|^WARN\|UserWarn\|exe_args\|^  " | tail -6
+        f=$(echo "$m" | tr '/' '_')
+        timeout 100 $MMENC bench --model "$m" --compile --iters 5 --json "$OUT/bench_${f}_compile.json" 2>&1 | tee "$OUT/bench_${f}_compile.log" | grep -v "^INFO\|^WARN\|UserWarn\|exe_args\|^  " | tail -6
       done ;;
     kimi)
       timeout 150 python3 benchmarks/kimi_vs_transformers.py --json "$OUT/kimi.json" 2>&1 | grep -v "^INFO\|^WARN" | tail -8 ;;
