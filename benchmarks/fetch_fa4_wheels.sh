@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Download FlashAttention-4 and its CuTe-DSL wheels (Python 3.12, x86-64) into .whl/ (git-ignored) for the
+# lent GPU machine, which has no network; split the 92 MB cu13 libs wheel into two halves that fit one call's
+# 64 MiB each. Then, on the GPU machine: `bash benchmarks/gpu_session.sh fa4-part1` (carry part-aa) and
+# `bash benchmarks/gpu_session.sh fa4 ...` (carry .whl/base .whl/extra .whl/install_fa4.sh part-ab + .sha256).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tags=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
+      --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
+      --platform manylinux2014_x86_64)
+mkdir -p .whl/base .whl/extra .whl/split
+python3 -m pip download --no-deps "${tags[@]}" -d .whl/base flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 \
+  nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 apache-tvm-ffi torch-c-dlpack-ext quack-kernels
+python3 -m pip download --no-deps "${tags[@]}" -d .whl/extra cuda-bindings cuda-pathfinder einops protobuf
+tmp=$(mktemp -d)
+python3 -m pip download --no-deps "${tags[@]}" -d "$tmp" nvidia-cutlass-dsl-libs-cu13==4.8.1
+name=$(basename "$tmp"/nvidia_cutlass_dsl_libs_cu13-*.whl)
+(cd "$tmp" && sha256sum "$name" > "$OLDPWD/.whl/split/$name.sha256")
+split -b 45M "$tmp/$name" ".whl/split/$name.part-"
+cp benchmarks/install_fa4.sh .whl/install_fa4.sh
+ls -la .whl/base .whl/extra .whl/split
