@@ -10,8 +10,10 @@ tags=(--only-binary=:all: --python-version 3.12 --implementation cp --platform m
       --platform manylinux2014_x86_64)
 mkdir -p .whl/base .whl/extra .whl/split
 python3 -m pip download --no-deps "${tags[@]}" -d .whl/base flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 \
-  nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 apache-tvm-ffi torch-c-dlpack-ext quack-kernels
-python3 -m pip download --no-deps "${tags[@]}" -d .whl/extra cuda-bindings cuda-pathfinder einops protobuf
+  nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 apache-tvm-ffi==0.1.15.post2 \
+  torch-c-dlpack-ext==0.1.5 quack-kernels==0.6.5
+python3 -m pip download --no-deps "${tags[@]}" -d .whl/extra cuda-bindings==13.5.0 cuda-pathfinder==1.9.1 \
+  einops==0.8.2 protobuf==7.36.2
 tmp=$(mktemp -d)
 python3 -m pip download --no-deps "${tags[@]}" -d "$tmp" nvidia-cutlass-dsl-libs-cu13==4.8.1
 name=$(basename "$tmp"/nvidia_cutlass_dsl_libs_cu13-*.whl)
