@@ -37,25 +37,6 @@ def _inputs(grids, seed=0):
     return torch.randn(int(grid_thw.prod(-1).sum()), PATCH_FEATURES, generator=g), grid_thw
 
 
-def _median_ms_events(fn, warmup, iters, device_type="cuda"):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        if device_type != "cuda":
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-            continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 def _median_ms_group(group, pv, grid, warmup, iters):
     for _ in range(warmup):
         group.run(pv, grid)
@@ -89,6 +70,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
 
+    from mmenc.engine.bench import time_ms
     from mmenc.config import MultiModalConfig
     from mmenc.engine.parallel import resolve_tp_mode
     from mmenc.engine.runner import build_tower, run_tower
@@ -123,10 +105,10 @@ def main(argv=None):
             pv_gpu = pv.to(dev0)
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
-            ms = _median_ms_events(lambda: run_tower(loaded, pv_gpu, grid), args.warmup, args.iters, args.device_type)
+            ms = time_ms(lambda: run_tower(loaded, pv_gpu, grid), torch.device(args.device_type), args.warmup, args.iters)
             peak = round(torch.cuda.max_memory_allocated() / 2**30, 2) if cuda else None
             rows.append(_row(name, "1gpu-inproc-gpuinput", workloads[name], ms, peak_gib=peak))
-            ms = _median_ms_events(lambda: run_tower(loaded, pv, grid), args.warmup, args.iters, args.device_type)
+            ms = time_ms(lambda: run_tower(loaded, pv, grid), torch.device(args.device_type), args.warmup, args.iters)
             rows.append(_row(name, "1gpu-inproc", workloads[name], ms))
             del pv_gpu
             print(f"{name}: 1 GPU in process done ({time.monotonic() - t_start:.0f}s)", flush=True)

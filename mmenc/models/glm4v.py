@@ -26,7 +26,7 @@ import torch
 import torch.nn as nn
 
 from mmenc.config import MultiModalConfig
-from mmenc.layers.grid import LRUCache, read_grid
+from mmenc.layers.grid import LRUCache, merged_tokens, read_grid
 from mmenc.layers.linear import ColumnParallelLinear, ReplicatedLinear
 from mmenc.layers.norm import LayerNorm, RMSNorm
 from mmenc.layers.pos_embed import InterpolatedPosEmbed
@@ -176,7 +176,7 @@ class Glm4vVisionTower(nn.Module):
         param.data.copy_(loaded.permute(0, 2, 3, 1).reshape(param.shape))
 
     def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
-        return [t * h * w // self.merge ** 2 for t, h, w in read_grid(grid_thw, self.merge)]
+        return merged_tokens(grid_thw, self.merge)
 
     def plan(self, grid_thw: torch.Tensor, device) -> PosPackPlan:
         grid = read_grid(grid_thw, self.merge)

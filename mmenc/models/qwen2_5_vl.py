@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
 from mmenc.config import MultiModalConfig
-from mmenc.layers.grid import Grid, LRUCache, frame_lengths, read_grid
+from mmenc.layers.grid import Grid, LRUCache, frame_lengths, merged_tokens, read_grid
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock, resolve_tp_size
 from mmenc.layers.weights import WeightMap, load_named_weights
@@ -145,7 +145,7 @@ class Qwen2_5_VisionTower(nn.Module):
         self._plans = LRUCache(8)  # (grid, device) -> PackPlan (device tensors)
 
     def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
-        return [t * h * w // self.merge ** 2 for t, h, w in read_grid(grid_thw, self.merge)]
+        return merged_tokens(grid_thw, self.merge)
 
     def _item(self, t: int, h: int, w: int):
         """One item's window order over merged tokens, window lengths (patches) and the patches'

@@ -17,7 +17,7 @@ import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
 from mmenc.config import MultiModalConfig
-from mmenc.layers.grid import LRUCache, frame_lengths, num_patches, read_grid
+from mmenc.layers.grid import LRUCache, frame_lengths, merged_tokens, num_patches, read_grid
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock, resolve_tp_size
 from mmenc.layers.weights import WeightMap, load_named_weights
@@ -131,7 +131,7 @@ class Qwen2VisionTower(nn.Module):
         self._plans = LRUCache(8)  # (grid, device) -> PackPlan (device tensors)
 
     def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
-        return [t * h * w // self.merge ** 2 for t, h, w in read_grid(grid_thw, self.merge)]
+        return merged_tokens(grid_thw, self.merge)
 
     def plan(self, grid_thw: torch.Tensor, device) -> PackPlan:
         grid = read_grid(grid_thw, self.merge)
