@@ -8,7 +8,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mmenc.distributed import parallel_state
+from mmenc.distributed import leave_process_group, parallel_state
 from mmenc.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
                                  ReplicatedLinear, RowParallelLinear)
 
@@ -54,8 +54,7 @@ def _worker(rank: int, world: int, init_file: str, ckpt: str):
         _check_all(rank, world, ckpt)
         dist.barrier()  # no rank tears gloo down while the other still reads its last collective
     finally:
-        parallel_state.set_tp_group(None)
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 def _check_all(rank: int, world: int, ckpt: str):

@@ -114,6 +114,7 @@ def test_pack_for_rank_rows_and_errors():
 # ---- gloo: gather_outputs / run_data_parallel in 2 processes ----
 
 def _gather_worker(rank, world, init_file):
+    from mmenc.distributed import leave_process_group
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         for n_images in (5, 1):  # 1 image: rank 1 is empty
@@ -130,7 +131,7 @@ def _gather_worker(rank, world, init_file):
         _same_output(got, _fake_tower(pv[:16], grid[:1]), "gather with empty rank")
         dist.barrier()  # no rank tears gloo down while the other still reads its last collective
     finally:
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 @pytest.mark.slow
@@ -181,7 +182,7 @@ def _all_gone(pids, wait_s=10.0) -> bool:
 def _torchrun_like_worker(rank, world, port, cases):
     """What an Encoder launched by torchrun does on each rank: init_from_env, build, run the same pack.
     cases: [(checkpoint folder, pixel_values, grid_thw, single-process TowerOutput)]."""
-    from mmenc.distributed import init_from_env, parallel_state
+    from mmenc.distributed import init_from_env, leave_process_group, parallel_state
     from mmenc.engine.parallel import build_rank_tower, run_rank_tower
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
@@ -199,8 +200,7 @@ def _torchrun_like_worker(rank, world, port, cases):
                 _same_output(got, want, f"torchrun-style {mode} mode, rank {rank}, {folder}")
         dist.barrier()  # no rank tears gloo down while the other still reads its last collective
     finally:
-        parallel_state.set_tp_group(None)
-        dist.destroy_process_group()
+        leave_process_group()
 
 
 @pytest.mark.slow

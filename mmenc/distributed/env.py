@@ -2,6 +2,7 @@
 several machines included) or as a worker that mmenc spawned itself (engine/workers.py)."""
 import dataclasses
 import datetime
+import gc
 import os
 
 import torch
@@ -70,3 +71,17 @@ def init_from_env(device_type: str | None = None, timeout_s: float = 600.0) -> D
     env = init_process_group(rank, world, local_rank, device_type, timeout_s=timeout_s)
     logger.info("rank %d of %d (local rank %d) on %s", env.rank, env.world_size, local_rank, env.device)
     return env
+
+
+def leave_process_group() -> None:
+    """Undo init_process_group on this rank: clear the tensor-parallel group and destroy the default
+    group. Garbage is collected on both sides of the destroy so no collective's leftover object
+    outlives the group into interpreter exit (with gloo on CPU, such leftovers aborted the process
+    at exit, "terminate called without an active exception", in about one run of five)."""
+    from mmenc.distributed import parallel_state
+
+    parallel_state.set_tp_group(None)
+    if dist.is_initialized():
+        gc.collect()
+        dist.destroy_process_group()
+        gc.collect()

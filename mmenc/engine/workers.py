@@ -292,7 +292,7 @@ def _synchronize(device: torch.device) -> None:
 
 def _worker_main(rank, world, port, conn, tower_args, mode, device_type, timeout_s, fault, parent_pid,
                  stack_path):
-    from mmenc.distributed import init_process_group, parallel_state
+    from mmenc.distributed import init_process_group, leave_process_group
     from mmenc.engine.parallel import build_rank_tower, run_rank_tower
 
     _watch_parent(parent_pid)
@@ -334,5 +334,4 @@ def _worker_main(rank, world, port, conn, tower_args, mode, device_type, timeout
             except BaseException:
                 conn.send(("error", traceback.format_exc()))
     finally:
-        parallel_state.set_tp_group(None)
-        dist.destroy_process_group()
+        leave_process_group()
