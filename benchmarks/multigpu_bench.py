@@ -5,12 +5,13 @@
 Configurations, each on both workloads (8x1036px = 8 x grid (1,74,74); 32x448px = 32 x (1,32,32)):
   1gpu-inproc-gpuinput   build_tower + run_tower in this process, pixel_values already on the GPU (compute only)
   1gpu-inproc            the same from CPU pixel_values (what Encoder does with tensor_parallel_size=1)
-  1gpu-group             a WorkerGroup of 1 (the multi-process path's own overhead: shared memory in/out)
+  1gpu-group             a WorkerGroup of 1 (the multi-process path's own overhead: inputs and outputs by CUDA IPC)
   {N}gpu-data            WorkerGroup of N, mm_encoder_tp_mode="data" (a replica per GPU, images split)
   {N}gpu-weights         WorkerGroup of N, mm_encoder_tp_mode="weights" (tower sharded over the GPUs)
-  *-shm-input            a group row with pixel_values already in shared memory (no input copy by the caller)
-Group rows are end to end (CPU pixel_values in, CPU embeddings out, synchronous `run`); `worker_ms`
-is the slowest rank's own time (host-to-device copy, tower, gather; synchronized). Timing: warm-up
+Every row but the first is end to end as the Encoder runs it: CPU float32 pixel_values in, embeddings
+on cuda:0 out (group rows: synchronous `run`, which copies each rank's images to its GPU and gathers
+the outputs on cuda:0). `worker_ms` is the slowest rank's own time (its tower call, synchronized).
+--compile compiles the blocks everywhere (torch.compile; the warm-up calls pay it). Timing: warm-up
 calls, then the median of `--iters` calls (CUDA events in process; perf_counter around the
 synchronous group call). Inputs are random (never zeros), generated once per workload.
 A time budget (--budget-s, default 220 s) skips what would not fit, saying so.
@@ -62,6 +63,7 @@ def main(argv=None):
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--attn-backend", default=None)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the tower blocks (in every process)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=220.0)
@@ -85,7 +87,7 @@ def main(argv=None):
         from mmenc.engine.bench import parse_grid_spec
         workloads = {spec: parse_grid_spec(spec) for spec in args.workloads.split(",")}
     dev0 = "cuda:0" if cuda else "cpu"
-    mm = MultiModalConfig(mm_encoder_attn_backend=args.attn_backend)
+    mm = MultiModalConfig(mm_encoder_attn_backend=args.attn_backend, compile=args.compile)
     tower_args = dict(model=args.model, load_format="dummy", dtype=args.dtype, multimodal_config=mm)
     inputs = {name: _inputs(grids) for name, grids in workloads.items()}
     rows, skipped = [], []
@@ -135,11 +137,6 @@ def main(argv=None):
                     continue
                 ms, worker_ms = _median_ms_group(group, pv, grid, args.warmup, args.iters)
                 rows.append(_row(name, label, workloads[name], ms, worker_ms=worker_ms))
-                # the same with pixel_values already in shared memory in the tower's dtype (as a
-                # preprocess writing there would give): no input copy in the caller
-                shared = torch.empty(pv.shape, dtype=group.describe().dtype).share_memory_().copy_(pv)
-                ms, worker_ms = _median_ms_group(group, shared, grid, args.warmup, args.iters)
-                rows.append(_row(name, f"{label}-shm-input", workloads[name], ms, worker_ms=worker_ms))
 
     # -- report -----------------------------------------------------------------------------
     base = {r["workload"]: r["images_per_s"] for r in rows if r["config"] == "1gpu-inproc"}
@@ -156,7 +153,7 @@ def main(argv=None):
     result = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"), "gpu": torch.cuda.get_device_name(0) if cuda else "cpu",
         "gpus": args.gpus, "torch": torch.__version__, "model": args.model, "dtype": args.dtype,
-        "attn_backend": args.attn_backend, "warmup": args.warmup, "iters": args.iters,
+        "attn_backend": args.attn_backend, "compile": args.compile, "warmup": args.warmup, "iters": args.iters,
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]), "rows": rows, "skipped": skipped,
         "wall_s": round(time.monotonic() - t_start, 1)}
     if args.out:

@@ -22,12 +22,15 @@ class MultiModalConfig:
         "+name" / "-name" entries (e.g. ("all", "-mm_encoder_attn")); a disabled op runs
         forward_native. A comma-separated string is accepted.
     compile: run the tower's blocks through torch.compile (regional; see mmenc.engine.compile).
+    cuda_graphs: capture each packing's whole tower forward as a CUDA graph and replay it when the
+        same packing comes again (CUDA only; see mmenc.engine.cuda_graphs).
     """
 
     mm_encoder_attn_backend: "AttentionBackendEnum | str | None" = None
     mm_encoder_tp_mode: TPMode = "weights"
     custom_ops: tuple[str, ...] = ("all",)
     compile: bool = False
+    cuda_graphs: bool = False
 
     def __post_init__(self):
         from mmenc.attention.backend_enum import AttentionBackendEnum
@@ -42,12 +45,13 @@ class MultiModalConfig:
                              f"('weight' is accepted for 'weights')")
         object.__setattr__(self, "mm_encoder_tp_mode", _TP_MODE_ALIASES[mode.lower()])
         object.__setattr__(self, "custom_ops", parse_custom_ops(self.custom_ops))
-        if not isinstance(self.compile, bool):
-            raise ValueError(f"compile={self.compile!r} must be True or False")
+        for flag in ("compile", "cuda_graphs"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValueError(f"{flag}={getattr(self, flag)!r} must be True or False")
 
     def compute_hash(self) -> str:
         """A digest of every field that changes the computation (compile caches key on it)."""
         backend = self.mm_encoder_attn_backend
         fields = [backend.name if backend is not None else "auto", self.mm_encoder_tp_mode, ",".join(self.custom_ops),
-                  f"compile={self.compile}"]
+                  f"compile={self.compile}", f"cuda_graphs={self.cuda_graphs}"]
         return hashlib.sha256("|".join(fields).encode()).hexdigest()[:16]

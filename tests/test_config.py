@@ -114,6 +114,7 @@ def test_hash_differs_when_any_field_differs():
         "mm_encoder_tp_mode": ["data"],
         "custom_ops": [("none",), ("all", "-mm_encoder_attn"), ("none", "+mm_encoder_attn")],
         "compile": [True],
+        "cuda_graphs": [True],
     }
     # Every field of the dataclass must be covered here, so a new field cannot be forgotten.
     assert set(variants) == {f.name for f in dataclasses.fields(MultiModalConfig)}

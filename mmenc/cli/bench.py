@@ -64,7 +64,9 @@ def run(args) -> int:
             torch.cuda.synchronize(device)
         first_s = time.perf_counter() - start
         print(f"{name}: first call {first_s:.1f} s", file=sys.stderr)
-        label = f"mmenc{' compiled' if encoder.mm_config.compile else ''} ({encoder.attention_backends()})"
+        mm = encoder.mm_config
+        label = (f"mmenc{' compiled' if mm.compile else ''}{' +graphs' if mm.cuda_graphs else ''} "
+                 f"({encoder.attention_backends()})")
         rows.append(measure(name, label,
                             lambda: encoder.encode_pixels(pixel_values, grid_thw), grids, device,
                             args.warmup, args.iters, gflop))

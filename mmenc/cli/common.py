@@ -17,10 +17,12 @@ def add_encoder_args(parser: argparse.ArgumentParser, default_model_help: str) -
     parser.add_argument("--mm-encoder-tp-mode", choices=["weights", "data"], default="weights",
                         help="weights: shard the tower over the devices; data: one replica per device, images split")
     parser.add_argument("--compile", action="store_true", help="torch.compile the tower's blocks (first call compiles)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="CUDA only: replay one CUDA graph per packing seen before (the 2nd call of a packing captures)")
 
 
 def encoder_kwargs(args: argparse.Namespace, default_model: str) -> dict:
     return dict(model=args.model or default_model, dtype=args.dtype, device=args.device,
                 mm_encoder_attn_backend=args.mm_encoder_attn_backend, load_format=args.load_format,
                 tensor_parallel_size=args.tensor_parallel_size, mm_encoder_tp_mode=args.mm_encoder_tp_mode,
-                compile=args.compile)
+                compile=args.compile, cuda_graphs=args.cuda_graphs)

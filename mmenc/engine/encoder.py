@@ -8,7 +8,8 @@
 Towers with extra outputs (Qwen3-VL's deepstack features) return them with `return_extras=True`:
 encode_pixels then gives a TowerOutput (`.embeddings` first, `.extras` beside), encode gives
 ImageEmbedding objects. With tensor_parallel_size > 1 the Encoder starts and owns its worker
-processes ("weights": the tower sharded over them; "data": one replica each, images split).
+processes ("weights": the tower sharded over them; "data": one replica each, images split);
+results still come back on `device` (cuda:0 by default), as with one GPU.
 Under torchrun (RANK/WORLD_SIZE set) each process is one rank instead: every rank builds the
 Encoder and calls it with the same inputs, and every rank receives the full result.
 """
@@ -40,15 +41,19 @@ class Encoder:
     def __init__(self, model: str = DEFAULT_MODEL, dtype: str | torch.dtype = "auto",
                  device: str | torch.device | None = None, mm_encoder_attn_backend: str | None = None,
                  load_format: Literal["auto", "dummy"] = "auto", tensor_parallel_size: int = 1,
-                 mm_encoder_tp_mode: str = "weights", max_batch_patches: int = 1 << 16, compile: bool = False):
+                 mm_encoder_tp_mode: str = "weights", max_batch_patches: int = 1 << 16, compile: bool = False,
+                 cuda_graphs: bool = False):
         """model: a local Hugging Face checkpoint folder, or a built-in name (then
         load_format="dummy" is implied: random weights, no files). max_batch_patches bounds one
         tower call; `encode` splits larger inputs into several calls (whole images only).
-        compile=True runs the tower's blocks through torch.compile (the first call compiles)."""
+        compile=True runs the tower's blocks through torch.compile (the first call compiles).
+        cuda_graphs=True (CUDA only) replays one CUDA graph per packing seen before (the second
+        call with the same image sizes captures it; see mmenc.engine.cuda_graphs)."""
         if tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size={tensor_parallel_size} must be >= 1")
         self.mm_config = MultiModalConfig(mm_encoder_attn_backend=mm_encoder_attn_backend,
-                                          mm_encoder_tp_mode=mm_encoder_tp_mode, compile=compile)
+                                          mm_encoder_tp_mode=mm_encoder_tp_mode, compile=compile,
+                                          cuda_graphs=cuda_graphs)
         self.device = torch.device(device) if device is not None else default_device()
         self.max_batch_patches = max_batch_patches
         self.tensor_parallel_size = tensor_parallel_size
@@ -64,7 +69,7 @@ class Encoder:
             from mmenc.engine.parallel import WorkerGroup
 
             self._group = WorkerGroup(tensor_parallel_size, tower_args, mode=self.mm_config.mm_encoder_tp_mode,
-                                      device_type=self.device.type)
+                                      device_type=self.device.type, output_device=self.device)
             self.loaded = self._group.describe()
             # the workers hold the weights; a tower on the meta device (no memory) answers shape questions
             self.loaded.tower = build_tower(**{**tower_args, "dtype": self.loaded.dtype}, device="meta",

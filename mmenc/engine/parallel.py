@@ -66,19 +66,27 @@ def assign_images(patch_counts: Sequence[int], world: int) -> list[list[int]]:
 
 
 def pack_for_rank(pixel_values: torch.Tensor, grid_thw: torch.Tensor, images: Sequence[int],
-                  device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                  out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The sub-pack of `images` (ascending indices): (pixel_values [sum of their patches, ...] on
-    `device` (default: pixel_values' device), grid_thw [k, 3]). Each image's rows are copied once,
-    straight to `device`; a contiguous run of images on the same device is a view."""
+    `device` in `dtype` (defaults: pixel_values' own), grid_thw [k, 3]). Each image's rows are
+    copied once, straight to `device`; a contiguous run of images on the same device and dtype is a
+    view. `out`: write the rows there instead (a buffer of exactly that many rows; device and dtype
+    are then out's)."""
     starts = [0, *itertools.accumulate(patch_counts(grid_thw))]
     if starts[-1] != pixel_values.shape[0]:
         raise ValueError(f"pixel_values has {pixel_values.shape[0]} rows but grid_thw describes {starts[-1]} patches")
     images = list(images)
-    device = pixel_values.device if device is None else torch.device(device)
-    if images and images == list(range(images[0], images[-1] + 1)):  # a contiguous run
-        return pixel_values[starts[images[0]]:starts[images[-1] + 1]].to(device, non_blocking=True), grid_thw[images]
-    out = torch.empty(sum(starts[i + 1] - starts[i] for i in images), *pixel_values.shape[1:],
-                      dtype=pixel_values.dtype, device=device)
+    rows = sum(starts[i + 1] - starts[i] for i in images)
+    if out is None:
+        device = pixel_values.device if device is None else torch.device(device)
+        dtype = pixel_values.dtype if dtype is None else dtype
+        if images and images == list(range(images[0], images[-1] + 1)):  # a contiguous run
+            run = pixel_values[starts[images[0]]:starts[images[-1] + 1]]
+            return run.to(device=device, dtype=dtype, non_blocking=True), grid_thw[images]
+        out = torch.empty(rows, *pixel_values.shape[1:], dtype=dtype, device=device)
+    elif tuple(out.shape) != (rows, *pixel_values.shape[1:]):
+        raise ValueError(f"out has shape {tuple(out.shape)}; images {images} need {(rows, *pixel_values.shape[1:])}")
     offset = 0
     for i in images:
         n = starts[i + 1] - starts[i]

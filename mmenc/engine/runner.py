@@ -48,6 +48,7 @@ class LoadedTower:
     device: torch.device
     load_format: str = "auto"
     preprocessor_config: dict[str, Any] = dataclasses.field(default_factory=dict)
+    graphs: Any = None  # a CudaGraphCache when MultiModalConfig.cuda_graphs is on
 
     @functools.cached_property
     def processor(self) -> Any:
@@ -160,9 +161,15 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
         from mmenc.engine.compile import compile_tower
 
         compile_tower(tower, mm_config)
+    graphs = None
+    if mm_config.cuda_graphs and device.type != "meta":
+        from mmenc.engine.cuda_graphs import CudaGraphCache
+
+        graphs = CudaGraphCache(tower, device)
     preprocessor = read_json_if_present(folder, "preprocessor_config.json") if folder is not None else {}
     return LoadedTower(model=str(model), spec=spec, hf_config=hf_config, config=config, tower=tower.eval(),
-                       dtype=dtype, device=device, load_format=load_format, preprocessor_config=preprocessor)
+                       dtype=dtype, device=device, load_format=load_format, preprocessor_config=preprocessor,
+                       graphs=graphs)
 
 
 def run_tower(loaded: LoadedTower, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
@@ -172,4 +179,4 @@ def run_tower(loaded: LoadedTower, pixel_values: torch.Tensor, grid_thw: torch.T
     with torch.inference_mode():
         grid_thw = torch.as_tensor(grid_thw, dtype=torch.int64).cpu()
         pixel_values = pixel_values.to(device=loaded.device, dtype=loaded.dtype, non_blocking=True)
-        return loaded.tower(pixel_values, grid_thw)
+        return (loaded.graphs or loaded.tower)(pixel_values, grid_thw)

@@ -1,16 +1,26 @@
 """WorkerGroup: N processes that hold the tower (sharded: "weights", or one replica each: "data").
 
     with WorkerGroup(2, dict(model=path, load_format="auto", dtype="bfloat16"), mode="data") as group:
-        out = group.run(pixel_values, grid_thw)        # TowerOutput, CPU tensors, input image order
+        out = group.run(pixel_values, grid_thw)        # TowerOutput in input image order
 
 Every rank is a spawned worker; the calling process is not in the process group (it holds no
-device and no communicator), so a worker that raises, dies or hangs cannot take the caller with it:
-the caller waits on pipes with a deadline and turns each failure into an error naming the rank
-(with the worker's traceback), then shuts the group down. Inputs travel through shared memory
-(torch.multiprocessing); each worker moves what it needs to its device (data mode: only its images).
-Rank 0 answers with the result in shared memory (CPU); the others answer "done".
+communicator), so a worker that raises, dies or hangs cannot take the caller with it: the caller
+waits on pipes with a deadline and turns each failure into an error naming the rank (with the
+worker's traceback), then shuts the group down.
+
+One `run`: in data mode the caller assigns the images (`assign_images`) and hands each rank only
+its own sub-pack; each rank runs it alone (no collective) and answers with its output; the caller
+puts the pieces back in input order (`merge_outputs`). In weights mode every rank gets the whole
+pack, the ranks all-reduce inside the tower, and rank 0 answers with the output.
+How tensors travel depends on the device:
+- CUDA: the caller copies each rank's input straight from host memory to that rank's GPU (one
+  thread per rank, in parallel) and hands the device tensor over by CUDA IPC; outputs come back
+  the same way and are gathered on `output_device` (default cuda:0, like a one-GPU Encoder). No
+  host copy of the output, no shared-memory staging.
+- CPU: inputs and outputs travel through shared memory (torch.multiprocessing).
 Under torchrun there are no spawned workers: see `mmenc.distributed.init_from_env`.
 """
+import concurrent.futures
 import dataclasses
 import datetime
 import faulthandler
@@ -28,7 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from mmenc.config import MultiModalConfig
-from mmenc.engine.parallel import resolve_tower_tp_mode
+from mmenc.engine.parallel import assign_images, merge_outputs, pack_for_rank, patch_counts, resolve_tower_tp_mode
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
 
@@ -49,6 +59,8 @@ class WorkerGroup:
         when the tower's heads (or another sharded size) do not divide by world_size: `mode` then
         says "data" and `mode_reason` why (also logged as a warning).
     device_type: "cuda" (NCCL, rank i on device i of CUDA_VISIBLE_DEVICES) or "cpu" (gloo).
+    output_device: where `run` returns its result; default cuda:0 for "cuda" (rank 0's device),
+        shared CPU memory for "cpu".
     timeout_s: the most one `run` may take before the group is declared hung (TimeoutError naming
         the ranks that did not answer); startup_timeout_s bounds process start + tower build
         (default max(timeout_s, 600)).
@@ -60,7 +72,8 @@ class WorkerGroup:
     """
 
     def __init__(self, world_size: int, tower_args: dict, mode: str = "weights", device_type: str = "cuda",
-                 timeout_s: float = 600.0, *, startup_timeout_s: float | None = None, _fault: dict | None = None):
+                 timeout_s: float = 600.0, *, output_device: torch.device | str | None = None,
+                 startup_timeout_s: float | None = None, _fault: dict | None = None):
         if world_size < 1:
             raise ValueError(f"world_size={world_size} must be >= 1")
         self.mode = MultiModalConfig(mm_encoder_tp_mode=mode).mm_encoder_tp_mode
@@ -75,6 +88,8 @@ class WorkerGroup:
         if self.mode_reason:
             logger.warning(self.mode_reason)
         self.world_size, self.device_type, self.timeout_s = world_size, device_type, timeout_s
+        self.output_device = torch.device(output_device if output_device is not None
+                                          else "cuda:0" if device_type == "cuda" else "cpu")
         self._closed = False
         self.last_stats: list[dict] = []
         # The caller hosts the rendezvous store on a free port: no port race between workers.
@@ -107,24 +122,41 @@ class WorkerGroup:
         return self._description
 
     def run(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, timeout_s: float | None = None) -> TowerOutput:
-        """Run the tower over a pack. pixel_values [patches, C*tp*p*p], grid_thw int64 [N, 3].
-        pixel_values is copied once into shared memory (in the tower's dtype) unless it already is
-        a shared CPU tensor (`share_memory_()`), which is sent as is. Returns a TowerOutput (CPU tensors, input image order). Raises WorkerError when a worker
-        raised or died, TimeoutError after `timeout_s` (default: the group's), both naming the rank;
-        the group is closed after either."""
+        """Run the tower over a pack. pixel_values [patches, C*tp*p*p] (any float dtype; on the CPU
+        or a GPU), grid_thw int64 [N, 3]. Returns a TowerOutput in input image order, on
+        `output_device` (CUDA groups: cuda:0 by default; CPU groups: shared CPU memory). Raises
+        WorkerError when a worker raised or died, TimeoutError after `timeout_s` (default: the
+        group's), both naming the rank; the group is closed after either."""
         if self._closed:
             raise RuntimeError("this WorkerGroup is closed (after close() or a worker failure); start a new one")
         grid_thw = torch.as_tensor(grid_thw, dtype=torch.int64).cpu()
         if grid_thw.dim() != 2 or grid_thw.shape[0] == 0:
             raise ValueError(f"grid_thw must be [N >= 1, 3], got shape {tuple(grid_thw.shape)}")
-        if not (pixel_values.device.type == "cpu" and pixel_values.is_shared()):
-            # one copy into shared memory, cast to the tower's dtype on the way (run_tower would cast anyway)
-            dtype = getattr(self._description, "dtype", None) or pixel_values.dtype
-            pixel_values = _shared_copy(pixel_values.detach(), dtype)
-        for conn in self._conns:
-            self._send(conn, ("run", pixel_values, grid_thw))
+        if self.mode == "data":
+            assignment = assign_images(patch_counts(grid_thw), self.world_size)
+        else:
+            assignment = [list(range(grid_thw.shape[0]))] * self.world_size
+        if self.device_type == "cuda":
+            torch.cuda.ipc_collect()  # free what the workers released of the last call's inputs
+        inputs = self._hand_over(pixel_values, grid_thw, assignment)
+        for conn, (pv, grid) in zip(self._conns, inputs):
+            self._send(conn, ("run", pv, grid))
+        del inputs, pv  # the workers hold them now
         answers = self._collect("run", self.timeout_s if timeout_s is None else timeout_s)
-        out, self.last_stats = answers[0]["output"], [a["stats"] for a in answers]
+        self.last_stats = [a["stats"] for a in answers]
+        if self.mode == "data":
+            tokens = [0] * grid_thw.shape[0]
+            for imgs, a in zip(assignment, answers):
+                for i, n in zip(imgs, a["tokens"]):
+                    tokens[i] = n
+            outputs = [_to_device(a["output"], self.output_device) if a["output"] is not None else None
+                       for a in answers]
+            out = merge_outputs(outputs, assignment, tokens)
+        else:
+            out = _to_device(answers[0]["output"], self.output_device, copy=self.device_type == "cuda")
+        if self.device_type == "cuda":  # the copies out of the workers' memory are done before it is released
+            for d in range(self.world_size):
+                torch.cuda.synchronize(d)
         return out
 
     def close(self) -> None:
@@ -146,6 +178,45 @@ class WorkerGroup:
             rank = self._conns.index(conn)
             self._fail(WorkerError(f"mmenc worker rank {rank} is gone ({e!r}; exit code "
                                    f"{self._procs[rank].exitcode}); the group is closed"))
+
+    def _hand_over(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor,
+                   assignment: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each rank's (pixel_values, grid_thw) in the tower's dtype, where that rank can read it:
+        CUDA: on the rank's GPU (host-to-device copies in parallel, one thread per rank; a rank
+        whose images are those of a rank before it gets a device-to-device copy). CPU: in shared
+        memory (the input itself when it is shared already and a rank takes all of it)."""
+        dtype = getattr(self._description, "dtype", None) or pixel_values.dtype
+        pixel_values = pixel_values.detach()
+        if self.device_type == "cpu":
+            whole = pixel_values.device.type == "cpu" and pixel_values.is_shared() and pixel_values.dtype == dtype
+            out = []
+            for imgs in assignment:
+                if whole and len(imgs) == grid_thw.shape[0]:
+                    out.append((pixel_values, grid_thw))
+                    continue
+                rows = sum(patch_counts(grid_thw[imgs])) if imgs else 0
+                buf = torch.empty(rows, *pixel_values.shape[1:], dtype=dtype).share_memory_()
+                out.append(pack_for_rank(pixel_values, grid_thw, imgs, out=buf))
+            return out
+        out: list = [None] * self.world_size
+        firsts = {}
+        for r, imgs in enumerate(assignment):
+            firsts.setdefault(tuple(imgs), r)
+
+        def copy(r: int) -> None:
+            with torch.cuda.device(r):
+                out[r] = pack_for_rank(pixel_values, grid_thw, assignment[r], device=f"cuda:{r}", dtype=dtype)
+                torch.cuda.current_stream().synchronize()
+
+        with concurrent.futures.ThreadPoolExecutor(len(firsts)) as pool:
+            list(pool.map(copy, firsts.values()))
+        for r, imgs in enumerate(assignment):
+            if out[r] is None:  # weights mode: the same pack again, GPU to GPU
+                src, grid = out[firsts[tuple(imgs)]]
+                with torch.cuda.device(r):
+                    out[r] = (src.to(f"cuda:{r}"), grid)
+                    torch.cuda.current_stream().synchronize()
+        return out
 
     def _collect(self, phase: str, timeout_s: float) -> list:
         """One answer per rank, in rank order; failures and timeouts close the group and raise."""
@@ -262,10 +333,10 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def _describe(loaded):
-    """What the caller may keep of a LoadedTower: everything but modules."""
+    """What the caller may keep of a LoadedTower: everything but modules and CUDA graphs."""
     if dataclasses.is_dataclass(loaded):
-        return dataclasses.replace(loaded, **{f.name: None for f in dataclasses.fields(loaded)
-                                              if isinstance(getattr(loaded, f.name), torch.nn.Module)})
+        return dataclasses.replace(loaded, graphs=None, **{f.name: None for f in dataclasses.fields(loaded)
+                                                           if isinstance(getattr(loaded, f.name), torch.nn.Module)})
     return None
 
 
@@ -278,11 +349,14 @@ def _shared_copy(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Ten
 
 def _to_shared_cpu(out: TowerOutput) -> TowerOutput:
     """Every tensor of `out` copied straight into shared CPU memory (then sent by handle)."""
-    share = _shared_copy
-    extras = {k: share(v) if isinstance(v, torch.Tensor)
-              else type(v)(share(x) for x in v) if isinstance(v, (list, tuple)) and v
-              and all(isinstance(x, torch.Tensor) for x in v) else v for k, v in out.extras.items()}
-    return TowerOutput(embeddings=share(out.embeddings), extras=extras)
+    return out.map(_shared_copy)
+
+
+def _to_device(out: TowerOutput, device: torch.device, copy: bool = False) -> TowerOutput:
+    """`out` on `device`; copy=True also copies what is there already (memory another process owns)."""
+    if device.type == "cpu" and not copy:
+        return out
+    return out.map(lambda t: t.to(device, copy=copy))
 
 
 def _synchronize(device: torch.device) -> None:
@@ -293,7 +367,8 @@ def _synchronize(device: torch.device) -> None:
 def _worker_main(rank, world, port, conn, tower_args, mode, device_type, timeout_s, fault, parent_pid,
                  stack_path):
     from mmenc.distributed import init_process_group, leave_process_group
-    from mmenc.engine.parallel import build_rank_tower, run_rank_tower
+    from mmenc.engine.parallel import build_rank_tower
+    from mmenc.engine.runner import run_tower
 
     _watch_parent(parent_pid)
     stack_file = open(stack_path, "w")
@@ -324,13 +399,21 @@ def _worker_main(rank, world, port, conn, tower_args, mode, device_type, timeout
                 _inject(fault, rank, "run", runs)
                 runs += 1
                 start = time.perf_counter()
-                with torch.inference_mode():  # only this rank's images leave shared memory in data mode
-                    out = run_rank_tower(loaded, pixel_values, grid_thw, mode)
+                if env.device.type == "cuda":
+                    torch.cuda.ipc_collect()  # free last call's outputs once the caller has released them
+                out, tokens = None, []
+                if grid_thw.shape[0]:  # data mode: this rank's own images only; weights mode: the whole pack
+                    out = run_tower(loaded, pixel_values, grid_thw)
+                    tokens = loaded.output_tokens(grid_thw)
                 _synchronize(env.device)
                 stats = {"rank": rank, "tower_s": time.perf_counter() - start}
-                reply = {"stats": stats, "output": _to_shared_cpu(out) if rank == 0 else None}
+                if out is not None and (mode == "data" or rank == 0):
+                    reply_out = out if env.device.type == "cuda" else _to_shared_cpu(out)  # CUDA: sent by IPC
+                else:
+                    reply_out = None
                 stats["total_s"] = time.perf_counter() - start
-                conn.send(("ok", reply))
+                conn.send(("ok", {"stats": stats, "output": reply_out, "tokens": tokens}))
+                del msg, pixel_values, out, reply_out  # the input's memory goes back to the caller
             except BaseException:
                 conn.send(("error", traceback.format_exc()))
     finally:

@@ -51,6 +51,17 @@ class TowerOutput:
     embeddings: torch.Tensor
     extras: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> "TowerOutput":
+        """A TowerOutput with `fn` applied to every tensor: embeddings, tensor extras and the tensors
+        of list/tuple extras (other extras are passed through)."""
+        def apply(value):
+            if isinstance(value, torch.Tensor):
+                return fn(value)
+            if isinstance(value, (list, tuple)) and value and all(isinstance(v, torch.Tensor) for v in value):
+                return type(value)(fn(v) for v in value)
+            return value
+        return TowerOutput(embeddings=fn(self.embeddings), extras={k: apply(v) for k, v in self.extras.items()})
+
 
 class VisionTower(Protocol):
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput: ...

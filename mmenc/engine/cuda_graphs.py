@@ -1,0 +1,105 @@
+"""CUDA graphs of whole tower forwards, one per packing (`MultiModalConfig(cuda_graphs=True)`).
+
+A tower forward launches hundreds of kernels; for a packing seen before, replaying a captured graph
+launches them all at once from the GPU's side, with no Python or launch overhead in between.
+
+The key is the whole packing: (grid_thw rows, pixel dtype, features per patch, device). A graph
+captured for one split of N tokens is never replayed for another split of the same N, since the
+attention segments (cu_seqlens) differ even when every tensor shape is the same.
+
+Life of a key:
+- its first `warmup` calls run the tower normally: they fill the tower's per-grid plan caches
+  (device tensors), compile blocks and tune kernels; none of that may happen inside a capture;
+- the next call runs it once more on a side stream, captures it, then replays;
+- every later call copies the input into the graph's static input buffer and replays.
+A capture that fails (an operation that cannot be captured, e.g. a host copy) is logged once with
+its reason, and that key then runs without a graph.
+
+Memory: all graphs of one cache share one memory pool; each keeps its own static input. Outputs are
+copied out after every replay (the next replay of any graph may overwrite the pool), so results
+are the caller's to keep. At most `max_graphs` graphs are kept (least recently used dropped).
+"""
+import collections
+from collections.abc import Hashable
+
+import torch
+import torch.nn as nn
+
+from mmenc.logger import init_logger
+from mmenc.models.base import TowerOutput
+
+logger = init_logger(__name__)
+
+
+class _Graph:
+    def __init__(self, graph: torch.cuda.CUDAGraph, static_in: torch.Tensor, static_out: TowerOutput):
+        self.graph, self.static_in, self.static_out = graph, static_in, static_out
+
+
+class CudaGraphCache:
+    """Runs `tower(pixel_values, grid_thw)` through one CUDA graph per packing (see the module doc).
+
+    stats: counts of "eager" calls (warm-up or uncapturable), "captures" and "replays".
+    """
+
+    def __init__(self, tower: nn.Module, device: torch.device | str, max_graphs: int = 8, warmup: int = 1):
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"cuda_graphs=True needs a CUDA device; the tower is on {device}. Leave cuda_graphs "
+                             f"off on this platform")
+        if max_graphs < 1 or warmup < 1:
+            raise ValueError(f"max_graphs={max_graphs} and warmup={warmup} must both be >= 1")
+        self.tower, self.device, self.max_graphs, self.warmup = tower, device, max_graphs, warmup
+        self._graphs: collections.OrderedDict[Hashable, _Graph] = collections.OrderedDict()
+        self._seen: collections.Counter = collections.Counter()
+        self._uncapturable: set = set()
+        self._pool = None
+        self.stats = collections.Counter()
+
+    def key(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple:
+        grid = tuple(tuple(row) for row in torch.as_tensor(grid_thw).tolist())
+        return grid, pixel_values.dtype, tuple(pixel_values.shape[1:]), pixel_values.device
+
+    def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
+        key = self.key(pixel_values, grid_thw)
+        entry = self._graphs.get(key)
+        if entry is None:
+            self._seen[key] += 1
+            if self._seen[key] <= self.warmup or key in self._uncapturable:
+                self.stats["eager"] += 1
+                return self.tower(pixel_values, grid_thw)
+            entry = self._capture(key, pixel_values, grid_thw)
+            if entry is None:
+                self.stats["eager"] += 1
+                return self.tower(pixel_values, grid_thw)
+        else:
+            self._graphs.move_to_end(key)
+            self.stats["replays"] += 1
+        entry.static_in.copy_(pixel_values)
+        entry.graph.replay()
+        return entry.static_out.map(torch.clone)
+
+    def _capture(self, key: tuple, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> _Graph | None:
+        static_in = pixel_values.clone()
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):  # one more run where the capture will happen: lazy state settles
+            self.tower(static_in, grid_thw)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                static_out = self.tower(static_in, grid_thw)
+        except Exception as e:  # noqa: BLE001 - any failure to capture means: run this packing without a graph
+            self._uncapturable.add(key)
+            logger.warning("CUDA graph capture failed for grid %s (%s: %s); this packing runs without a graph",
+                           [list(g) for g in key[0]], type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            return None
+        entry = self._graphs[key] = _Graph(graph, static_in, static_out)
+        self.stats["captures"] += 1
+        if len(self._graphs) > self.max_graphs:
+            self._graphs.popitem(last=False)
+        logger.info("captured a CUDA graph for grid %s (%d graphs kept)", [list(g) for g in key[0]], len(self._graphs))
+        return entry
