@@ -135,14 +135,16 @@ def _triton_config(q, k, max_seqlen):
 
 def sweep_configs(pack, d):
     """The grid for one pack: windows-kernel variants + a few tile configs for "windows", tile configs
-    (pointer and TMA loads) for "full"; "-pad" where the head split matters. ~9 configs each, so the
-    whole sweep (4 head sizes x 2 packs) compiles and times in about 2 minutes."""
+    (pointer and TMA loads) for "full"; "-pad" where the head split matters. ~9-14 configs each, so the
+    whole sweep (4 head sizes x 2 packs) compiles and times in about 2-3 minutes."""
     from mmenc.kernels.triton_varlen_attn import KernelConfig as K
     from mmenc.kernels.triton_varlen_attn import head_split
 
     if pack == "windows":
         grid = [K(64, 64, 4, 2, windows=n) for n in (2, 4, 8)] + [K(64, 64, 4, 3, windows=n) for n in (4, 8)]
         grid += [K(64, 64, 4, 4, windows=8), K(64, 64, 4, 2, tma=True), K(64, 64, 4, 2), K(128, 64, 8, 2, tma=True)]
+        grid += [K(64, 64, 2, 2, windows=4), K(64, 64, 2, 3, windows=8), K(64, 64, 4, 3, windows=16),
+                 K(64, 64, 4, 4, windows=4), K(64, 64, 4, 3, windows=2)]
     else:
         grid = [K(128, 64, 8, 3, tma=True), K(128, 64, 8, 3), K(128, 64, 8, 2, tma=True), K(128, 128, 8, 2, tma=True),
                 K(128, 128, 8, 3, tma=True), K(64, 64, 4, 3, tma=True)]

@@ -11,6 +11,10 @@
 #   parity      full-size bf16 towers vs transformers fp32 (benchmarks/parity_fp32.py)
 #   fa4-cost    FA4's first-use compile time per shape class (benchmarks/fa4_first_use.py)
 #   towers-nofa4  mmenc bench --compile with FA4 hidden (what a machine without FA4 gets), Qwen2.5-VL and Kimi
+#   newtests    the GPU tests of the worker group (2 GPUs, CUDA IPC) and of CUDA graphs
+#   multigpu-compile  benchmarks/multigpu_bench.py --compile
+#   towers-graphs     mmenc bench --compile --cuda-graphs (Qwen2.5-VL-7B, both workloads) vs transformers
+#   glm-compile       mmenc bench --compile for GLM-4.1V vs transformers
 # Every stage tees its full output under $OUT, so a call that hits its limit still returns its logs.
 # Example: bash benchmarks/gpu_session.sh fa4 tests attn
 set -u
@@ -77,6 +81,14 @@ for stage in "$@"; do
       timeout 240 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_triton_attn.py 2>&1 | tee "$OUT/triton_tests.log" | tail -6 ;;
     multigpu)
       timeout 300 python3 benchmarks/multigpu_bench.py --out "$OUT/multigpu.json" 2>&1 | tee "$OUT/multigpu.log" | tail -20 ;;
+    newtests)
+      timeout 300 python3 -m pytest -q -p no:cacheprovider -m "gpu or multigpu" tests/test_multigpu.py tests/test_cuda_graphs.py 2>&1 | tee "$OUT/newtests.log" | grep -v "UserWarn\|exe_args" | tail -25 ;;
+    multigpu-compile)
+      timeout 280 python3 benchmarks/multigpu_bench.py --compile --warmup 3 --budget-s 260 --out "$OUT/multigpu_compile.json" 2>&1 | tee "$OUT/multigpu_compile.log" | grep -v "^INFO\|^WARN\|UserWarn\|exe_args" | tail -16 ;;
+    towers-graphs)
+      timeout 200 $MMENC bench --compile --cuda-graphs --json "$OUT/bench_qwen25_graphs.json" 2>&1 | tee "$OUT/bench_qwen25_graphs.log" | grep -v "^INFO\|^WARN\|UserWarn\|exe_args\|^  " | tail -9 ;;
+    glm-compile)
+      timeout 120 $MMENC bench --model zai-org/GLM-4.1V-9B-Thinking --compile --json "$OUT/bench_glm_compile.json" 2>&1 | tee "$OUT/bench_glm_compile.log" | grep -v "^INFO\|^WARN\|UserWarn\|exe_args\|^  " | tail -6 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
