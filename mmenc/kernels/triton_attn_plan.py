@@ -38,10 +38,16 @@ class KernelConfig:
 # replacement entries to paste here (winner + runner-up per key).
 _K = KernelConfig
 CONFIGS: dict[tuple[str, str], list[KernelConfig]] = {
-    ("short", "any"): [_K(64, 64, 4, 3, windows=4), _K(64, 64, 4, 2, tma=True)],
-    ("short", "128"): [_K(64, 64, 4, 2, windows=4), _K(64, 64, 4, 2, tma=True)],  # s3: 152 KiB smem, 1 CTA/SM
+    ("short", "any"): [_K(64, 64, 4, 2, windows=4), _K(64, 64, 4, 3, windows=4)],
+    # from the H200 sweep of 2026-11-30 (session 2; TFLOP/s of the winner on 684 x 64-token windows or 8 x 5476)
+    ("short", "64"): [_K(64, 64, 4, 2, windows=2), _K(64, 64, 4, 2, windows=4)],  # 113
+    ("short", "64+16"): [_K(64, 64, 4, 2, windows=8), _K(64, 64, 4, 2, windows=4)],  # d80 99, d72 77
+    ("short", "128"): [_K(64, 64, 4, 2, windows=4), _K(64, 64, 4, 2, windows=8)],  # 120; s3: 152 KiB smem, 1 CTA/SM
     ("mid", "any"): [_K(128, 64, 8, 3, tma=True), _K(128, 128, 8, 2, tma=True)],
     ("long", "any"): [_K(128, 64, 8, 3, tma=True), _K(128, 128, 8, 2, tma=True)],
+    ("long", "64"): [_K(128, 64, 4, 3, tma=True), _K(64, 64, 4, 3, tma=True)],  # 457
+    ("long", "64+16"): [_K(128, 64, 4, 3, tma=True), _K(128, 64, 8, 2, tma=True)],  # d80 437, d72 372
+    ("long", "128"): [_K(128, 128, 8, 3, tma=True), _K(128, 64, 8, 3, tma=True)],  # 497
     **{(bucket, "256"): [_K(64, 64, 4, 2, tma=True)] for bucket in ("short", "mid", "long")},  # fits 227 KiB smem
 }
 
