@@ -10,7 +10,8 @@ Configurations, each on both workloads (8x1036px = 8 x grid (1,74,74); 32x448px 
   {N}gpu-weights         WorkerGroup of N, mm_encoder_tp_mode="weights" (tower sharded over the GPUs)
 Every row but the first is end to end as the Encoder runs it: CPU float32 pixel_values in, embeddings
 on cuda:0 out (group rows: synchronous `run`, which copies each rank's images to its GPU and gathers
-the outputs on cuda:0). `worker_ms` is the slowest rank's own time (its tower call, synchronized).
+the outputs on cuda:0). `worker_ms` is the slowest rank's own time (its tower call, synchronized);
+`caller_split_ms` splits the caller's time: inputs to the GPUs, waiting for the workers, outputs.
 --compile compiles the blocks everywhere (torch.compile; the warm-up calls pay it). Timing: warm-up
 calls, then the median of `--iters` calls (CUDA events in process; perf_counter around the
 synchronous group call). Inputs are random (never zeros), generated once per workload.
@@ -41,13 +42,15 @@ def _inputs(grids, seed=0):
 def _median_ms_group(group, pv, grid, warmup, iters):
     for _ in range(warmup):
         group.run(pv, grid)
-    times, worker = [], []
+    times, worker, caller = [], [], []
     for _ in range(iters):
         t0 = time.perf_counter()
         group.run(pv, grid)
         times.append((time.perf_counter() - t0) * 1e3)
         worker.append(max(s["total_s"] for s in group.last_stats) * 1e3)
-    return statistics.median(times), statistics.median(worker)
+        caller.append(group.last_timing)
+    split = {k: round(statistics.median(c[k] for c in caller), 2) for k in caller[0]}
+    return statistics.median(times), statistics.median(worker), split
 
 
 def _row(workload, config, grids, ms, worker_ms=None, peak_gib=None):
@@ -135,8 +138,10 @@ def main(argv=None):
             for name, (pv, grid) in inputs.items():
                 if over_budget(f"{label} {name}", 10):
                     continue
-                ms, worker_ms = _median_ms_group(group, pv, grid, args.warmup, args.iters)
-                rows.append(_row(name, label, workloads[name], ms, worker_ms=worker_ms))
+                ms, worker_ms, split = _median_ms_group(group, pv, grid, args.warmup, args.iters)
+                rows.append({**_row(name, label, workloads[name], ms, worker_ms=worker_ms), "caller_split_ms": split})
+                print(f"{label} {name}: {ms:.1f} ms; caller: inputs {split['inputs_ms']:.1f} ms, waiting for workers "
+                      f"{split['workers_ms']:.1f} ms, outputs {split['outputs_ms']:.1f} ms", flush=True)
 
     # -- report -----------------------------------------------------------------------------
     base = {r["workload"]: r["images_per_s"] for r in rows if r["config"] == "1gpu-inproc"}

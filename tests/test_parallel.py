@@ -229,14 +229,22 @@ def test_init_from_env_without_launcher_is_none(monkeypatch):
 
 
 def test_results_travel_in_shared_memory_with_extras():
-    from mmenc.engine.workers import _shared_copy, _to_shared_cpu
+    from mmenc.engine.transport import ShmEndpoint, ShmTransport, shared_copy
     grid, pv = _grid_and_pixels()
-    out = _to_shared_cpu(_fake_tower(pv, grid))
+    out = ShmEndpoint().reply(_fake_tower(pv, grid))
     tensors = [out.embeddings, out.extras["scale"], *out.extras["deepstack"]]
     assert all(t.is_shared() for t in tensors) and out.extras["note"] == "merged 2x2"
     _same_output(out, _fake_tower(pv, grid), "shared copy")
-    half = _shared_copy(pv, torch.bfloat16)
+    half = shared_copy(pv, torch.bfloat16)
     assert half.is_shared() and half.dtype == torch.bfloat16 and torch.equal(half, pv.to(torch.bfloat16))
+    # inputs: each rank's images in shared memory in the tower's dtype; an already shared input is sent as is
+    transport = ShmTransport(2, torch.device("cpu"))
+    payloads = transport.send_inputs(pv, grid, [[1], [0]], torch.bfloat16)
+    assert all(p["pixel_values"].is_shared() and p["pixel_values"].dtype == torch.bfloat16 for p in payloads)
+    assert torch.equal(payloads[0]["pixel_values"], pack_for_rank(pv, grid, [1])[0].to(torch.bfloat16))
+    whole = shared_copy(pv)
+    every = list(range(grid.shape[0]))
+    assert transport.send_inputs(whole, grid, [every, every], pv.dtype)[1]["pixel_values"] is whole
 
 
 def test_group_rejects_more_ranks_than_devices():

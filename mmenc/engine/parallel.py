@@ -113,7 +113,7 @@ def _restore_order(assignment: Sequence[Sequence[int]], tokens_per_image: Sequen
                      or [torch.zeros(0, dtype=torch.long)])
 
 
-def _flatten(out: TowerOutput, tokens: int) -> tuple[list[torch.Tensor], dict]:
+def flatten_output(out: TowerOutput, tokens: int) -> tuple[list[torch.Tensor], dict]:
     """Token-aligned tensors [embeddings, extras...] and a skeleton to rebuild the extras."""
     flat, skeleton = [out.embeddings], {}
     for key, value in out.extras.items():
@@ -132,7 +132,7 @@ def _flatten(out: TowerOutput, tokens: int) -> tuple[list[torch.Tensor], dict]:
     return flat, skeleton
 
 
-def _unflatten(flat: list[torch.Tensor], skeleton: dict) -> TowerOutput:
+def unflatten_output(flat: list[torch.Tensor], skeleton: dict) -> TowerOutput:
     extras = {}
     for key, (kind, where) in skeleton.items():
         if kind == "tensor":
@@ -149,11 +149,11 @@ def merge_outputs(outputs: Sequence[TowerOutput | None], assignment: Sequence[Se
     """Per-rank outputs (rank r's covering assignment[r]; None for an empty rank) -> one TowerOutput
     in input image order."""
     present = [(o, sum(tokens_per_image[i] for i in imgs)) for o, imgs in zip(outputs, assignment) if imgs]
-    flats = [_flatten(o, n) for o, n in present]
+    flats = [flatten_output(o, n) for o, n in present]
     skeleton = flats[0][1]
     index = _restore_order(assignment, tokens_per_image).to(flats[0][0][0].device)
     merged = [torch.cat([f[j] for f, _ in flats]).index_select(0, index) for j in range(len(flats[0][0]))]
-    return _unflatten(merged, skeleton)
+    return unflatten_output(merged, skeleton)
 
 
 def gather_outputs(local: TowerOutput | None, assignment: Sequence[Sequence[int]],
@@ -165,7 +165,7 @@ def gather_outputs(local: TowerOutput | None, assignment: Sequence[Sequence[int]
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     counts = [sum(tokens_per_image[i] for i in imgs) for imgs in assignment]
     if local is not None:
-        flat, skeleton = _flatten(local, counts[rank])
+        flat, skeleton = flatten_output(local, counts[rank])
         spec = ([(tuple(t.shape[1:]), t.dtype) for t in flat], skeleton)
     if any(not imgs for imgs in assignment):  # empty ranks do not know the output's layout: ask
         specs = [None] * world
@@ -182,7 +182,7 @@ def gather_outputs(local: TowerOutput | None, assignment: Sequence[Sequence[int]
         dist.all_gather(parts, send.contiguous(), group=group)
         gathered.append(torch.cat([p[:n] for p, n in zip(parts, counts)]))
     index = _restore_order(assignment, tokens_per_image).to(gathered[0].device)
-    return _unflatten([g.index_select(0, index) for g in gathered], skeleton)
+    return unflatten_output([g.index_select(0, index) for g in gathered], skeleton)
 
 
 def run_data_parallel(run: Callable[[torch.Tensor, torch.Tensor], TowerOutput], pixel_values: torch.Tensor,

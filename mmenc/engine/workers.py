@@ -12,15 +12,12 @@ One `run`: in data mode the caller assigns the images (`assign_images`) and hand
 its own sub-pack; each rank runs it alone (no collective) and answers with its output; the caller
 puts the pieces back in input order (`merge_outputs`). In weights mode every rank gets the whole
 pack, the ranks all-reduce inside the tower, and rank 0 answers with the output.
-How tensors travel depends on the device:
-- CUDA: the caller copies each rank's input straight from host memory to that rank's GPU (one
-  thread per rank, in parallel) and hands the device tensor over by CUDA IPC; outputs come back
-  the same way and are gathered on `output_device` (default cuda:0, like a one-GPU Encoder). No
-  host copy of the output, no shared-memory staging.
-- CPU: inputs and outputs travel through shared memory (torch.multiprocessing).
+How tensors travel is mmenc/engine/transport.py's business: on CUDA, long-lived GPU buffers handed
+over once by CUDA IPC (each rank's images go from pinned host memory straight to its GPU, all GPUs
+at once; outputs are read from the workers' GPUs onto `output_device`, default cuda:0, like a
+one-GPU Encoder); on CPU, shared memory.
 Under torchrun there are no spawned workers: see `mmenc.distributed.init_from_env`.
 """
-import concurrent.futures
 import dataclasses
 import datetime
 import faulthandler
@@ -38,7 +35,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from mmenc.config import MultiModalConfig
-from mmenc.engine.parallel import assign_images, merge_outputs, pack_for_rank, patch_counts, resolve_tower_tp_mode
+from mmenc.engine.parallel import assign_images, merge_outputs, patch_counts, resolve_tower_tp_mode
+from mmenc.engine.transport import caller_transport, worker_endpoint
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
 
@@ -90,8 +88,10 @@ class WorkerGroup:
         self.world_size, self.device_type, self.timeout_s = world_size, device_type, timeout_s
         self.output_device = torch.device(output_device if output_device is not None
                                           else "cuda:0" if device_type == "cuda" else "cpu")
+        self._transport = caller_transport(device_type, world_size, self.output_device)
         self._closed = False
-        self.last_stats: list[dict] = []
+        self.last_stats: list[dict] = []  # per rank of the last run: tower_s, total_s
+        self.last_timing: dict[str, float] = {}  # the caller's side of the last run: inputs, workers, outputs (ms)
         # The caller hosts the rendezvous store on a free port: no port race between workers.
         self._store = dist.TCPStore("127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False)
         # where a worker writes its Python stacks on SIGUSR1 (read when it does not answer in time)
@@ -136,32 +136,33 @@ class WorkerGroup:
             assignment = assign_images(patch_counts(grid_thw), self.world_size)
         else:
             assignment = [list(range(grid_thw.shape[0]))] * self.world_size
-        if self.device_type == "cuda":
-            torch.cuda.ipc_collect()  # free what the workers released of the last call's inputs
-        inputs = self._hand_over(pixel_values, grid_thw, assignment)
-        for conn, (pv, grid) in zip(self._conns, inputs):
-            self._send(conn, ("run", pv, grid))
-        del inputs, pv  # the workers hold them now
+        dtype = getattr(self._description, "dtype", None) or pixel_values.dtype
+        t0 = time.perf_counter()
+        payloads = self._transport.send_inputs(pixel_values, grid_thw, assignment, dtype)
+        t1 = time.perf_counter()
+        for conn, payload, images in zip(self._conns, payloads, assignment):
+            self._send(conn, ("run", payload, grid_thw[images]))
         answers = self._collect("run", self.timeout_s if timeout_s is None else timeout_s)
         self.last_stats = [a["stats"] for a in answers]
+        t2 = time.perf_counter()
         if self.mode == "data":
             tokens = [0] * grid_thw.shape[0]
-            for imgs, a in zip(assignment, answers):
-                for i, n in zip(imgs, a["tokens"]):
+            for images, a in zip(assignment, answers):
+                for i, n in zip(images, a["tokens"]):
                     tokens[i] = n
-            outputs = [_to_device(a["output"], self.output_device) if a["output"] is not None else None
-                       for a in answers]
+            outputs = [self._transport.read_output(r, a["output"], copy=False) for r, a in enumerate(answers)]
             out = merge_outputs(outputs, assignment, tokens)
         else:
-            out = _to_device(answers[0]["output"], self.output_device, copy=self.device_type == "cuda")
-        if self.device_type == "cuda":  # the copies out of the workers' memory are done before it is released
-            for d in range(self.world_size):
-                torch.cuda.synchronize(d)
+            out = self._transport.read_output(0, answers[0]["output"], copy=True)
+        self._transport.finish()
+        t3 = time.perf_counter()
+        self.last_timing = {"inputs_ms": (t1 - t0) * 1e3, "workers_ms": (t2 - t1) * 1e3, "outputs_ms": (t3 - t2) * 1e3}
         return out
 
     def close(self) -> None:
         """Stop the workers (a graceful stop, then SIGTERM, then SIGKILL) and wait for them. Idempotent."""
         self._closed = True
+        self._transport = None  # unmap the workers' buffers before they exit
         self._finalizer()
 
     def __enter__(self):
@@ -178,45 +179,6 @@ class WorkerGroup:
             rank = self._conns.index(conn)
             self._fail(WorkerError(f"mmenc worker rank {rank} is gone ({e!r}; exit code "
                                    f"{self._procs[rank].exitcode}); the group is closed"))
-
-    def _hand_over(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor,
-                   assignment: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each rank's (pixel_values, grid_thw) in the tower's dtype, where that rank can read it:
-        CUDA: on the rank's GPU (host-to-device copies in parallel, one thread per rank; a rank
-        whose images are those of a rank before it gets a device-to-device copy). CPU: in shared
-        memory (the input itself when it is shared already and a rank takes all of it)."""
-        dtype = getattr(self._description, "dtype", None) or pixel_values.dtype
-        pixel_values = pixel_values.detach()
-        if self.device_type == "cpu":
-            whole = pixel_values.device.type == "cpu" and pixel_values.is_shared() and pixel_values.dtype == dtype
-            out = []
-            for imgs in assignment:
-                if whole and len(imgs) == grid_thw.shape[0]:
-                    out.append((pixel_values, grid_thw))
-                    continue
-                rows = sum(patch_counts(grid_thw[imgs])) if imgs else 0
-                buf = torch.empty(rows, *pixel_values.shape[1:], dtype=dtype).share_memory_()
-                out.append(pack_for_rank(pixel_values, grid_thw, imgs, out=buf))
-            return out
-        out: list = [None] * self.world_size
-        firsts = {}
-        for r, imgs in enumerate(assignment):
-            firsts.setdefault(tuple(imgs), r)
-
-        def copy(r: int) -> None:
-            with torch.cuda.device(r):
-                out[r] = pack_for_rank(pixel_values, grid_thw, assignment[r], device=f"cuda:{r}", dtype=dtype)
-                torch.cuda.current_stream().synchronize()
-
-        with concurrent.futures.ThreadPoolExecutor(len(firsts)) as pool:
-            list(pool.map(copy, firsts.values()))
-        for r, imgs in enumerate(assignment):
-            if out[r] is None:  # weights mode: the same pack again, GPU to GPU
-                src, grid = out[firsts[tuple(imgs)]]
-                with torch.cuda.device(r):
-                    out[r] = (src.to(f"cuda:{r}"), grid)
-                    torch.cuda.current_stream().synchronize()
-        return out
 
     def _collect(self, phase: str, timeout_s: float) -> list:
         """One answer per rank, in rank order; failures and timeouts close the group and raise."""
@@ -340,25 +302,6 @@ def _describe(loaded):
     return None
 
 
-def _shared_copy(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """`t` copied (one copy, device-to-host if needed) into a new shared-memory CPU tensor."""
-    buf = torch.empty(t.shape, dtype=dtype or t.dtype).share_memory_()
-    buf.copy_(t)
-    return buf
-
-
-def _to_shared_cpu(out: TowerOutput) -> TowerOutput:
-    """Every tensor of `out` copied straight into shared CPU memory (then sent by handle)."""
-    return out.map(_shared_copy)
-
-
-def _to_device(out: TowerOutput, device: torch.device, copy: bool = False) -> TowerOutput:
-    """`out` on `device`; copy=True also copies what is there already (memory another process owns)."""
-    if device.type == "cpu" and not copy:
-        return out
-    return out.map(lambda t: t.to(device, copy=copy))
-
-
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -381,6 +324,7 @@ def _worker_main(rank, world, port, conn, tower_args, mode, device_type, timeout
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
         _inject(fault, rank, "start", 0)
         loaded = build_rank_tower(tower_args, mode, env.device)
+        endpoint = worker_endpoint(env.device)
         conn.send(("ok", _describe(loaded) if rank == 0 else None))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
@@ -394,27 +338,24 @@ def _worker_main(rank, world, port, conn, tower_args, mode, device_type, timeout
                 break
             if msg[0] == "stop":
                 break
-            _, pixel_values, grid_thw = msg
+            _, payload, grid_thw = msg
             try:
                 _inject(fault, rank, "run", runs)
                 runs += 1
                 start = time.perf_counter()
-                if env.device.type == "cuda":
-                    torch.cuda.ipc_collect()  # free last call's outputs once the caller has released them
+                pixel_values = endpoint.inputs(payload)
                 out, tokens = None, []
                 if grid_thw.shape[0]:  # data mode: this rank's own images only; weights mode: the whole pack
                     out = run_tower(loaded, pixel_values, grid_thw)
                     tokens = loaded.output_tokens(grid_thw)
                 _synchronize(env.device)
                 stats = {"rank": rank, "tower_s": time.perf_counter() - start}
-                if out is not None and (mode == "data" or rank == 0):
-                    reply_out = out if env.device.type == "cuda" else _to_shared_cpu(out)  # CUDA: sent by IPC
-                else:
-                    reply_out = None
+                reply = endpoint.reply(out) if out is not None and (mode == "data" or rank == 0) else None
                 stats["total_s"] = time.perf_counter() - start
-                conn.send(("ok", {"stats": stats, "output": reply_out, "tokens": tokens}))
-                del msg, pixel_values, out, reply_out  # the input's memory goes back to the caller
+                conn.send(("ok", {"stats": stats, "output": reply, "tokens": tokens}))
+                del msg, payload, pixel_values, out, reply
             except BaseException:
                 conn.send(("error", traceback.format_exc()))
     finally:
+        del endpoint  # let go of the caller's input buffer
         leave_process_group()

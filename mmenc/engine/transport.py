@@ -1,0 +1,184 @@
+"""How a WorkerGroup's tensors travel between the calling process and its workers.
+
+Caller side: `send_inputs(pixel_values, grid_thw, assignment, dtype)` gives one small payload per
+rank (sent with the "run" message); `read_output(rank, reply, copy)` turns a worker's reply into a
+TowerOutput on the output device. Worker side: `inputs(payload)` -> pixel_values on the worker's
+device; `reply(out)` -> what to send back.
+
+CUDA (`CudaTransport` / `CudaEndpoint`): buffers that live as long as the group, handed over once
+by CUDA IPC, so a call maps no new memory and copies each byte once:
+- input: per rank, a device buffer on the rank's GPU owned by the caller, and a pinned host buffer
+  for staging. A call converts each rank's images into pinned memory (in the tower's dtype), starts
+  the host-to-device copies on every GPU at once (asynchronous from pinned memory), waits for them,
+  then tells each worker how many rows to read. Input already on a GPU is copied device to device.
+- output: per rank, a device buffer on the rank's GPU owned by the worker. The worker copies its
+  output tensors into it and answers with their layout; the caller reads them from there straight
+  onto the output device (a peer copy from another GPU).
+A buffer that is too small is replaced by one 1.5x the size needed, handed over again.
+
+CPU (`ShmTransport` / `ShmEndpoint`): inputs and outputs are copied into shared memory and sent by
+handle (torch.multiprocessing).
+"""
+import torch
+
+from mmenc.engine.parallel import flatten_output, pack_for_rank, patch_counts, unflatten_output
+from mmenc.models.base import TowerOutput
+
+_ALIGN = 256  # bytes; every tensor in an output buffer starts on this boundary
+_GROWTH = 1.5
+
+
+def _grown(buffer: torch.Tensor | None, numel: int, dtype: torch.dtype, device: torch.device,
+           pin: bool = False) -> torch.Tensor | None:
+    """A new buffer of 1.5x `numel` when `buffer` is missing, smaller or of another dtype; else None."""
+    if buffer is not None and buffer.dtype == dtype and buffer.numel() >= numel:
+        return None
+    size = max(int(numel * _GROWTH), 1)
+    if device.type == "cpu":
+        return torch.empty(size, dtype=dtype, pin_memory=pin)
+    return torch.empty(size, dtype=dtype, device=device)
+
+
+class CudaTransport:
+    """The caller's side on CUDA: rank r's GPU is cuda:r. See the module docstring."""
+
+    def __init__(self, world_size: int, output_device: torch.device):
+        self.world_size, self.output_device = world_size, output_device
+        self._device_in: list[torch.Tensor | None] = [None] * world_size
+        self._pinned: list[torch.Tensor | None] = [None] * world_size
+        self._out: list[torch.Tensor | None] = [None] * world_size  # the workers' output buffers, mapped
+
+    def send_inputs(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, assignment: list[list[int]],
+                    dtype: torch.dtype) -> list[dict]:
+        pixel_values = pixel_values.detach()
+        counts, features = patch_counts(grid_thw), pixel_values.shape[1]
+        payloads, staged = [], {}  # staged: images -> their rows in pinned memory (weights mode: one for all)
+        for r, images in enumerate(assignment):
+            rows = sum(counts[i] for i in images)
+            new = _grown(self._device_in[r], rows * features, dtype, torch.device("cuda", r)) if rows else None
+            if new is not None:
+                self._device_in[r] = new
+            if rows:
+                target = self._device_in[r][:rows * features].view(rows, features)
+                if pixel_values.is_cuda:
+                    pack_for_rank(pixel_values, grid_thw, images, out=target)
+                else:
+                    key = tuple(images)
+                    if key not in staged:
+                        pinned = _grown(self._pinned[r], rows * features, dtype, torch.device("cpu"), pin=True)
+                        if pinned is not None:
+                            self._pinned[r] = pinned
+                        staged[key] = self._pinned[r][:rows * features].view(rows, features)
+                        pack_for_rank(pixel_values, grid_thw, images, out=staged[key])  # converts on the CPU
+                    with torch.cuda.device(r):
+                        target.copy_(staged[key], non_blocking=True)
+            payloads.append({"buffer": new, "rows": rows, "features": features})
+        for r in range(self.world_size):  # the copies are done (and pinned memory free) before workers read
+            torch.cuda.current_stream(r).synchronize()
+        return payloads
+
+    def read_output(self, rank: int, reply: dict | None, copy: bool) -> TowerOutput | None:
+        """The worker's output on the output device; copy=False leaves tensors that are there already
+        in the worker's buffer (the caller must copy them before the next call)."""
+        if reply is None:
+            return None
+        if reply["buffer"] is not None:
+            self._out[rank] = reply["buffer"]
+        buffer = self._out[rank]
+        flat = [buffer[offset:offset + nbytes].view(dtype).view(shape).to(self.output_device, copy=copy)
+                for offset, nbytes, dtype, shape in reply["layout"]]
+        return unflatten_output(flat, reply["skeleton"])
+
+    def finish(self) -> None:
+        """Wait until every copy out of the workers' buffers is done (they are rewritten next call)."""
+        for r in range(self.world_size):
+            torch.cuda.synchronize(r)
+        torch.cuda.ipc_collect()  # release replaced buffers the workers no longer map
+
+
+class CudaEndpoint:
+    """A worker's side on CUDA: the caller's input buffer mapped once, its own output buffer."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._in: torch.Tensor | None = None
+        self._out: torch.Tensor | None = None
+
+    def inputs(self, payload: dict) -> torch.Tensor:
+        if payload["buffer"] is not None:
+            self._in = payload["buffer"]  # the old one (if any) is released
+        rows, features = payload["rows"], payload["features"]
+        if not rows:
+            return torch.empty(0, features, device=self.device)
+        return self._in[:rows * features].view(rows, features)
+
+    def reply(self, out: TowerOutput) -> dict:
+        flat, skeleton = flatten_output(out, out.embeddings.shape[0])
+        layout, offset = [], 0
+        for t in flat:
+            nbytes = t.numel() * t.element_size()
+            layout.append((offset, nbytes, t.dtype, tuple(t.shape)))
+            offset = -(-(offset + nbytes) // _ALIGN) * _ALIGN
+        torch.cuda.ipc_collect()  # frees a replaced output buffer once the caller has let it go
+        new = _grown(self._out, offset, torch.uint8, self.device)
+        if new is not None:
+            self._out = new
+        for (start, nbytes, dtype, shape), t in zip(layout, flat):
+            self._out[start:start + nbytes].view(dtype).view(shape).copy_(t)
+        torch.cuda.synchronize(self.device)
+        return {"buffer": new, "layout": layout, "skeleton": skeleton}
+
+
+def shared_copy(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """`t` copied (one copy, device-to-host if needed) into a new shared-memory CPU tensor."""
+    buf = torch.empty(t.shape, dtype=dtype or t.dtype).share_memory_()
+    buf.copy_(t)
+    return buf
+
+
+class ShmTransport:
+    """The caller's side on CPU: each rank's images in shared memory (the input itself when it is
+    shared already, in the tower's dtype, and a rank takes all of it); outputs arrive shared."""
+
+    def __init__(self, world_size: int, output_device: torch.device):
+        self.world_size, self.output_device = world_size, output_device
+
+    def send_inputs(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, assignment: list[list[int]],
+                    dtype: torch.dtype) -> list[dict]:
+        whole = pixel_values.device.type == "cpu" and pixel_values.is_shared() and pixel_values.dtype == dtype
+        payloads = []
+        for images in assignment:
+            if whole and len(images) == grid_thw.shape[0]:
+                payloads.append({"pixel_values": pixel_values})
+                continue
+            rows = sum(patch_counts(grid_thw[images])) if images else 0
+            buffer = torch.empty(rows, *pixel_values.shape[1:], dtype=dtype).share_memory_()
+            payloads.append({"pixel_values": pack_for_rank(pixel_values.detach(), grid_thw, images, out=buffer)[0]})
+        return payloads
+
+    def read_output(self, rank: int, reply: TowerOutput | None, copy: bool) -> TowerOutput | None:
+        if reply is None or (self.output_device.type == "cpu" and not copy):
+            return reply
+        return reply.map(lambda t: t.to(self.output_device, copy=copy))
+
+    def finish(self) -> None:
+        pass
+
+
+class ShmEndpoint:
+    """A worker's side on CPU."""
+
+    def inputs(self, payload: dict) -> torch.Tensor:
+        return payload["pixel_values"]
+
+    def reply(self, out: TowerOutput) -> TowerOutput:
+        return out.map(shared_copy)
+
+
+def caller_transport(device_type: str, world_size: int, output_device: torch.device):
+    return CudaTransport(world_size, output_device) if device_type == "cuda" else ShmTransport(world_size,
+                                                                                               output_device)
+
+
+def worker_endpoint(device: torch.device):
+    return CudaEndpoint(device) if device.type == "cuda" else ShmEndpoint()
