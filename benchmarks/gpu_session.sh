@@ -14,6 +14,7 @@
 #   newtests    the GPU tests of the worker group (2 GPUs, CUDA IPC) and of CUDA graphs
 #   multigpu-compile  benchmarks/multigpu_bench.py --compile
 #   towers-graphs     mmenc bench --compile --cuda-graphs (Qwen2.5-VL-7B, both workloads) vs transformers
+#   multigpu-staging  the 2-GPU tests, then the compiled multi-GPU bench comparing pinned and device staging
 #   glm-compile       mmenc bench --compile for GLM-4.1V vs transformers
 # Every stage tees its full output under $OUT, so a call that hits its limit still returns its logs.
 # Example: bash benchmarks/gpu_session.sh fa4 tests attn
@@ -83,6 +84,9 @@ for stage in "$@"; do
       timeout 300 python3 benchmarks/multigpu_bench.py --out "$OUT/multigpu.json" 2>&1 | tee "$OUT/multigpu.log" | tail -20 ;;
     newtests)
       timeout 300 python3 -m pytest -q -p no:cacheprovider -m "gpu or multigpu" tests/test_multigpu.py tests/test_cuda_graphs.py 2>&1 | tee "$OUT/newtests.log" | grep -v "UserWarn\|exe_args" | tail -25 ;;
+    multigpu-staging)
+      timeout 100 python3 -m pytest -q -p no:cacheprovider -m multigpu tests/test_multigpu.py 2>&1 | tee "$OUT/multigpu_tests.log" | tail -3
+      timeout 250 python3 benchmarks/multigpu_bench.py --compile --warmup 3 --budget-s 230 --staging pinned,device --out "$OUT/multigpu_staging.json" 2>&1 | tee "$OUT/multigpu_staging.log" | grep -v "^INFO\|^WARN\|UserWarn\|exe_args" | tail -24 ;;
     multigpu-compile)
       timeout 280 python3 benchmarks/multigpu_bench.py --compile --warmup 3 --budget-s 260 --out "$OUT/multigpu_compile.json" 2>&1 | tee "$OUT/multigpu_compile.log" | grep -v "^INFO\|^WARN\|UserWarn\|exe_args" | tail -16 ;;
     towers-graphs)

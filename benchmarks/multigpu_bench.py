@@ -50,6 +50,7 @@ def _median_ms_group(group, pv, grid, warmup, iters):
         worker.append(max(s["total_s"] for s in group.last_stats) * 1e3)
         caller.append(group.last_timing)
     split = {k: round(statistics.median(c[k] for c in caller), 2) for k in caller[0]}
+    split["inputs_ms_all"] = [round(c["inputs_ms"], 1) for c in caller]
     return statistics.median(times), statistics.median(worker), split
 
 
@@ -67,6 +68,8 @@ def main(argv=None):
     ap.add_argument("--gpus", type=int, default=2)
     ap.add_argument("--attn-backend", default=None)
     ap.add_argument("--compile", action="store_true", help="torch.compile the tower blocks (in every process)")
+    ap.add_argument("--staging", default="pinned", help="comma-separated WorkerGroup stagings to compare in data "
+                    "mode (pinned, device); the first is used for the other group rows")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--budget-s", type=float, default=220.0)
@@ -122,26 +125,31 @@ def main(argv=None):
         torch.cuda.empty_cache()
 
     # -- worker groups ----------------------------------------------------------------------
-    configs = [(1, "weights", "1gpu-group")]
+    stagings = args.staging.split(",")
+    configs = [(1, "weights", "1gpu-group", stagings[0])]
     for mode in ("data", "weights"):
         resolved, reason = resolve_tp_mode(mode, num_heads, args.gpus)
         if reason:
             print(f"{args.gpus}gpu-{mode}: {reason}", flush=True)
-        configs.append((args.gpus, resolved, f"{args.gpus}gpu-{mode}"))
-    for world, mode, label in configs:
+        for staging in stagings if mode == "data" else stagings[:1]:
+            suffix = f"-{staging}" if len(stagings) > 1 and mode == "data" else ""
+            configs.append((args.gpus, resolved, f"{args.gpus}gpu-{mode}{suffix}", staging))
+    for world, mode, label, staging in configs:
         if over_budget(label, 45):
             continue
         t0 = time.monotonic()
+        extra = {"staging": staging} if cuda else {}
         with WorkerGroup(world, tower_args, mode=mode, device_type=args.device_type, timeout_s=120,
-                         startup_timeout_s=150) as group:
+                         startup_timeout_s=150, **extra) as group:
             print(f"{label}: started in {time.monotonic() - t0:.0f}s", flush=True)
             for name, (pv, grid) in inputs.items():
                 if over_budget(f"{label} {name}", 10):
                     continue
                 ms, worker_ms, split = _median_ms_group(group, pv, grid, args.warmup, args.iters)
                 rows.append({**_row(name, label, workloads[name], ms, worker_ms=worker_ms), "caller_split_ms": split})
-                print(f"{label} {name}: {ms:.1f} ms; caller: inputs {split['inputs_ms']:.1f} ms, waiting for workers "
-                      f"{split['workers_ms']:.1f} ms, outputs {split['outputs_ms']:.1f} ms", flush=True)
+                print(f"{label} {name}: {ms:.1f} ms; caller: inputs {split['inputs_ms']:.1f} ms "
+                      f"(host {split.get('stage_ms', 0):.1f}, copy wait {split.get('copy_wait_ms', 0):.1f}), waiting "
+                      f"for workers {split['workers_ms']:.1f} ms, outputs {split['outputs_ms']:.1f} ms", flush=True)
 
     # -- report -----------------------------------------------------------------------------
     base = {r["workload"]: r["images_per_s"] for r in rows if r["config"] == "1gpu-inproc"}

@@ -42,12 +42,13 @@ def tiny(request, tmp_path_factory):
     return request.param, str(folder), pixels, want
 
 
-@pytest.mark.parametrize("mode", ["data", "weights"])
-def test_group_matches_one_gpu(tiny, mode):
+@pytest.mark.parametrize("mode,staging", [("data", "pinned"), ("weights", "pinned"), ("data", "device")])
+def test_group_matches_one_gpu(tiny, mode, staging):
     from mmenc.engine.workers import WorkerGroup
 
     name, folder, pixels, want = tiny
-    with WorkerGroup(2, dict(model=folder, dtype=torch.float32), mode=mode, device_type="cuda", timeout_s=300) as g:
+    with WorkerGroup(2, dict(model=folder, dtype=torch.float32), mode=mode, device_type="cuda", timeout_s=300,
+                     staging=staging) as g:
         assert g.mode == mode
         for call in range(3):
             _same(g.run(pixels, GRID), want, f"{name} {mode} call {call}")

@@ -57,6 +57,7 @@ class WorkerGroup:
         when the tower's heads (or another sharded size) do not divide by world_size: `mode` then
         says "data" and `mode_reason` why (also logged as a warning).
     device_type: "cuda" (NCCL, rank i on device i of CUDA_VISIBLE_DEVICES) or "cpu" (gloo).
+    staging: CUDA only, how host inputs reach the GPUs: "pinned" or "device" (see transport.CudaTransport).
     output_device: where `run` returns its result; default cuda:0 for "cuda" (rank 0's device),
         shared CPU memory for "cpu".
     timeout_s: the most one `run` may take before the group is declared hung (TimeoutError naming
@@ -70,7 +71,7 @@ class WorkerGroup:
     """
 
     def __init__(self, world_size: int, tower_args: dict, mode: str = "weights", device_type: str = "cuda",
-                 timeout_s: float = 600.0, *, output_device: torch.device | str | None = None,
+                 timeout_s: float = 600.0, *, output_device: torch.device | str | None = None, staging: str = "pinned",
                  startup_timeout_s: float | None = None, _fault: dict | None = None):
         if world_size < 1:
             raise ValueError(f"world_size={world_size} must be >= 1")
@@ -88,7 +89,7 @@ class WorkerGroup:
         self.world_size, self.device_type, self.timeout_s = world_size, device_type, timeout_s
         self.output_device = torch.device(output_device if output_device is not None
                                           else "cuda:0" if device_type == "cuda" else "cpu")
-        self._transport = caller_transport(device_type, world_size, self.output_device)
+        self._transport = caller_transport(device_type, world_size, self.output_device, staging)
         self._closed = False
         self.last_stats: list[dict] = []  # per rank of the last run: tower_s, total_s
         self.last_timing: dict[str, float] = {}  # the caller's side of the last run: inputs, workers, outputs (ms)
@@ -156,7 +157,8 @@ class WorkerGroup:
             out = self._transport.read_output(0, answers[0]["output"], copy=True)
         self._transport.finish()
         t3 = time.perf_counter()
-        self.last_timing = {"inputs_ms": (t1 - t0) * 1e3, "workers_ms": (t2 - t1) * 1e3, "outputs_ms": (t3 - t2) * 1e3}
+        self.last_timing = {"inputs_ms": (t1 - t0) * 1e3, "workers_ms": (t2 - t1) * 1e3, "outputs_ms": (t3 - t2) * 1e3,
+                            **getattr(self._transport, "last_timing", {})}
         return out
 
     def close(self) -> None:
