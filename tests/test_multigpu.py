@@ -42,7 +42,8 @@ def tiny(request, tmp_path_factory):
     return request.param, str(folder), pixels, want
 
 
-@pytest.mark.parametrize("mode,staging", [("data", "pinned"), ("weights", "pinned"), ("data", "device")])
+@pytest.mark.parametrize("mode,staging", [("data", "pinned"), ("weights", "pinned"), ("data", "device"),
+                                          ("data", "auto")])
 def test_group_matches_one_gpu(tiny, mode, staging):
     from mmenc.engine.workers import WorkerGroup
 
@@ -50,7 +51,7 @@ def test_group_matches_one_gpu(tiny, mode, staging):
     with WorkerGroup(2, dict(model=folder, dtype=torch.float32), mode=mode, device_type="cuda", timeout_s=300,
                      staging=staging) as g:
         assert g.mode == mode
-        for call in range(3):
+        for call in range(8 if staging == "auto" else 3):  # auto: both stagings timed, then one kept
             _same(g.run(pixels, GRID), want, f"{name} {mode} call {call}")
         n = int(GRID[0].prod())  # one image: in data mode rank 1 has nothing to do
         one = g.run(pixels[:n], GRID[:1])

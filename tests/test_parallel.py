@@ -329,3 +329,24 @@ def test_interpreter_exit_stops_workers(tiny_model):
     assert done.returncode == 0, done.stderr[-3000:]
     pids = [int(p) for p in done.stdout.split()]
     assert len(pids) == 2 and _all_gone(pids), f"workers {pids} outlived their parent"
+
+
+def test_staging_chooser_alternates_then_keeps_the_faster():
+    from mmenc.engine.transport import StagingChooser
+    chooser = StagingChooser(trials=3)
+    seen = []
+    cost = {"pinned": 5.0, "device": 1.0}  # seconds per call of 1 byte: device is faster here
+    for _ in range(6):
+        staging = chooser.next()
+        seen.append(staging)
+        chooser.record(staging, cost[staging], nbytes=1)
+    assert seen == ["pinned", "device"] * 3 and chooser.choice == "device"
+    assert all(chooser.next() == "device" for _ in range(3))
+    chooser.record("pinned", 0.0, 1)  # ignored once chosen
+    assert chooser.choice == "device" and len(chooser.samples["pinned"]) == 3
+
+
+def test_cuda_transport_rejects_unknown_staging():
+    from mmenc.engine.transport import CudaTransport
+    with pytest.raises(ValueError, match=r"staging='fast' is not valid"):
+        CudaTransport(2, torch.device("cpu"), staging="fast")

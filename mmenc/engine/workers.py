@@ -57,7 +57,8 @@ class WorkerGroup:
         when the tower's heads (or another sharded size) do not divide by world_size: `mode` then
         says "data" and `mode_reason` why (also logged as a warning).
     device_type: "cuda" (NCCL, rank i on device i of CUDA_VISIBLE_DEVICES) or "cpu" (gloo).
-    staging: CUDA only, how host inputs reach the GPUs: "pinned" or "device" (see transport.CudaTransport).
+    staging: CUDA only, how host inputs reach the GPUs: "pinned", "device" or "auto" (the faster of the
+        two, timed on the first calls; see transport.CudaTransport).
     output_device: where `run` returns its result; default cuda:0 for "cuda" (rank 0's device),
         shared CPU memory for "cpu".
     timeout_s: the most one `run` may take before the group is declared hung (TimeoutError naming
@@ -71,7 +72,7 @@ class WorkerGroup:
     """
 
     def __init__(self, world_size: int, tower_args: dict, mode: str = "weights", device_type: str = "cuda",
-                 timeout_s: float = 600.0, *, output_device: torch.device | str | None = None, staging: str = "pinned",
+                 timeout_s: float = 600.0, *, output_device: torch.device | str | None = None, staging: str = "auto",
                  startup_timeout_s: float | None = None, _fault: dict | None = None):
         if world_size < 1:
             raise ValueError(f"world_size={world_size} must be >= 1")
