@@ -6,11 +6,13 @@ TowerOutput on the output device. Worker side: `inputs(payload)` -> pixel_values
 device; `reply(out)` -> what to send back.
 
 CUDA (`CudaTransport` / `CudaEndpoint`): buffers that live as long as the group, handed over once
-by CUDA IPC, so a call maps no new memory and copies each byte once:
-- input: per rank, a device buffer on the rank's GPU owned by the caller, and a pinned host buffer
-  for staging. A call converts each rank's images into pinned memory (in the tower's dtype), starts
-  the host-to-device copies on every GPU at once (asynchronous from pinned memory), waits for them,
-  then tells each worker how many rows to read. Input already on a GPU is copied device to device.
+by CUDA IPC, so a call maps no new memory:
+- input: per rank, a device buffer on the rank's GPU owned by the caller. A call writes each rank's
+  images there, waits for the copies, then tells each worker how many rows to read. Host input is
+  staged one of two ways (`CudaTransport(staging=...)`): "pinned" converts the images to the tower's
+  dtype in a pinned host buffer and copies to every GPU at once (asynchronous from pinned memory);
+  "device" copies them as they are from pageable memory, one thread per GPU, and converts on the
+  GPU; "auto" times both and keeps the faster. Input already on a GPU is copied device to device.
 - output: per rank, a device buffer on the rank's GPU owned by the worker. The worker copies its
   output tensors into it and answers with their layout; the caller reads them from there straight
   onto the output device (a peer copy from another GPU).
@@ -216,6 +218,7 @@ class ShmTransport:
 
     def __init__(self, world_size: int, output_device: torch.device):
         self.world_size, self.output_device = world_size, output_device
+        self.last_timing: dict[str, float] = {}
 
     def send_inputs(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, assignment: list[list[int]],
                     dtype: torch.dtype) -> list[dict]:

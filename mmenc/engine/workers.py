@@ -13,9 +13,9 @@ its own sub-pack; each rank runs it alone (no collective) and answers with its o
 puts the pieces back in input order (`merge_outputs`). In weights mode every rank gets the whole
 pack, the ranks all-reduce inside the tower, and rank 0 answers with the output.
 How tensors travel is mmenc/engine/transport.py's business: on CUDA, long-lived GPU buffers handed
-over once by CUDA IPC (each rank's images go from pinned host memory straight to its GPU, all GPUs
-at once; outputs are read from the workers' GPUs onto `output_device`, default cuda:0, like a
-one-GPU Encoder); on CPU, shared memory.
+over once by CUDA IPC (the caller writes each rank's images into that rank's buffer on its GPU;
+outputs are read from the workers' GPUs onto `output_device`, default cuda:0, like a one-GPU
+Encoder); on CPU, shared memory.
 Under torchrun there are no spawned workers: see `mmenc.distributed.init_from_env`.
 """
 import dataclasses
@@ -159,7 +159,7 @@ class WorkerGroup:
         self._transport.finish()
         t3 = time.perf_counter()
         self.last_timing = {"inputs_ms": (t1 - t0) * 1e3, "workers_ms": (t2 - t1) * 1e3, "outputs_ms": (t3 - t2) * 1e3,
-                            **getattr(self._transport, "last_timing", {})}
+                            **self._transport.last_timing}
         return out
 
     def close(self) -> None:
