@@ -81,14 +81,14 @@ for stage in "$@"; do
     triton-tests)
       timeout 240 python3 -m pytest -q -x -p no:cacheprovider -m gpu tests/test_triton_attn.py 2>&1 | tee "$OUT/triton_tests.log" | tail -6 ;;
     multigpu)
-      timeout 300 python3 benchmarks/multigpu_bench.py --out "$OUT/multigpu.json" 2>&1 | tee "$OUT/multigpu.log" | tail -20 ;;
+      timeout 300 python3 benchmarks/multigpu_bench.py --staging pinned,device --out "$OUT/multigpu.json" 2>&1 | tee "$OUT/multigpu.log" | tail -20 ;;
     newtests)
       timeout 300 python3 -m pytest -q -p no:cacheprovider -m "gpu or multigpu" tests/test_multigpu.py tests/test_cuda_graphs.py 2>&1 | tee "$OUT/newtests.log" | grep -v "UserWarn\|exe_args" | tail -25 ;;
     multigpu-staging)
       timeout 100 python3 -m pytest -q -p no:cacheprovider -m multigpu tests/test_multigpu.py 2>&1 | tee "$OUT/multigpu_tests.log" | tail -3
       timeout 250 python3 benchmarks/multigpu_bench.py --compile --warmup 3 --budget-s 230 --staging pinned,device --out "$OUT/multigpu_staging.json" 2>&1 | tee "$OUT/multigpu_staging.log" | grep -v "^INFO\|^WARN\|UserWarn\|exe_args" | tail -24 ;;
     multigpu-compile)
-      timeout 280 python3 benchmarks/multigpu_bench.py --compile --warmup 3 --budget-s 260 --out "$OUT/multigpu_compile.json" 2>&1 | tee "$OUT/multigpu_compile.log" | grep -v "^INFO\|^WARN\|UserWarn\|exe_args" | tail -16 ;;
+      timeout 280 python3 benchmarks/multigpu_bench.py --compile --warmup 3 --budget-s 260 --staging pinned,device --out "$OUT/multigpu_compile.json" 2>&1 | tee "$OUT/multigpu_compile.log" | grep -v "^INFO\|^WARN\|UserWarn\|exe_args" | tail -16 ;;
     towers-graphs)
       timeout 200 $MMENC bench --compile --cuda-graphs --json "$OUT/bench_qwen25_graphs.json" 2>&1 | tee "$OUT/bench_qwen25_graphs.log" | grep -v "^INFO\|^WARN\|UserWarn\|exe_args\|^  " | tail -9 ;;
     glm-compile)
