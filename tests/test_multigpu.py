@@ -51,7 +51,7 @@ def test_group_matches_one_gpu(tiny, mode, staging):
     with WorkerGroup(2, dict(model=folder, dtype=torch.float32), mode=mode, device_type="cuda", timeout_s=300,
                      staging=staging) as g:
         assert g.mode == mode
-        for call in range(8 if staging == "auto" else 3):  # auto: both stagings timed, then one kept
+        for call in range(4 if staging == "auto" else 3):  # auto on these small inputs: alternates
             _same(g.run(pixels, GRID), want, f"{name} {mode} call {call}")
         n = int(GRID[0].prod())  # one image: in data mode rank 1 has nothing to do
         one = g.run(pixels[:n], GRID[:1])

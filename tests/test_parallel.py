@@ -333,7 +333,7 @@ def test_interpreter_exit_stops_workers(tiny_model):
 
 def test_staging_chooser_alternates_then_keeps_the_faster():
     from mmenc.engine.transport import StagingChooser
-    chooser = StagingChooser(trials=3)
+    chooser = StagingChooser(trials=3, min_bytes=1)
     seen = []
     cost = {"pinned": 5.0, "device": 1.0}  # seconds per call of 1 byte: device is faster here
     for _ in range(6):
@@ -344,6 +344,9 @@ def test_staging_chooser_alternates_then_keeps_the_faster():
     assert all(chooser.next() == "device" for _ in range(3))
     chooser.record("pinned", 0.0, 1)  # ignored once chosen
     assert chooser.choice == "device" and len(chooser.samples["pinned"]) == 3
+    small = StagingChooser(trials=1, min_bytes=1000)
+    small.record("pinned", 1.0, 999)  # too small to say anything about staging
+    assert small.samples["pinned"] == [] and small.next() == "pinned"
 
 
 def test_cuda_transport_rejects_unknown_staging():

@@ -52,25 +52,28 @@ STAGINGS = ("pinned", "device")
 
 
 class StagingChooser:
-    """staging="auto": the first calls alternate between the stagings (`trials` each), then the one
-    with the lower median time per input byte is kept for the rest of the group's life.
+    """staging="auto": calls alternate between the stagings until each has timed `trials` calls of at
+    least `min_bytes` of input; then the one with the lower median time per byte is kept for the rest
+    of the group's life.
 
     Why measure: on the H200 host, pinned staging took 4-5 ms for 77-103 MB in a process that never
     ran torch.compile, but 60-255 ms in one that had (its host-side conversion slowed down; cause not
     found), where device staging took 14-17 ms either way."""
 
-    def __init__(self, trials: int = 3):
-        self.trials = trials
+    def __init__(self, trials: int = 3, min_bytes: int = 8 << 20):
+        self.trials, self.min_bytes = trials, min_bytes  # smaller inputs time overheads, not staging: not counted
         self.samples: dict[str, list[float]] = {s: [] for s in STAGINGS}
+        self._calls = -1
         self.choice: str | None = None
 
     def next(self) -> str:
         if self.choice is not None:
             return self.choice
-        return min(STAGINGS, key=lambda s: len(self.samples[s]))  # alternate, pinned first
+        self._calls += 1
+        return STAGINGS[self._calls % len(STAGINGS)]  # alternate, pinned first
 
     def record(self, staging: str, seconds: float, nbytes: int) -> None:
-        if self.choice is not None or nbytes <= 0:
+        if self.choice is not None or nbytes < self.min_bytes:
             return
         self.samples[staging].append(seconds / nbytes)
         if all(len(v) >= self.trials for v in self.samples.values()):
@@ -126,7 +129,8 @@ class CudaTransport:
             torch.cuda.current_stream(r).synchronize()
         done = time.perf_counter()
         if self._chooser is not None and staging in STAGINGS:
-            self._chooser.record(staging, done - start, sum(t.numel() for t in targets.values()))
+            self._chooser.record(staging, done - start,
+                                 sum(t.numel() * t.element_size() for t in targets.values()))
         self.last_timing = {"stage_ms": (staged - start) * 1e3, "copy_wait_ms": (done - staged) * 1e3}
         return payloads
 
