@@ -13,7 +13,8 @@ Life of a key:
 - the next call runs it once more on a side stream, captures it, then replays;
 - every later call copies the input into the graph's static input buffer and replays.
 A capture that fails (an operation that cannot be captured, e.g. a host copy) is logged once with
-its reason, and that key then runs without a graph.
+its reason, and that key then runs without a graph. Call counts and failures are kept for the
+1,024 most recent packings without a graph, so a server seeing endless new sizes does not grow them.
 
 Memory: all graphs of one cache share one memory pool; each keeps its own static input. Outputs are
 copied out after every replay (the next replay of any graph may overwrite the pool), so results
@@ -25,6 +26,7 @@ from collections.abc import Hashable
 import torch
 import torch.nn as nn
 
+from mmenc.layers.grid import LRUCache
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
 
@@ -51,8 +53,8 @@ class CudaGraphCache:
             raise ValueError(f"max_graphs={max_graphs} and warmup={warmup} must both be >= 1")
         self.tower, self.device, self.max_graphs, self.warmup = tower, device, max_graphs, warmup
         self._graphs: collections.OrderedDict[Hashable, _Graph] = collections.OrderedDict()
-        self._seen: collections.Counter = collections.Counter()
-        self._uncapturable: set = set()
+        # per packing not (yet) captured: [calls so far, capture failed]; bounded, as servers see many packings
+        self._seen = LRUCache(1024)
         self._pool = None
         self.stats = collections.Counter()
 
@@ -64,11 +66,12 @@ class CudaGraphCache:
         key = self.key(pixel_values, grid_thw)
         entry = self._graphs.get(key)
         if entry is None:
-            self._seen[key] += 1
-            if self._seen[key] <= self.warmup or key in self._uncapturable:
+            seen = self._seen.get(key, lambda: [0, False])
+            seen[0] += 1
+            if seen[0] <= self.warmup or seen[1]:
                 self.stats["eager"] += 1
                 return self.tower(pixel_values, grid_thw)
-            entry = self._capture(key, pixel_values, grid_thw)
+            entry = self._capture(key, pixel_values, grid_thw, seen)
             if entry is None:
                 self.stats["eager"] += 1
                 return self.tower(pixel_values, grid_thw)
@@ -79,7 +82,7 @@ class CudaGraphCache:
         entry.graph.replay()
         return entry.static_out.map(torch.clone)
 
-    def _capture(self, key: tuple, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> _Graph | None:
+    def _capture(self, key: tuple, pixel_values: torch.Tensor, grid_thw: torch.Tensor, seen: list) -> _Graph | None:
         static_in = pixel_values.clone()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
@@ -93,7 +96,7 @@ class CudaGraphCache:
             with torch.cuda.graph(graph, pool=self._pool):
                 static_out = self.tower(static_in, grid_thw)
         except Exception as e:  # noqa: BLE001 - any failure to capture means: run this packing without a graph
-            self._uncapturable.add(key)
+            seen[1] = True
             logger.warning("CUDA graph capture failed for grid %s (%s: %s); this packing runs without a graph",
                            [list(g) for g in key[0]], type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             return None
