@@ -51,8 +51,8 @@ def test_large_inputs_split_into_several_tower_calls(folder):
     whole = Encoder(folder, device="cpu").encode_pixels(pixels, grid)
     small = Encoder(folder, device="cpu", max_batch_patches=40)  # 64 + 32 + 32 + 32 patches: four calls
     calls = []
-    original = small._run
-    small._run = lambda pv, g: calls.append(g.shape[0]) or original(pv, g)
+    original = small.runner.run
+    small.runner.run = lambda pv, g: calls.append(g.shape[0]) or original(pv, g)
     got = small.encode_pixels(pixels, grid)
     assert calls == [1, 1, 1, 1], f"tower calls per chunk: {calls}"
     assert torch.allclose(got, whole, rtol=1e-5, atol=1e-6)

@@ -11,8 +11,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from mmenc.engine.parallel import (assign_images, gather_outputs, merge_outputs, pack_for_rank, patch_counts,
-                                   resolve_tp_mode, run_data_parallel, split_pack)
+from mmenc.engine.runner import TowerRecipe
+from mmenc.parallel import (assign_images, gather_outputs, merge_outputs, pack_for_rank, patch_counts, resolve_tp_mode,
+                            run_data_parallel, split_pack)
 from mmenc.models.base import TowerOutput
 
 TOL = 1e-5
@@ -159,8 +160,8 @@ def tiny_model(tmp_path_factory):
 
 
 def _group(folder, mode, **kwargs):
-    from mmenc.engine.workers import WorkerGroup
-    return WorkerGroup(2, dict(model=folder, load_format="auto", dtype=torch.float32), mode=mode, device_type="cpu",
+    from mmenc.parallel import WorkerGroup
+    return WorkerGroup(2, TowerRecipe(dict(model=folder, load_format="auto", dtype=torch.float32)), mode=mode, device_type="cpu",
                        timeout_s=120, **kwargs)
 
 
@@ -183,7 +184,7 @@ def _torchrun_like_worker(rank, world, port, cases):
     """What an Encoder launched by torchrun does on each rank: init_from_env, build, run the same pack.
     cases: [(checkpoint folder, pixel_values, grid_thw, single-process TowerOutput)]."""
     from mmenc.distributed import init_from_env, leave_process_group, parallel_state
-    from mmenc.engine.parallel import build_rank_tower, run_rank_tower
+    from mmenc.parallel import build_rank_tower, run_rank_tower
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -193,10 +194,11 @@ def _torchrun_like_worker(rank, world, port, cases):
         for folder, pixel_values, grid, want in cases:
             for mode in ("weights", "data"):
                 args = dict(model=folder, load_format="auto", dtype=torch.float32)
-                loaded = build_rank_tower(args, mode, env.device)
+                recipe = TowerRecipe(args)
+                loaded = build_rank_tower(recipe, mode, env.device)
                 assert parallel_state.get_tp_size() == (world if mode == "weights" else 1)
                 with torch.inference_mode():
-                    got = run_rank_tower(loaded, pixel_values, grid, mode)
+                    got = run_rank_tower(recipe, loaded, pixel_values, grid, mode)
                 _same_output(got, want, f"torchrun-style {mode} mode, rank {rank}, {folder}")
         dist.barrier()  # no rank tears gloo down while the other still reads its last collective
     finally:
@@ -229,7 +231,7 @@ def test_init_from_env_without_launcher_is_none(monkeypatch):
 
 
 def test_results_travel_in_shared_memory_with_extras():
-    from mmenc.engine.transport import ShmEndpoint, ShmTransport, shared_copy
+    from mmenc.parallel.transport import ShmEndpoint, ShmTransport, shared_copy
     grid, pv = _grid_and_pixels()
     out = ShmEndpoint().reply(_fake_tower(pv, grid))
     tensors = [out.embeddings, out.extras["scale"], *out.extras["deepstack"]]
@@ -248,7 +250,7 @@ def test_results_travel_in_shared_memory_with_extras():
 
 
 def test_group_rejects_more_ranks_than_devices():
-    from mmenc.engine.workers import WorkerGroup
+    from mmenc.parallel import WorkerGroup
     n = torch.cuda.device_count() + 1
     with pytest.raises(ValueError, match=rf"world_size={n} needs {n} CUDA devices but {n - 1} are visible"):
         WorkerGroup(n, {}, mode="weights", device_type="cuda")
@@ -283,7 +285,7 @@ def test_data_mode_matches_single_process_and_worker_error_surfaces(tiny_model):
     _same_output(group.run(pv, grid), want, "data mode")
     n = int(grid[:1].prod())  # one image for two ranks: rank 1 idle
     _same_output(group.run(pv[:n], grid[:1]), TowerOutput(want.embeddings[:n // 4]), "data mode, one image")
-    from mmenc.engine.workers import WorkerError
+    from mmenc.parallel import WorkerError
     with pytest.raises(WorkerError, match=r"(?s)worker rank 1 failed during run:.*Traceback.*"
                                           r"RuntimeError: injected fault on rank 1 at run"):
         group.run(pv, grid)
@@ -292,20 +294,20 @@ def test_data_mode_matches_single_process_and_worker_error_surfaces(tiny_model):
 
 
 def test_resolve_tower_tp_mode_checks_every_sharded_size():
-    from mmenc.engine.parallel import resolve_tower_tp_mode
     args = dict(model="Qwen/Qwen2.5-VL-7B-Instruct", load_format="dummy", dtype=torch.bfloat16)
-    assert resolve_tower_tp_mode("weights", args, 2) == ("weights", None)
-    assert resolve_tower_tp_mode("data", args, 3) == ("data", None)
-    mode, reason = resolve_tower_tp_mode("weights", args, 3)
+    resolve_tower_tp_mode = TowerRecipe(args).tp_mode
+    assert resolve_tower_tp_mode("weights", 2) == ("weights", None)
+    assert resolve_tower_tp_mode("data", 3) == ("data", None)
+    mode, reason = resolve_tower_tp_mode("weights", 3)
     assert mode == "data" and "num_heads=16 is not divisible by tensor_parallel_size=3" in reason
-    mode, reason = resolve_tower_tp_mode("weights", args, 8)  # 16 heads split, but not the MLP's 3420
+    mode, reason = resolve_tower_tp_mode("weights", 8)  # 16 heads split, but not the MLP's 3420
     assert mode == "data" and "3420 is not divisible by tensor_parallel_size=8" in reason, reason
 
 
 @pytest.mark.slow
 def test_worker_exit_at_startup_is_reported_after_mode_fallback(tmp_path, mmenc_caplog):
     from checkpoints import save_qwen2_5_vl
-    from mmenc.engine.workers import WorkerError
+    from mmenc.parallel import WorkerError
     folder, _ = save_qwen2_5_vl(tmp_path, vision={"num_heads": 1})  # 1 head: weights mode over 2 ranks cannot shard
     with pytest.raises(WorkerError, match=r"worker rank 1 exited with code 3 during startup"):
         _group(str(folder), "weights", _fault={"rank": 1, "at": "start", "action": "exit"})
@@ -317,9 +319,10 @@ def test_worker_exit_at_startup_is_reported_after_mode_fallback(tmp_path, mmenc_
 def test_interpreter_exit_stops_workers(tiny_model):
     script = textwrap.dedent(f"""
         import torch
-        from mmenc.engine.workers import WorkerGroup
+        from mmenc.parallel import WorkerGroup
+        from mmenc.engine.runner import TowerRecipe
         if __name__ == "__main__":
-            g = WorkerGroup(2, dict(model={tiny_model[0]!r}, load_format="auto", dtype=torch.float32),
+            g = WorkerGroup(2, TowerRecipe(dict(model={tiny_model[0]!r}, load_format="auto", dtype=torch.float32)),
                             mode="data", device_type="cpu", timeout_s=120)
             print(*g.pids, flush=True)
             # no close(): interpreter exit must stop the workers
@@ -332,7 +335,7 @@ def test_interpreter_exit_stops_workers(tiny_model):
 
 
 def test_staging_chooser_alternates_then_keeps_the_faster():
-    from mmenc.engine.transport import StagingChooser
+    from mmenc.parallel.transport import StagingChooser
     chooser = StagingChooser(trials=3, min_bytes=1)
     seen = []
     cost = {"pinned": 5.0, "device": 1.0}  # seconds per call of 1 byte: device is faster here
@@ -350,6 +353,6 @@ def test_staging_chooser_alternates_then_keeps_the_faster():
 
 
 def test_cuda_transport_rejects_unknown_staging():
-    from mmenc.engine.transport import CudaTransport
+    from mmenc.parallel.transport import CudaTransport
     with pytest.raises(ValueError, match=r"staging='fast' is not valid"):
         CudaTransport(2, torch.device("cpu"), staging="fast")
