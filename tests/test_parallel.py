@@ -200,6 +200,13 @@ def _torchrun_like_worker(rank, world, port, cases):
                 with torch.inference_mode():
                     got = run_rank_tower(recipe, loaded, pixel_values, grid, mode)
                 _same_output(got, want, f"torchrun-style {mode} mode, rank {rank}, {folder}")
+        from mmenc.parallel import check_same_call
+        pixel_values, grid = cases[0][1], cases[0][2]
+        check_same_call(pixel_values, grid, env.device)  # the same call on both ranks: passes
+        with pytest.raises(RuntimeError, match=r"every rank must call the Encoder with the same inputs"):
+            check_same_call(pixel_values if rank == 0 else pixel_values + 1, grid, env.device)
+        with pytest.raises(RuntimeError, match=r"images per rank: \[4, 3\]"):
+            check_same_call(pixel_values, grid if rank == 0 else grid[:3], env.device)
         dist.barrier()  # no rank tears gloo down while the other still reads its last collective
     finally:
         leave_process_group()
@@ -356,3 +363,47 @@ def test_cuda_transport_rejects_unknown_staging():
     from mmenc.parallel.transport import CudaTransport
     with pytest.raises(ValueError, match=r"staging='fast' is not valid"):
         CudaTransport(2, torch.device("cpu"), staging="fast")
+
+
+def test_merging_or_splitting_zero_images_is_a_clear_error():
+    with pytest.raises(ValueError, match="merge_outputs needs at least one image"):
+        merge_outputs([None, None], [[], []], [])
+    with pytest.raises(ValueError, match=r"run_data_parallel needs at least one image"):
+        run_data_parallel(lambda pv, g: None, torch.zeros(0, 4), torch.zeros(0, 3, dtype=torch.int64), [])
+
+
+def test_more_cpu_workers_than_cores_warns_then_fails(monkeypatch, mmenc_caplog):
+    from mmenc.parallel.workers import check_cpu_workers
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    check_cpu_workers(2, "cpu")
+    assert "CPU worker" not in mmenc_caplog.text
+    check_cpu_workers(4, "cpu")
+    assert "tensor_parallel_size=4 starts 4 CPU worker processes on 2 CPU cores" in mmenc_caplog.text
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=64 starts 64 CPU worker processes on 2 CPU cores; "
+                                         r"at most 4 .* use tensor_parallel_size <= 2"):
+        check_cpu_workers(64, "cpu")
+    check_cpu_workers(64, "cuda")  # GPU workers: the device count is checked instead
+
+
+@pytest.mark.slow
+def test_script_without_main_guard_or_on_stdin_gets_one_clear_error(tiny_model, tmp_path):
+    """Workers import the main module: a script that starts them at import time, or code on stdin, ends
+    with one error saying the fix (not ~130 lines of tracebacks from every worker)."""
+    code = textwrap.dedent(f"""
+        import torch
+        from mmenc import Encoder
+        enc = Encoder({tiny_model[0]!r}, device="cpu", dtype="float32", tensor_parallel_size=2,
+                      mm_encoder_tp_mode="data", worker_timeout_s=120)
+        print("started", flush=True)
+    """)
+    script = tmp_path / "unguarded.py"
+    script.write_text(code)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode != 0 and "started" not in done.stdout
+    assert 'RuntimeError: mmenc workers cannot start from this script: put the code that creates the Encoder ' \
+           '(or WorkerGroup) under `if __name__ == "__main__":`' in done.stderr, done.stderr[-3000:]
+    assert len(done.stderr.splitlines()) < 60, f"{len(done.stderr.splitlines())} lines:\n{done.stderr}"
+    done = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode != 0 and "RuntimeError: mmenc workers cannot start: they import the main module, " \
+                                    "but it is '<stdin>', not a file" in done.stderr, done.stderr[-3000:]
