@@ -83,7 +83,7 @@ def test_bad_pixel_inputs_name_the_problem(encoder):
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(dtype=torch.int8), r"dtype=torch.int8 is not a floating dtype"),
-    (dict(dtype=3), r"dtype=3 must be 'auto'"),
+    (dict(dtype=3), r"dtype=3 is not valid; expected 'auto'"),
     (dict(dtype="int8"), r"dtype='int8' is not valid"),
     (dict(tensor_parallel_size=2.5), r"tensor_parallel_size=2.5 must be an int >= 1"),
     (dict(tensor_parallel_size="2"), r"tensor_parallel_size='2' must be an int >= 1"),

@@ -4,6 +4,7 @@ import math
 
 import torch
 
+from mmenc.engine.runner import DTYPE_NAMES
 from mmenc.logger import init_logger
 
 logger = init_logger(__name__)
@@ -14,13 +15,14 @@ class NonFiniteOutputError(RuntimeError):
 
 
 def check_dtype(dtype) -> None:
-    """"auto", a dtype name (resolved later by the loader) or a floating torch.dtype."""
+    """"auto", a floating dtype's name (see runner.resolve_dtype) or a floating torch.dtype."""
     if isinstance(dtype, torch.dtype):
         if not dtype.is_floating_point:
             raise ValueError(f"dtype={dtype} is not a floating dtype; use torch.bfloat16, torch.float16, "
                              f"torch.float32 or 'auto'")
-    elif not isinstance(dtype, str):
-        raise ValueError(f"dtype={dtype!r} must be 'auto', a dtype name such as 'bfloat16', or a floating torch.dtype")
+    elif not isinstance(dtype, str) or (dtype != "auto" and dtype.lower() not in DTYPE_NAMES):
+        raise ValueError(f"dtype={dtype!r} is not valid; expected 'auto', a floating torch.dtype or one of "
+                         f"{', '.join(DTYPE_NAMES)}")
 
 
 def check_positive_int(name: str, value, fix: str) -> None:

@@ -28,6 +28,7 @@ LOAD_FORMATS = ("auto", "dummy")
 DUMMY_SEED = 0
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
            "half": torch.float16, "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+DTYPE_NAMES = tuple(_DTYPES)
 
 
 @dataclasses.dataclass
