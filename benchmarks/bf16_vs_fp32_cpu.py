@@ -5,7 +5,7 @@ how far bf16 arithmetic alone moves the output, for mmenc and for transformers i
 """
 import time, torch
 from mmenc.engine.encoder import Encoder
-from mmenc.engine.hf_reference import build_hf_tower
+from mmenc.bench.hf_reference import build_hf_tower
 torch.set_num_threads(2)
 def rel(a, b): return float((a.double() - b.double()).norm() / b.double().norm())
 grid = torch.tensor([[1, 32, 32], [1, 16, 24]])

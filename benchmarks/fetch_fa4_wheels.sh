@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# Download FlashAttention-4 and its CuTe-DSL wheels (Python 3.12, x86-64) into .whl/ (git-ignored) for the
-# lent GPU machine, which has no network; split the 92 MB cu13 libs wheel into two halves that fit one call's
-# 64 MiB each. Then, on the GPU machine: `bash benchmarks/gpu_session.sh fa4-part1` (carry part-aa) and
-# `bash benchmarks/gpu_session.sh fa4 ...` (carry .whl/base .whl/extra .whl/install_fa4.sh part-ab + .sha256).
+# OPTIONAL helper: download FlashAttention-4 and its CuTe-DSL wheels (Python 3.12, x86-64) into .whl/
+# (git-ignored) for a GPU machine without network; the 92 MB cu13 libs wheel is split into two halves for
+# transfers limited to 64 MiB. On the GPU machine: `bash .whl/install_fa4.sh TARGET` (see that script).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tags=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64

@@ -6,17 +6,14 @@ rounding difference, in fp32 as in bf16). About 2 minutes on 2 cores.
 
     python benchmarks/fullsize_parity_cpu.py
 """
-import pathlib
-import sys
 import tempfile
 import time
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
-import checkpoints as ck  # noqa: E402
-from mmenc.engine.encoder import Encoder  # noqa: E402
-from mmenc.engine.hf_reference import build_hf_tower  # noqa: E402
+from mmenc.testing import checkpoints as ck  # tiny checkpoint writers (was tests/checkpoints.py)
+from mmenc.engine.encoder import Encoder
+from mmenc.bench.hf_reference import build_hf_tower
 torch.set_num_threads(2)
 def rel(a, b): return float((a.double() - b.double()).norm() / b.double().norm())
 grid = torch.tensor([[1, 32, 32], [1, 16, 24]])

@@ -15,11 +15,10 @@ import tempfile
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
-import checkpoints as ck  # noqa: E402
+from mmenc.testing import checkpoints as ck  # tiny checkpoint writers (mmenc/testing, was tests/checkpoints.py)
 
-from mmenc.engine.bench import WORKLOADS, format_table, matmul_tflops, measure  # noqa: E402
-from mmenc.engine.encoder import Encoder  # noqa: E402
+from mmenc.bench.measure import WORKLOADS, format_table, matmul_tflops, measure
+from mmenc.engine.encoder import Encoder
 
 K25_VISION = dict(hidden_size=1152, num_attention_heads=16, num_hidden_layers=27, intermediate_size=4304,
                   patch_size=14, pos_emb_height=64, pos_emb_width=64, pos_emb_time=4)

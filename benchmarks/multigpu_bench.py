@@ -29,7 +29,8 @@ import time
 
 import torch
 
-WORKLOADS = {"8x1036px": [(1, 74, 74)] * 8, "32x448px": [(1, 32, 32)] * 32}
+from mmenc.bench.measure import WORKLOADS
+
 PATCH_FEATURES = 3 * 2 * 14 * 14
 
 
@@ -78,11 +79,10 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
 
-    from mmenc.engine.bench import time_ms
+    from mmenc.bench.measure import time_ms
     from mmenc.config import MultiModalConfig
-    from mmenc.engine.parallel import resolve_tower_tp_mode
-    from mmenc.engine.runner import build_tower, run_tower
-    from mmenc.engine.workers import WorkerGroup
+    from mmenc.engine.runner import TowerRecipe, build_tower, run_tower
+    from mmenc.parallel import WorkerGroup
 
     t_start = time.monotonic()
     cuda = args.device_type == "cuda"
@@ -90,7 +90,7 @@ def main(argv=None):
         sys.exit(f"--gpus {args.gpus} but {torch.cuda.device_count()} CUDA devices are visible")
     workloads = WORKLOADS
     if args.workloads:
-        from mmenc.engine.bench import parse_grid_spec
+        from mmenc.bench.measure import parse_grid_spec
         workloads = {spec: parse_grid_spec(spec) for spec in args.workloads.split(",")}
     dev0 = "cuda:0" if cuda else "cpu"
     mm = MultiModalConfig(mm_encoder_attn_backend=args.attn_backend, compile=args.compile)
@@ -109,7 +109,7 @@ def main(argv=None):
     stagings = args.staging.split(",")
     configs = [(1, "weights", "1gpu-group", stagings[0])]
     for mode in ("data", "weights"):
-        resolved, reason = resolve_tower_tp_mode(mode, tower_args, args.gpus)
+        resolved, reason = TowerRecipe(tower_args).tp_mode(mode, args.gpus)
         if reason:
             print(f"{args.gpus}gpu-{mode}: {reason}", flush=True)
         for staging in stagings if mode == "data" else stagings[:1]:
@@ -120,7 +120,7 @@ def main(argv=None):
             continue
         t0 = time.monotonic()
         extra = {"staging": staging} if cuda else {}
-        with WorkerGroup(world, tower_args, mode=mode, device_type=args.device_type, timeout_s=120,
+        with WorkerGroup(world, TowerRecipe(tower_args), mode=mode, device_type=args.device_type, timeout_s=120,
                          startup_timeout_s=150, **extra) as group:
             print(f"{label}: started in {time.monotonic() - t0:.0f}s", flush=True)
             for name, (pv, grid) in inputs.items():

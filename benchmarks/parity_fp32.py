@@ -6,15 +6,14 @@ Kimi), so 27-32 layers stay numerically tame. For each case prints
     python benchmarks/parity_fp32.py [--compile]
 """
 import argparse
-import pathlib
 import sys
 import tempfile
 
 import torch
 
-from mmenc.engine.bench import WORKLOADS
+from mmenc.bench.measure import WORKLOADS
 from mmenc.engine.encoder import Encoder
-from mmenc.engine.hf_reference import build_hf_tower
+from mmenc.bench.hf_reference import build_hf_tower
 
 
 def rel(a, b) -> float:
@@ -40,8 +39,7 @@ def qwen2_5(compile_: bool) -> dict[str, tuple[float, float]]:
 def kimi(compile_: bool) -> dict[str, tuple[float, float]]:
     from transformers import Kimi_K25Config, Kimi_K25ForConditionalGeneration
 
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent / "tests"))
-    import checkpoints as ck
+    from mmenc.testing import checkpoints as ck  # tiny checkpoint writers (was tests/checkpoints.py)
 
     vision = {**ck.TINY_KIMI_VISION, **dict(hidden_size=1152, num_attention_heads=16, num_hidden_layers=27,
                                             intermediate_size=4304, pos_emb_height=64, pos_emb_width=64)}

@@ -1,5 +1,6 @@
 """The Encoder API on a tiny Qwen2.5-VL checkpoint (CPU, fp32): encode / encode_pixels / preprocess agree,
-results do not depend on batching, large inputs split into several tower calls, partial failures, extras."""
+results do not depend on batching, large inputs split into several tower calls, partial failures, extras,
+argument checks, zero images, non-finite outputs, calls from many threads (in process and with workers)."""
 import numpy as np
 import pytest
 import torch
@@ -51,8 +52,8 @@ def test_large_inputs_split_into_several_tower_calls(folder):
     whole = Encoder(folder, device="cpu").encode_pixels(pixels, grid)
     small = Encoder(folder, device="cpu", max_batch_patches=40)  # 64 + 32 + 32 + 32 patches: four calls
     calls = []
-    original = small._run
-    small._run = lambda pv, g: calls.append(g.shape[0]) or original(pv, g)
+    original = small.runner.run
+    small.runner.run = lambda pv, g: calls.append(g.shape[0]) or original(pv, g)
     got = small.encode_pixels(pixels, grid)
     assert calls == [1, 1, 1, 1], f"tower calls per chunk: {calls}"
     assert torch.allclose(got, whole, rtol=1e-5, atol=1e-6)
@@ -80,6 +81,95 @@ def test_bad_pixel_inputs_name_the_problem(encoder):
         Encoder("Qwen/Qwen2.5-VL-3B-Instruct", device="meta", tensor_parallel_size=0)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(dtype=torch.int8), r"dtype=torch.int8 is not a floating dtype"),
+    (dict(dtype=3), r"dtype=3 is not valid; expected 'auto'"),
+    (dict(dtype="int8"), r"dtype='int8' is not valid"),
+    (dict(tensor_parallel_size=2.5), r"tensor_parallel_size=2.5 must be an int >= 1"),
+    (dict(tensor_parallel_size="2"), r"tensor_parallel_size='2' must be an int >= 1"),
+    (dict(tensor_parallel_size=True), r"tensor_parallel_size=True must be an int >= 1"),
+    (dict(max_batch_patches=0), r"max_batch_patches=0 must be an int >= 1"),
+    (dict(max_batch_patches=1.5), r"max_batch_patches=1.5 must be an int >= 1"),
+    (dict(worker_timeout_s=0), r"worker_timeout_s=0 must be a positive, finite number"),
+    (dict(worker_timeout_s="60"), r"worker_timeout_s='60' must be a positive, finite number"),
+])
+def test_encoder_arguments_are_validated(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Encoder("Qwen/Qwen2.5-VL-3B-Instruct", device="meta", **kwargs)
+
+
+def test_zero_images_give_an_empty_result(encoder, tmp_path):
+    assert encoder.encode([]) == []
+    out = encoder.encode_pixels(torch.zeros(0, 1176), torch.zeros(0, 3, dtype=torch.int64))
+    assert out.shape == (0, encoder.loaded.config.out_hidden_size) and out.dtype == encoder.loaded.dtype
+    folder, _ = save_qwen3_vl(tmp_path / "q3")  # extras keep their structure, empty
+    enc = Encoder(str(folder), device="cpu")
+    out = enc.encode_pixels(torch.zeros(0, enc.loaded.config.patch_features), torch.zeros(0, 3, dtype=torch.int64),
+                            return_extras=True)
+    want = enc.encode_pixels(*enc.preprocess(_images()[:1]), return_extras=True)
+    assert out.embeddings.shape == (0, want.embeddings.shape[1])
+    assert [t.shape[1:] for t in out.extras["deepstack"]] == [t.shape[1:] for t in want.extras["deepstack"]]
+    assert all(t.shape[0] == 0 for t in out.extras["deepstack"])
+
+
+def test_non_finite_embeddings_warn_or_raise(folder, encoder, mmenc_caplog):
+    from mmenc.engine.checks import NonFiniteOutputError
+    from mmenc.models.base import TowerOutput
+
+    pixel_values, grid = encoder.preprocess(_images())  # 3 images
+    tokens = encoder.output_tokens(grid)
+    enc = Encoder(folder, device="cpu")
+    real = enc.runner.run
+
+    def poisoned(pv, g):  # image 1's first row becomes NaN
+        out = real(pv, g)
+        emb = out.embeddings.clone()
+        emb[tokens[0]] = float("nan")
+        return TowerOutput(emb, out.extras)
+
+    enc.runner.run = poisoned
+    out = enc.encode_pixels(pixel_values, grid)
+    assert out.isnan().any()
+    assert "non-finite embeddings (NaN or inf) for 1 of 3 image(s)" in mmenc_caplog.text
+    assert "image indices in the call: 1)" in mmenc_caplog.text
+    strict = Encoder(folder, device="cpu", strict=True)
+    with torch.no_grad():
+        next(strict.loaded.tower.parameters()).fill_(float("nan"))  # NaN weights: every image
+    with pytest.raises(NonFiniteOutputError, match=r"for 3 of 3 image\(s\).*indices in the call: 0, 1, 2"):
+        strict.encode(_images())
+
+
+def test_calls_from_many_threads_never_cross(folder, encoder):
+    _threads_match_sequential(encoder, _images(3) + _images(4), threads=4, rounds=3)
+
+
+def _threads_match_sequential(enc, images, threads: int, rounds: int, timeout_s: float = 240.0):
+    """`threads` threads each encode their own image `rounds` times at once; every result must equal
+    the sequential one (bitwise for the one-process path, 1e-5 relative otherwise)."""
+    import threading
+    want = [enc.encode([im])[0] for im in images[:threads]]
+    results, errors = {}, []
+
+    def work(k):
+        try:
+            for r in range(rounds):
+                results[k, r] = enc.encode([images[k]])[0]
+        except BaseException as e:  # reported below with the thread's index
+            errors.append((k, repr(e)))
+
+    pool = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout_s)
+    assert not any(t.is_alive() for t in pool), f"threads still running after {timeout_s}s"
+    assert not errors, f"calls from threads failed: {errors}"
+    for (k, r), got in results.items():
+        assert got.shape == want[k].shape, f"thread {k} round {r}: shape {tuple(got.shape)} != {tuple(want[k].shape)}"
+        err = float((got - want[k]).norm() / want[k].norm())
+        assert err < 1e-5, f"thread {k} round {r}: differs from its sequential result by {err:.2e} (crossed?)"
+
+
 def test_extras_split_per_image(tmp_path):
     folder, _ = save_qwen3_vl(tmp_path / "q3")
     enc = Encoder(str(folder), device="cpu")
@@ -104,9 +194,15 @@ def test_video_frames(encoder):
 def test_encoder_with_worker_processes_matches_one_process(folder, encoder, mode):
     images = _images(2)
     want = encoder.encode(images)
-    with Encoder(folder, device="cpu", tensor_parallel_size=2, mm_encoder_tp_mode=mode) as enc:
+    with Encoder(folder, device="cpu", tensor_parallel_size=2, mm_encoder_tp_mode=mode, worker_timeout_s=120) as enc:
+        assert enc.runner.group.timeout_s == 120 and enc.runner.mode == mode
         got = enc.encode(images)
         assert enc.attention_backends() == encoder.attention_backends()
+        assert enc.encode([]) == []
+        empty = enc.encode_pixels(torch.zeros(0, 1176), torch.zeros(0, 3, dtype=torch.int64))
+        assert empty.shape == (0, encoder.loaded.config.out_hidden_size)
+        _threads_match_sequential(enc, _images(3) + _images(4), threads=4, rounds=3)
+        assert enc.encode(images)[0].shape == got[0].shape  # the workers are still alive and in step
     for g, w in zip(got, want):
         err = float((g - w).norm() / w.norm())
         assert err < 1e-5, f"{mode} mode over 2 workers differs from one process by {err:.2e} (tolerance 1e-5)"

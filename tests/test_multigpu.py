@@ -45,10 +45,11 @@ def tiny(request, tmp_path_factory):
 @pytest.mark.parametrize("mode,staging", [("data", "pinned"), ("weights", "pinned"), ("data", "device"),
                                           ("data", "auto")])
 def test_group_matches_one_gpu(tiny, mode, staging):
-    from mmenc.engine.workers import WorkerGroup
+    from mmenc.engine.runner import TowerRecipe
+    from mmenc.parallel import WorkerGroup
 
     name, folder, pixels, want = tiny
-    with WorkerGroup(2, dict(model=folder, dtype=torch.float32), mode=mode, device_type="cuda", timeout_s=300,
+    with WorkerGroup(2, TowerRecipe(dict(model=folder, dtype=torch.float32)), mode=mode, device_type="cuda", timeout_s=300,
                      staging=staging) as g:
         assert g.mode == mode
         for call in range(4 if staging == "auto" else 3):  # auto on these small inputs: alternates

@@ -11,8 +11,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from mmenc.engine.parallel import (assign_images, gather_outputs, merge_outputs, pack_for_rank, patch_counts,
-                                   resolve_tp_mode, run_data_parallel, split_pack)
+from mmenc.engine.runner import TowerRecipe
+from mmenc.parallel import (assign_images, gather_outputs, merge_outputs, pack_for_rank, patch_counts, resolve_tp_mode,
+                            run_data_parallel, split_pack)
 from mmenc.models.base import TowerOutput
 
 TOL = 1e-5
@@ -159,8 +160,8 @@ def tiny_model(tmp_path_factory):
 
 
 def _group(folder, mode, **kwargs):
-    from mmenc.engine.workers import WorkerGroup
-    return WorkerGroup(2, dict(model=folder, load_format="auto", dtype=torch.float32), mode=mode, device_type="cpu",
+    from mmenc.parallel import WorkerGroup
+    return WorkerGroup(2, TowerRecipe(dict(model=folder, load_format="auto", dtype=torch.float32)), mode=mode, device_type="cpu",
                        timeout_s=120, **kwargs)
 
 
@@ -183,7 +184,7 @@ def _torchrun_like_worker(rank, world, port, cases):
     """What an Encoder launched by torchrun does on each rank: init_from_env, build, run the same pack.
     cases: [(checkpoint folder, pixel_values, grid_thw, single-process TowerOutput)]."""
     from mmenc.distributed import init_from_env, leave_process_group, parallel_state
-    from mmenc.engine.parallel import build_rank_tower, run_rank_tower
+    from mmenc.parallel import build_rank_tower, run_rank_tower
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -193,11 +194,19 @@ def _torchrun_like_worker(rank, world, port, cases):
         for folder, pixel_values, grid, want in cases:
             for mode in ("weights", "data"):
                 args = dict(model=folder, load_format="auto", dtype=torch.float32)
-                loaded = build_rank_tower(args, mode, env.device)
+                recipe = TowerRecipe(args)
+                loaded = build_rank_tower(recipe, mode, env.device)
                 assert parallel_state.get_tp_size() == (world if mode == "weights" else 1)
                 with torch.inference_mode():
-                    got = run_rank_tower(loaded, pixel_values, grid, mode)
+                    got = run_rank_tower(recipe, loaded, pixel_values, grid, mode)
                 _same_output(got, want, f"torchrun-style {mode} mode, rank {rank}, {folder}")
+        from mmenc.parallel import check_same_call
+        pixel_values, grid = cases[0][1], cases[0][2]
+        check_same_call(pixel_values, grid, env.device)  # the same call on both ranks: passes
+        with pytest.raises(RuntimeError, match=r"every rank must call the Encoder with the same inputs"):
+            check_same_call(pixel_values if rank == 0 else pixel_values + 1, grid, env.device)
+        with pytest.raises(RuntimeError, match=r"images per rank: \[4, 3\]"):
+            check_same_call(pixel_values, grid if rank == 0 else grid[:3], env.device)
         dist.barrier()  # no rank tears gloo down while the other still reads its last collective
     finally:
         leave_process_group()
@@ -229,7 +238,7 @@ def test_init_from_env_without_launcher_is_none(monkeypatch):
 
 
 def test_results_travel_in_shared_memory_with_extras():
-    from mmenc.engine.transport import ShmEndpoint, ShmTransport, shared_copy
+    from mmenc.parallel.transport import ShmEndpoint, ShmTransport, shared_copy
     grid, pv = _grid_and_pixels()
     out = ShmEndpoint().reply(_fake_tower(pv, grid))
     tensors = [out.embeddings, out.extras["scale"], *out.extras["deepstack"]]
@@ -248,7 +257,7 @@ def test_results_travel_in_shared_memory_with_extras():
 
 
 def test_group_rejects_more_ranks_than_devices():
-    from mmenc.engine.workers import WorkerGroup
+    from mmenc.parallel import WorkerGroup
     n = torch.cuda.device_count() + 1
     with pytest.raises(ValueError, match=rf"world_size={n} needs {n} CUDA devices but {n - 1} are visible"):
         WorkerGroup(n, {}, mode="weights", device_type="cuda")
@@ -283,7 +292,7 @@ def test_data_mode_matches_single_process_and_worker_error_surfaces(tiny_model):
     _same_output(group.run(pv, grid), want, "data mode")
     n = int(grid[:1].prod())  # one image for two ranks: rank 1 idle
     _same_output(group.run(pv[:n], grid[:1]), TowerOutput(want.embeddings[:n // 4]), "data mode, one image")
-    from mmenc.engine.workers import WorkerError
+    from mmenc.parallel import WorkerError
     with pytest.raises(WorkerError, match=r"(?s)worker rank 1 failed during run:.*Traceback.*"
                                           r"RuntimeError: injected fault on rank 1 at run"):
         group.run(pv, grid)
@@ -292,20 +301,20 @@ def test_data_mode_matches_single_process_and_worker_error_surfaces(tiny_model):
 
 
 def test_resolve_tower_tp_mode_checks_every_sharded_size():
-    from mmenc.engine.parallel import resolve_tower_tp_mode
     args = dict(model="Qwen/Qwen2.5-VL-7B-Instruct", load_format="dummy", dtype=torch.bfloat16)
-    assert resolve_tower_tp_mode("weights", args, 2) == ("weights", None)
-    assert resolve_tower_tp_mode("data", args, 3) == ("data", None)
-    mode, reason = resolve_tower_tp_mode("weights", args, 3)
+    resolve_tower_tp_mode = TowerRecipe(args).tp_mode
+    assert resolve_tower_tp_mode("weights", 2) == ("weights", None)
+    assert resolve_tower_tp_mode("data", 3) == ("data", None)
+    mode, reason = resolve_tower_tp_mode("weights", 3)
     assert mode == "data" and "num_heads=16 is not divisible by tensor_parallel_size=3" in reason
-    mode, reason = resolve_tower_tp_mode("weights", args, 8)  # 16 heads split, but not the MLP's 3420
+    mode, reason = resolve_tower_tp_mode("weights", 8)  # 16 heads split, but not the MLP's 3420
     assert mode == "data" and "3420 is not divisible by tensor_parallel_size=8" in reason, reason
 
 
 @pytest.mark.slow
 def test_worker_exit_at_startup_is_reported_after_mode_fallback(tmp_path, mmenc_caplog):
     from checkpoints import save_qwen2_5_vl
-    from mmenc.engine.workers import WorkerError
+    from mmenc.parallel import WorkerError
     folder, _ = save_qwen2_5_vl(tmp_path, vision={"num_heads": 1})  # 1 head: weights mode over 2 ranks cannot shard
     with pytest.raises(WorkerError, match=r"worker rank 1 exited with code 3 during startup"):
         _group(str(folder), "weights", _fault={"rank": 1, "at": "start", "action": "exit"})
@@ -317,9 +326,10 @@ def test_worker_exit_at_startup_is_reported_after_mode_fallback(tmp_path, mmenc_
 def test_interpreter_exit_stops_workers(tiny_model):
     script = textwrap.dedent(f"""
         import torch
-        from mmenc.engine.workers import WorkerGroup
+        from mmenc.parallel import WorkerGroup
+        from mmenc.engine.runner import TowerRecipe
         if __name__ == "__main__":
-            g = WorkerGroup(2, dict(model={tiny_model[0]!r}, load_format="auto", dtype=torch.float32),
+            g = WorkerGroup(2, TowerRecipe(dict(model={tiny_model[0]!r}, load_format="auto", dtype=torch.float32)),
                             mode="data", device_type="cpu", timeout_s=120)
             print(*g.pids, flush=True)
             # no close(): interpreter exit must stop the workers
@@ -332,7 +342,7 @@ def test_interpreter_exit_stops_workers(tiny_model):
 
 
 def test_staging_chooser_alternates_then_keeps_the_faster():
-    from mmenc.engine.transport import StagingChooser
+    from mmenc.parallel.transport import StagingChooser
     chooser = StagingChooser(trials=3, min_bytes=1)
     seen = []
     cost = {"pinned": 5.0, "device": 1.0}  # seconds per call of 1 byte: device is faster here
@@ -350,6 +360,50 @@ def test_staging_chooser_alternates_then_keeps_the_faster():
 
 
 def test_cuda_transport_rejects_unknown_staging():
-    from mmenc.engine.transport import CudaTransport
+    from mmenc.parallel.transport import CudaTransport
     with pytest.raises(ValueError, match=r"staging='fast' is not valid"):
         CudaTransport(2, torch.device("cpu"), staging="fast")
+
+
+def test_merging_or_splitting_zero_images_is_a_clear_error():
+    with pytest.raises(ValueError, match="merge_outputs needs at least one image"):
+        merge_outputs([None, None], [[], []], [])
+    with pytest.raises(ValueError, match=r"run_data_parallel needs at least one image"):
+        run_data_parallel(lambda pv, g: None, torch.zeros(0, 4), torch.zeros(0, 3, dtype=torch.int64), [])
+
+
+def test_more_cpu_workers_than_cores_warns_then_fails(monkeypatch, mmenc_caplog):
+    from mmenc.parallel.workers import check_cpu_workers
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    check_cpu_workers(2, "cpu")
+    assert "CPU worker" not in mmenc_caplog.text
+    check_cpu_workers(4, "cpu")
+    assert "tensor_parallel_size=4 starts 4 CPU worker processes on 2 CPU cores" in mmenc_caplog.text
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=64 starts 64 CPU worker processes on 2 CPU cores; "
+                                         r"at most 4 .* use tensor_parallel_size <= 2"):
+        check_cpu_workers(64, "cpu")
+    check_cpu_workers(64, "cuda")  # GPU workers: the device count is checked instead
+
+
+@pytest.mark.slow
+def test_script_without_main_guard_or_on_stdin_gets_one_clear_error(tiny_model, tmp_path):
+    """Workers import the main module: a script that starts them at import time, or code on stdin, ends
+    with one error saying the fix (not ~130 lines of tracebacks from every worker)."""
+    code = textwrap.dedent(f"""
+        import torch
+        from mmenc import Encoder
+        enc = Encoder({tiny_model[0]!r}, device="cpu", dtype="float32", tensor_parallel_size=2,
+                      mm_encoder_tp_mode="data", worker_timeout_s=120)
+        print("started", flush=True)
+    """)
+    script = tmp_path / "unguarded.py"
+    script.write_text(code)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode != 0 and "started" not in done.stdout
+    assert 'RuntimeError: mmenc workers cannot start from this script: put the code that creates the Encoder ' \
+           '(or WorkerGroup) under `if __name__ == "__main__":`' in done.stderr, done.stderr[-3000:]
+    assert len(done.stderr.splitlines()) < 60, f"{len(done.stderr.splitlines())} lines:\n{done.stderr}"
+    done = subprocess.run([sys.executable, "-"], input=code, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode != 0 and "RuntimeError: mmenc workers cannot start: they import the main module, " \
+                                    "but it is '<stdin>', not a file" in done.stderr, done.stderr[-3000:]

@@ -7,7 +7,7 @@ import time
 import torch
 
 from mmenc.cli.common import add_encoder_args, encoder_kwargs
-from mmenc.engine.bench import WORKLOADS, format_table, matmul_tflops, measure, parse_grid_spec, random_pixels
+from mmenc.bench.measure import WORKLOADS, format_table, matmul_tflops, measure, parse_grid_spec, random_pixels
 from mmenc.engine.encoder import DEFAULT_MODEL
 
 
@@ -30,8 +30,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args) -> int:
     from mmenc.engine.encoder import Encoder
-    from mmenc.engine.flops import count_flops
-    from mmenc.engine.hf_reference import build_hf_tower, hf_tower_available
+    from mmenc.bench.flops import count_flops
+    from mmenc.bench.hf_reference import build_hf_tower, hf_tower_available
 
     workloads = {name: WORKLOADS[name] for name in (args.workload or ([] if args.grid else sorted(WORKLOADS)))}
     for spec in args.grid or []:

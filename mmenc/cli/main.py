@@ -1,4 +1,4 @@
-"""`mmenc` command line: one subcommand per module (backends, encode, bench)."""
+"""`mmenc` command line (also `python -m mmenc`): one subcommand per module (backends, encode, bench)."""
 import argparse
 import importlib
 import sys
@@ -8,7 +8,10 @@ SUBCOMMANDS = {"backends": "backends", "encode": "encode", "bench": "bench"}
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from mmenc import __version__
+
     parser = argparse.ArgumentParser(prog="mmenc", description="Run the vision encoders of VLMs, fast.")
+    parser.add_argument("--version", action="version", version=f"mmenc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, module in SUBCOMMANDS.items():
         try:

@@ -1,5 +1,5 @@
 """Joining a process group: from a launcher's environment (torchrun, one process per device,
-several machines included) or as a worker that mmenc spawned itself (engine/workers.py)."""
+several machines included) or as a worker that mmenc spawned itself (mmenc/parallel/workers.py)."""
 import dataclasses
 import datetime
 import gc
@@ -60,7 +60,7 @@ def init_from_env(device_type: str | None = None, timeout_s: float = 600.0) -> D
 
     Every rank then runs the same program (SPMD): in weights mode set the TP group to the world
     (`parallel_state.set_tp_group(dist.group.WORLD)`) and run the full pack on every rank; in data
-    mode call `mmenc.engine.parallel.run_data_parallel` on every rank with the same pack."""
+    mode call `mmenc.parallel.run_data_parallel` on every rank with the same pack."""
     if not launched_distributed() and not dist.is_initialized():
         return None
     if device_type is None:

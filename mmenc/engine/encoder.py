@@ -12,15 +12,19 @@ processes ("weights": the tower sharded over them; "data": one replica each, ima
 results still come back on `device` (cuda:0 by default), as with one GPU.
 Under torchrun (RANK/WORLD_SIZE set) each process is one rank instead: every rank builds the
 Encoder and calls it with the same inputs, and every rank receives the full result.
+Which of these runs the tower is one runner object (mmenc.engine.runners), chosen here once.
 """
 import dataclasses
+import threading
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
 
 from mmenc.config import MultiModalConfig
-from mmenc.engine.runner import build_tower, default_device
+from mmenc.engine.checks import check_dtype, check_finite, check_positive_int, check_timeout
+from mmenc.engine.runner import TowerRecipe, empty_output
+from mmenc.engine.runners import make_runner
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
 
@@ -42,42 +46,34 @@ class Encoder:
                  device: str | torch.device | None = None, mm_encoder_attn_backend: str | None = None,
                  load_format: Literal["auto", "dummy"] = "auto", tensor_parallel_size: int = 1,
                  mm_encoder_tp_mode: str = "weights", max_batch_patches: int = 1 << 16, compile: bool = False,
-                 cuda_graphs: bool = False):
+                 cuda_graphs: bool = False, *, worker_timeout_s: float = 600.0, strict: bool = False):
         """model: a local Hugging Face checkpoint folder, or a built-in name (then
         load_format="dummy" is implied: random weights, no files). max_batch_patches bounds one
         tower call; `encode` splits larger inputs into several calls (whole images only).
         compile=True runs the tower's blocks through torch.compile (the first call compiles).
         cuda_graphs=True (CUDA only) replays one CUDA graph per packing seen before (the second
-        call with the same image sizes captures it; see mmenc.engine.cuda_graphs)."""
-        if tensor_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size={tensor_parallel_size} must be >= 1")
+        call with the same image sizes captures it; see mmenc.engine.cuda_graphs).
+        worker_timeout_s: with worker processes (tensor_parallel_size > 1), the most one call may
+        wait for them before they are declared hung (TimeoutError naming the rank).
+        strict: non-finite (NaN/inf) embeddings raise NonFiniteOutputError instead of a warning.
+        Safe to call from many threads: calls run one at a time (docs/engine.md, Threads)."""
+        check_dtype(dtype)
+        check_positive_int("tensor_parallel_size", tensor_parallel_size, "the number of devices, e.g. 2")
+        check_positive_int("max_batch_patches", max_batch_patches, "the most patches one tower call takes, e.g. 65536")
+        check_timeout("worker_timeout_s", worker_timeout_s)
         self.mm_config = MultiModalConfig(mm_encoder_attn_backend=mm_encoder_attn_backend,
                                           mm_encoder_tp_mode=mm_encoder_tp_mode, compile=compile,
                                           cuda_graphs=cuda_graphs)
-        self.device = torch.device(device) if device is not None else default_device()
-        self.max_batch_patches = max_batch_patches
-        self.tensor_parallel_size = tensor_parallel_size
-        tower_args = dict(model=model, load_format=load_format, dtype=dtype, multimodal_config=self.mm_config)
-        self._group = None
-        self._spmd_mode = None
-        from mmenc.distributed import init_from_env
-
-        env = init_from_env(device_type=self.device.type if device is not None else None)
-        if env is not None and env.world_size > 1:
-            self._init_spmd(env, tower_args, tensor_parallel_size)
-        elif tensor_parallel_size > 1:
-            from mmenc.engine.parallel import WorkerGroup
-
-            self._group = WorkerGroup(tensor_parallel_size, tower_args, mode=self.mm_config.mm_encoder_tp_mode,
-                                      device_type=self.device.type, output_device=self.device)
-            self.loaded = self._group.describe()
-            # the workers hold the weights; a tower on the meta device (no memory) answers shape questions
-            self.loaded.tower = build_tower(**{**tower_args, "dtype": self.loaded.dtype}, device="meta",
-                                            tp_size=1).tower
-        else:
-            self.loaded = build_tower(**tower_args, device=self.device)
+        self.max_batch_patches, self.strict, self.model_name = max_batch_patches, bool(strict), model
+        self._recipe = TowerRecipe(dict(model=model, load_format=load_format, dtype=dtype,
+                                        multimodal_config=self.mm_config))
+        self.runner = make_runner(self._recipe, torch.device(device) if device is not None else None,
+                                  tensor_parallel_size, self.mm_config.mm_encoder_tp_mode, worker_timeout_s)
+        self.device, self.tensor_parallel_size = self.runner.device, self.runner.tensor_parallel_size
+        self.loaded = self.runner.loaded
         self.processor = self.loaded.processor
-        self.model_name = model
+        self._lock = threading.Lock()  # one call at a time: results can never cross between threads
+        self._empty: TowerOutput | None = None
 
     # -- the three steps --------------------------------------------------------------------
     def preprocess(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -93,12 +89,18 @@ class Encoder:
     def encode_pixels(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor,
                       return_extras: bool = False) -> torch.Tensor | TowerOutput:
         """Embeddings [sum of tokens per image, out_hidden] in image order (dtype of the tower).
-        Inputs larger than max_batch_patches run as several tower calls over whole images."""
+        Inputs larger than max_batch_patches run as several tower calls over whole images. Zero
+        images (grid_thw [0, 3], pixel_values [0, F]) give an empty result [0, out_hidden]."""
         if pixel_values.dim() > 2:  # [P, C, p, p] (Kimi's processor) -> one row per patch
             pixel_values = pixel_values.reshape(pixel_values.shape[0], -1)
         grid_thw = _check_grid(pixel_values, grid_thw)
-        outputs = [self._run(pv, g) for pv, g in self._chunks(pixel_values, grid_thw)]
-        out = outputs[0] if len(outputs) == 1 else _concat_outputs(outputs)
+        with self._lock:
+            if grid_thw.shape[0] == 0:
+                out = self._empty_output()
+            else:
+                outputs = [self.runner.run(pv, g) for pv, g in self._chunks(pixel_values, grid_thw)]
+                out = outputs[0] if len(outputs) == 1 else _concat_outputs(outputs)
+        check_finite(out.embeddings, self.output_tokens(grid_thw), self.strict)
         return out if return_extras else out.embeddings
 
     def encode(self, images: Sequence[Any], return_extras: bool = False,
@@ -124,40 +126,17 @@ class Encoder:
             results[i] = piece if return_extras else piece.embeddings
         return results
 
-    def _init_spmd(self, env, tower_args: dict, tensor_parallel_size: int) -> None:
-        """Launched by torchrun (one process per device): this process is one rank; every rank
-        constructs the Encoder and calls it with the same inputs, and every rank gets the result."""
-        from mmenc.engine.parallel import build_rank_tower, resolve_tower_tp_mode
-
-        if tensor_parallel_size not in (1, env.world_size):
-            raise ValueError(f"tensor_parallel_size={tensor_parallel_size} but torchrun started {env.world_size} "
-                             f"processes; pass {env.world_size} (or leave it at 1) under torchrun")
-        mode, reason = resolve_tower_tp_mode(self.mm_config.mm_encoder_tp_mode, tower_args, env.world_size)
-        if reason:
-            logger.warning("%s", reason)
-        self._spmd_mode = mode
-        self.device = env.device
-        self.tensor_parallel_size = env.world_size
-        self.loaded = build_rank_tower(tower_args, mode, env.device)
-
     def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
         """Embedding rows each image yields."""
         return self.loaded.output_tokens(torch.as_tensor(grid_thw, dtype=torch.int64).cpu())
 
     def attention_backends(self) -> str:
         """The attention backend(s) the tower's layers chose, e.g. "TORCH_SDPA"."""
-        from mmenc.attention.layer import MMEncoderAttention
-
-        tower = getattr(self.loaded, "tower", None)
-        if tower is None:
-            return getattr(self.loaded, "attention_backends", "unknown")
-        names = sorted({m.describe_backend() for m in tower.modules() if isinstance(m, MMEncoderAttention)})
-        return ", ".join(names)
+        return self.runner.attention_backends()
 
     def close(self) -> None:
-        if self._group is not None:
-            self._group.close()
-            self._group = None
+        """Stop the worker processes, if any (also on `with` exit). Idempotent."""
+        self.runner.close()
 
     def __enter__(self):
         return self
@@ -166,17 +145,12 @@ class Encoder:
         self.close()
 
     # -- internals ----------------------------------------------------------------------------
-    def _run(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
-        if self._group is not None:
-            return self._group.run(pixel_values, grid_thw)
-        if self._spmd_mode is not None:
-            from mmenc.engine.parallel import run_rank_tower
-
-            with torch.inference_mode():
-                return run_rank_tower(self.loaded, pixel_values, grid_thw, self._spmd_mode)
-        from mmenc.engine.runner import run_tower
-
-        return run_tower(self.loaded, pixel_values, grid_thw)
+    def _empty_output(self) -> TowerOutput:
+        """The result of a call with zero images (computed once from a meta-device tower)."""
+        if self._empty is None:
+            meta = TowerRecipe({**self._recipe.tower_args, "dtype": self.loaded.dtype}).meta_tower()
+            self._empty = empty_output(meta, self.device)
+        return self._empty
 
     def _chunks(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor):
         """Split into runs of whole images of at most max_batch_patches patches (one image may exceed it)."""

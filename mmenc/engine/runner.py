@@ -28,6 +28,7 @@ LOAD_FORMATS = ("auto", "dummy")
 DUMMY_SEED = 0
 _DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
            "half": torch.float16, "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+DTYPE_NAMES = tuple(_DTYPES)
 
 
 @dataclasses.dataclass
@@ -180,3 +181,43 @@ def run_tower(loaded: LoadedTower, pixel_values: torch.Tensor, grid_thw: torch.T
         grid_thw = torch.as_tensor(grid_thw, dtype=torch.int64).cpu()
         pixel_values = pixel_values.to(device=loaded.device, dtype=loaded.dtype, non_blocking=True)
         return (loaded.graphs or loaded.tower)(pixel_values, grid_thw)
+
+
+@dataclasses.dataclass(frozen=True)
+class TowerRecipe:
+    """How a rank builds and runs a tower (mmenc.parallel.rank.TowerRecipe): `build_tower`'s
+    arguments except the device. Picklable: WorkerGroup workers receive it."""
+
+    tower_args: dict[str, Any]
+
+    def meta_tower(self) -> LoadedTower:
+        """The tower on the meta device, unsharded: shapes without memory or weights read."""
+        return build_tower(**{**self.tower_args, "device": "meta"}, tp_size=1)
+
+    def tp_mode(self, mode: str, world: int) -> tuple[str, str | None]:
+        """`resolve_tp_mode` for this tower: its heads and every size its parallel linears split."""
+        from mmenc.layers.linear import tp_sharded_sizes
+        from mmenc.parallel.modes import resolve_tp_mode
+
+        mode = MultiModalConfig(mm_encoder_tp_mode=mode).mm_encoder_tp_mode
+        if mode == "data" or world == 1:
+            return mode, None
+        loaded = self.meta_tower()
+        return resolve_tp_mode(mode, getattr(loaded.config, "num_heads", None), world, tp_sharded_sizes(loaded.tower))
+
+    def build(self, device: torch.device) -> LoadedTower:
+        """Sharded over the current TP group (mmenc.distributed.parallel_state), whole without one."""
+        return build_tower(**{**self.tower_args, "device": device})
+
+    def run(self, built: LoadedTower, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
+        return run_tower(built, pixel_values, grid_thw)
+
+
+def empty_output(meta: LoadedTower, device: torch.device) -> TowerOutput:
+    """The tower's output for zero images: every tensor [0, ...] in its dtype on `device`, found by
+    running the meta-device tower on one smallest image (shapes only, no compute)."""
+    m = meta.config.spatial_merge_size
+    grid = torch.tensor([[1, m, m]])
+    with torch.inference_mode():
+        out = meta.tower(torch.empty(m * m, meta.config.patch_features, device="meta", dtype=meta.dtype), grid)
+    return out.map(lambda t: torch.empty(0, *t.shape[1:], dtype=t.dtype, device=device))

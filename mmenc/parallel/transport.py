@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from mmenc.engine.parallel import flatten_output, pack_for_rank, patch_counts, unflatten_output
+from mmenc.parallel.data import flatten_output, pack_for_rank, patch_counts, unflatten_output
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
 

@@ -1,0 +1,51 @@
+"""Checks of the Encoder's arguments (errors name the value, the expectation and the fix) and of
+its outputs (non-finite embeddings)."""
+import math
+
+import torch
+
+from mmenc.engine.runner import DTYPE_NAMES
+from mmenc.logger import init_logger
+
+logger = init_logger(__name__)
+
+
+class NonFiniteOutputError(RuntimeError):
+    """The tower produced NaN or infinite embeddings (raised under Encoder(strict=True))."""
+
+
+def check_dtype(dtype) -> None:
+    """"auto", a floating dtype's name (see runner.resolve_dtype) or a floating torch.dtype."""
+    if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype={dtype} is not a floating dtype; use torch.bfloat16, torch.float16, "
+                             f"torch.float32 or 'auto'")
+    elif not isinstance(dtype, str) or (dtype != "auto" and dtype.lower() not in DTYPE_NAMES):
+        raise ValueError(f"dtype={dtype!r} is not valid; expected 'auto', a floating torch.dtype or one of "
+                         f"{', '.join(DTYPE_NAMES)}")
+
+
+def check_positive_int(name: str, value, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} must be an int >= 1 (not a bool, float or str); {fix}")
+
+
+def check_timeout(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name}={value!r} must be a positive, finite number of seconds, e.g. 600")
+
+
+def check_finite(embeddings: torch.Tensor, tokens: list[int], strict: bool) -> None:
+    """Warn (strict: raise NonFiniteOutputError) naming the images whose rows of `embeddings`
+    [sum(tokens), out_hidden] hold NaN or infinity. One reduction when all is finite."""
+    if embeddings.numel() == 0 or bool(torch.isfinite(embeddings).all()):
+        return
+    bad_rows = ~torch.isfinite(embeddings).all(dim=-1)
+    bad = [i for i, rows in enumerate(bad_rows.split(tokens)) if bool(rows.any())]
+    shown = ", ".join(map(str, bad[:20])) + (" ..." if len(bad) > 20 else "")
+    message = (f"non-finite embeddings (NaN or inf) for {len(bad)} of {len(tokens)} image(s) of this call "
+               f"(image indices in the call: {shown}); check the checkpoint's weights and the dtype "
+               f"(float16 can overflow: try bfloat16 or float32)")
+    if strict:
+        raise NonFiniteOutputError(message)
+    logger.warning("%s", message)
