@@ -170,6 +170,50 @@ def test_index_naming_a_missing_shard(sharded, tmp_path):
         list(iter_tower_tensors(tmp_path, ("visual.",)))
 
 
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "tiny"])
+def test_damaged_safetensors_is_named(saved, tmp_path, damage):
+    folder = saved[0]
+    (tmp_path / "config.json").write_text((folder / "config.json").read_text())
+    data = (folder / "model.safetensors").read_bytes()
+    broken = {"truncated": data[:len(data) // 2], "garbage": b"not a safetensors file " * 4, "tiny": b"ab"}[damage]
+    (tmp_path / "model.safetensors").write_bytes(broken)
+    with pytest.raises(ValueError, match=r"safetensors file '.*model\.safetensors' is damaged or not a "
+                                         r"safetensors file .*download or copy it again"):
+        build_tower(str(tmp_path), device="cpu")
+
+
+def test_damaged_shard_behind_an_index_is_named(sharded, tmp_path):
+    import shutil
+
+    folder = sharded[0]
+    for f in folder.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    shard = index["visual.blocks.0.mlp.up_proj.weight"]
+    data = (tmp_path / shard).read_bytes()
+    (tmp_path / shard).write_bytes(data[:len(data) - 10])
+    with pytest.raises(ValueError, match=rf"'.*{shard}' is damaged"):
+        build_tower(str(tmp_path), device="cpu")
+
+
+def test_garbage_index_json_is_named(sharded, tmp_path):
+    (tmp_path / "config.json").write_text((sharded[0] / "config.json").read_text())
+    (tmp_path / "model.safetensors.index.json").write_text("{ not json")
+    with pytest.raises(ValueError, match=r"model\.safetensors\.index\.json is not valid JSON"):
+        tensor_files(tmp_path)
+
+
+def test_integer_tower_weight_is_refused(saved, tmp_path):
+    name = "visual.blocks.1.mlp.down_proj.weight"
+
+    def to_int(t):
+        t[name] = t[name].to(torch.int32)
+    broken = rewrite_checkpoint(saved[0], tmp_path / "i", to_int)
+    with pytest.raises(ValueError, match=rf"'{name}' in '.*model\.safetensors' has dtype int32; vision-tower "
+                                         r"weights must be floating point"):
+        build_tower(str(broken), device="cpu")
+
+
 # -- weight loaders, dtype, dummy weights ------------------------------------------------------
 
 def test_weight_loader_attribute_is_used():
