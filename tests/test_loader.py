@@ -254,3 +254,26 @@ def test_init_dummy_weights_skips_meta():
 def test_bad_load_format(saved):
     with pytest.raises(ValueError, match="load_format='pt' is not valid"):
         build_tower(str(saved[0]), load_format="pt")
+
+
+def test_comparable_random_weights():
+    from mmenc.loader.random_weights import init_comparable_weights_
+
+    def model():
+        torch.manual_seed(123)
+        return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.LayerNorm(512), torch.nn.Linear(512, 8))
+    a, b = model(), model().to(torch.bfloat16)
+    assert init_comparable_weights_(a, seed=7) == 6 and init_comparable_weights_(b, seed=7) == 6
+    big = a[0].weight
+    assert abs(big.std().item() - 0.02) < 0.001 and abs(big.mean().item()) < 0.001
+    norm = dict(a.named_parameters())["1.weight"]
+    assert abs(norm.mean().item() - 1.0) < 0.02 and 0.08 < norm.std().item() < 0.12, "norm weights around 1"
+    assert dict(a.named_parameters())["0.bias"].abs().max() < 0.2
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(pa.to(torch.bfloat16), pb), f"{name}: values depend on the dtype"
+    c = model()
+    before = c[2].weight.clone()
+    assert init_comparable_weights_(c, seed=7, include=lambda name: name.startswith("0.")) == 2
+    assert torch.equal(c[2].weight, before) and torch.equal(c[0].weight, a[0].weight)
+    with pytest.raises(ValueError, match="std=0 must be > 0"):
+        init_comparable_weights_(c, std=0)
