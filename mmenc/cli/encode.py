@@ -99,6 +99,8 @@ def run(args) -> int:
         print(f"mmenc encode: no --model given: running the built-in {DEFAULT_MODEL} vision tower with RANDOM "
               f"weights (a demo of the pipeline; pass a checkpoint folder for real embeddings)", file=sys.stderr)
     results = Results()
+    if not args.quiet:
+        print(f"mmenc encode: loading {kwargs['model']} ...", file=sys.stderr, flush=True)
     with image_pixel_limit(args.max_image_pixels) as max_pixels:
         try:
             encoder = Encoder(**kwargs)
