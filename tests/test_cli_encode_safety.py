@@ -303,3 +303,11 @@ def test_through_python_m(folder, three, tmp_path):
     assert good.returncode == 0, good.stderr
     assert "images=3" in good.stdout and "3/3 images" in good.stderr
     assert len(load_file(str(out))) == 6
+
+
+def test_an_input_given_twice_is_encoded_once(folder, three, tmp_path, capsys):
+    out = tmp_path / "e.safetensors"
+    rc, stdout, _ = _encode(capsys, three[0], three[0], "--model", folder, "-o", str(out))
+    assert rc == 0 and "images=1" in stdout
+    with safe_open(str(out), "pt") as f:
+        assert f.metadata()["complete"] == "true"

@@ -41,7 +41,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def collect_images(inputs: list[str]) -> list[str]:
-    """Files as given, folders expanded to their image files (sorted, recursive)."""
+    """Files as given, folders expanded to their image files (sorted, recursive); each path once."""
     paths = []
     for item in inputs:
         if os.path.isdir(item):
@@ -54,7 +54,7 @@ def collect_images(inputs: list[str]) -> list[str]:
             paths.append(item)
         else:
             raise FileNotFoundError(f"input {item!r} does not exist")
-    return paths
+    return list(dict.fromkeys(paths))
 
 
 @dataclasses.dataclass
@@ -156,19 +156,19 @@ def encode_all(encoder, paths: list[str], batch_size: int, max_pixels, results: 
         good = [p for i, p in enumerate(batch) if i not in failed]
         good, pieces, grids = preprocess_each(encoder, good, images, results)
         progress.advance(len(batch) - len(good))
-        i = 0
-        while i < len(good):
-            n = sizer.size()
+        done = 0
+        while done < len(good):
+            call = slice(done, done + sizer.size())
             begin = time.perf_counter()
-            out = encoder.encode_pixels(torch.cat(pieces[i:i + n]), grids[i:i + n])
-            sizer.observe(len(good[i:i + n]), time.perf_counter() - begin)
-            for path, emb, grid in zip(good[i:i + n], out.split(encoder.output_tokens(grids[i:i + n])), grids[i:i + n]):
+            out = encoder.encode_pixels(torch.cat(pieces[call]), grids[call])  # [tokens of the call, out_hidden]
+            sizer.observe(len(good[call]), time.perf_counter() - begin)
+            for path, emb, grid in zip(good[call], out.split(encoder.output_tokens(grids[call])), grids[call]):
                 results.tensors[path] = emb.float().cpu().contiguous()
                 results.tensors[f"{path}.grid_thw"] = grid.clone()
                 results.tokens += emb.shape[0]
                 results.images += 1
-            progress.advance(len(good[i:i + n]))
-            i += n
+            progress.advance(len(good[call]))
+            done = call.stop
 
 
 def preprocess_each(encoder, paths: list[str], images: list, results: Results):
