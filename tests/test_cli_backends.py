@@ -134,3 +134,40 @@ def test_no_short_choice_by_default(capsys, use_platform):
     use_platform(CpuPlatform())
     rc, out, _ = run(capsys, "--json")
     assert json.loads(out)["short_selected"] is None
+
+
+def _words(text: str) -> list[str]:
+    return text.replace("*", " ").split()
+
+
+@pytest.mark.parametrize("width", [100, 80])  # reasons under their column; under the row
+def test_width_wraps_the_reasons(capsys, use_platform, width):
+    use_platform(CpuPlatform())
+    _, full, _ = run(capsys, "--width", "0")
+    rc, out, _ = run(capsys, "--width", str(width))
+    assert rc == 0
+    table = out.split("\n\n")[1]
+    assert max(len(line) for line in table.splitlines()) <= width, table
+    assert _words(out) == _words(full), "wrapping must keep every word, in order"
+    assert "pip install flash-attn-4" in " ".join(out.split()), "a package name is not cut at its hyphens"
+    assert max(len(line) for line in full.splitlines()) > 100, "the unwrapped table is wider than tested"
+
+
+def test_terminal_width_is_the_default_on_a_terminal(capsys, use_platform, monkeypatch):
+    import os
+    import sys
+
+    use_platform(CpuPlatform())
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setattr("shutil.get_terminal_size", lambda *a: os.terminal_size((90, 24)))
+    rc, out, _ = run(capsys)
+    assert rc == 0 and max(len(line) for line in out.split("\n\n")[1].splitlines()) <= 90
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False)
+    rc, out, _ = run(capsys)
+    assert max(len(line) for line in out.splitlines()) > 90, "piped output keeps one line per backend"
+
+
+def test_bad_width(capsys, use_platform):
+    use_platform(CpuPlatform())
+    rc, _, err = run(capsys, "--width", "-3")
+    assert rc == 2 and "--width -3" in err

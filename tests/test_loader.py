@@ -170,6 +170,50 @@ def test_index_naming_a_missing_shard(sharded, tmp_path):
         list(iter_tower_tensors(tmp_path, ("visual.",)))
 
 
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "tiny"])
+def test_damaged_safetensors_is_named(saved, tmp_path, damage):
+    folder = saved[0]
+    (tmp_path / "config.json").write_text((folder / "config.json").read_text())
+    data = (folder / "model.safetensors").read_bytes()
+    broken = {"truncated": data[:len(data) // 2], "garbage": b"not a safetensors file " * 4, "tiny": b"ab"}[damage]
+    (tmp_path / "model.safetensors").write_bytes(broken)
+    with pytest.raises(ValueError, match=r"safetensors file '.*model\.safetensors' is damaged or not a "
+                                         r"safetensors file .*download or copy it again"):
+        build_tower(str(tmp_path), device="cpu")
+
+
+def test_damaged_shard_behind_an_index_is_named(sharded, tmp_path):
+    import shutil
+
+    folder = sharded[0]
+    for f in folder.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    shard = index["visual.blocks.0.mlp.up_proj.weight"]
+    data = (tmp_path / shard).read_bytes()
+    (tmp_path / shard).write_bytes(data[:len(data) - 10])
+    with pytest.raises(ValueError, match=rf"'.*{shard}' is damaged"):
+        build_tower(str(tmp_path), device="cpu")
+
+
+def test_garbage_index_json_is_named(sharded, tmp_path):
+    (tmp_path / "config.json").write_text((sharded[0] / "config.json").read_text())
+    (tmp_path / "model.safetensors.index.json").write_text("{ not json")
+    with pytest.raises(ValueError, match=r"model\.safetensors\.index\.json is not valid JSON"):
+        tensor_files(tmp_path)
+
+
+def test_integer_tower_weight_is_refused(saved, tmp_path):
+    name = "visual.blocks.1.mlp.down_proj.weight"
+
+    def to_int(t):
+        t[name] = t[name].to(torch.int32)
+    broken = rewrite_checkpoint(saved[0], tmp_path / "i", to_int)
+    with pytest.raises(ValueError, match=rf"'{name}' in '.*model\.safetensors' has dtype int32; vision-tower "
+                                         r"weights must be floating point"):
+        build_tower(str(broken), device="cpu")
+
+
 # -- weight loaders, dtype, dummy weights ------------------------------------------------------
 
 def test_weight_loader_attribute_is_used():
@@ -210,3 +254,26 @@ def test_init_dummy_weights_skips_meta():
 def test_bad_load_format(saved):
     with pytest.raises(ValueError, match="load_format='pt' is not valid"):
         build_tower(str(saved[0]), load_format="pt")
+
+
+def test_comparable_random_weights():
+    from mmenc.loader.random_weights import init_comparable_weights_
+
+    def model():
+        torch.manual_seed(123)
+        return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.LayerNorm(512), torch.nn.Linear(512, 8))
+    a, b = model(), model().to(torch.bfloat16)
+    assert init_comparable_weights_(a, seed=7) == 6 and init_comparable_weights_(b, seed=7) == 6
+    big = a[0].weight
+    assert abs(big.std().item() - 0.02) < 0.001 and abs(big.mean().item()) < 0.001
+    norm = dict(a.named_parameters())["1.weight"]
+    assert abs(norm.mean().item() - 1.0) < 0.02 and 0.08 < norm.std().item() < 0.12, "norm weights around 1"
+    assert dict(a.named_parameters())["0.bias"].abs().max() < 0.2
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(pa.to(torch.bfloat16), pb), f"{name}: values depend on the dtype"
+    c = model()
+    before = c[2].weight.clone()
+    assert init_comparable_weights_(c, seed=7, include=lambda name: name.startswith("0.")) == 2
+    assert torch.equal(c[2].weight, before) and torch.equal(c[0].weight, a[0].weight)
+    with pytest.raises(ValueError, match="std=0 must be > 0"):
+        init_comparable_weights_(c, std=0)

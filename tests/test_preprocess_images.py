@@ -109,3 +109,29 @@ def test_bytes_roundtrip():
     buf = io.BytesIO()
     Image.new("P", (3, 2), 1).save(buf, format="PNG")
     assert load_image(buf.getvalue()).shape == (2, 3, 3)
+
+
+def _animated_gif(path, frames=3):
+    pictures = [Image.new("RGB", (8, 6), (40 * i, 0, 0)) for i in range(frames)]
+    pictures[0].save(path, save_all=True, append_images=pictures[1:], duration=50, loop=0)
+    return path
+
+
+def test_animated_gif_loads_first_frame_with_a_warning(tmp_path, mmenc_caplog):
+    path = _animated_gif(tmp_path / "anim.gif")
+    out = load_image(str(path))
+    assert out.shape == (6, 8, 3) and tuple(out[0, 0]) == tuple(np.asarray(Image.open(path).convert("RGB"))[0, 0])
+    warnings = [r.getMessage() for r in mmenc_caplog.records if r.levelname == "WARNING"]
+    assert any("anim.gif' has 3 frames" in w and "first frame only" in w for w in warnings), warnings
+
+
+def test_single_frame_gif_has_no_warning(tmp_path, mmenc_caplog):
+    path = _animated_gif(tmp_path / "still.gif", frames=1)
+    load_image(str(path))
+    assert not [r for r in mmenc_caplog.records if "frames" in r.getMessage()]
+
+
+def test_bomb_message_names_the_cli_flag(tmp_path):
+    p = _png(tmp_path / "big.png", h=20, w=30)
+    with pytest.raises(ImageLoadError, match=r"big\.png.*exceeds max_pixels=100.*--max-image-pixels"):
+        load_image(p, max_pixels=100)

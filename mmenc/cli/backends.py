@@ -1,6 +1,9 @@
 """`mmenc backends`: every encoder-attention backend, whether it can run here, and the platform's pick."""
 import argparse
 import json
+import shutil
+import sys
+import textwrap
 
 import torch
 
@@ -23,6 +26,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         help="float32, float16 or bfloat16 (also fp32, fp16, bf16, half); "
                              "default bfloat16 on a GPU, float32 on CPU")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    parser.add_argument("--width", type=int, default=None, metavar="COLUMNS",
+                        help="wrap the table's WHY NOT column to fit COLUMNS characters (default: the terminal's "
+                             "width when printing to a terminal, no wrapping otherwise; 0: no wrapping)")
     return parser
 
 
@@ -95,9 +101,8 @@ def run(args: argparse.Namespace) -> int:
         mark = "*" if row["selected"] else "+" if row["short_selected"] else ""
         table.append((mark, row["name"], installed, "yes" if row["usable"] else "no",
                       "yes" if row["offered"] else "no", str(row["priority"] or "-"), "; ".join(row["reasons"])))
-    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]) - 1)]
-    for r in table:
-        print(("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1]).rstrip())
+    for line in format_table(table, _table_width(args.width)):
+        print(line)
     print()
     if data["selected"]:
         print(f"selected (*): {data['selected']}: {data['why']}")
@@ -108,6 +113,37 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"selected: none: {data['why']}")
     return 1
+
+
+def _table_width(requested: int | None) -> int | None:
+    """Characters a table line may use: --width, else the terminal's width on a terminal, else None."""
+    if requested is not None:
+        if requested < 0:
+            raise ValueError(f"--width {requested} is not valid; expected a number of columns, or 0 for no limit")
+        return requested or None
+    return shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+
+
+def format_table(table: list[tuple[str, ...]], width: int | None, min_last: int = 24) -> list[str]:
+    """Rows padded into columns; the last (free text) column is wrapped to fit `width` characters,
+    continuation lines indented under it (or under the row, by 6, when fewer than `min_last` remain)."""
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]) - 1)]
+    start = sum(widths) + 2 * len(widths)
+    lines = []
+    for r in table:
+        head = "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  "
+        if width is None or len(head) + len(r[-1]) <= width:
+            lines.append((head + r[-1]).rstrip())
+            continue
+        indent = start if width - start >= min_last else 6
+        wrapped = textwrap.wrap(r[-1], max(width - indent, 8), break_on_hyphens=False) or [""]
+        if indent == start:
+            lines.append((head + wrapped[0]).rstrip())
+            wrapped = wrapped[1:]
+        else:
+            lines.append(head.rstrip())
+        lines += [" " * indent + piece for piece in wrapped]
+    return lines
 
 
 def _name(dtype: torch.dtype) -> str:

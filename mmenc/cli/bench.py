@@ -1,4 +1,8 @@
-"""`mmenc bench`: tower throughput on DESIGN.md's workloads, side by side with transformers."""
+"""`mmenc bench`: tower throughput on standard workloads, side by side with transformers.
+
+On a CPU the default is a small workload (CPU_WORKLOADS); a workload whose estimated run time on
+this CPU is long is announced before it starts, and every workload reports progress while it runs.
+"""
 import argparse
 import json
 import sys
@@ -6,9 +10,13 @@ import time
 
 import torch
 
-from mmenc.cli.common import add_encoder_args, encoder_kwargs
 from mmenc.bench.measure import WORKLOADS, format_table, matmul_tflops, measure, parse_grid_spec, random_pixels
+from mmenc.cli.common import add_encoder_args, apply_log_level, check_output_path, encoder_kwargs, write_atomically
+from mmenc.cli.progress import Progress
 from mmenc.engine.encoder import DEFAULT_MODEL
+
+CPU_WORKLOADS: dict[str, list[tuple[int, int, int]]] = {"cpu-2x224px": [(1, 16, 16)] * 2}
+CPU_SLOW_S = 120.0  # a workload estimated to take longer than this on a CPU is announced before it runs
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -16,12 +24,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        description="Time mmenc's tower (and, when transformers is installed, transformers' own "
                                    "tower with the same weights, in the same run) on random inputs.")
     add_encoder_args(p, f"default: {DEFAULT_MODEL}, random weights")
-    p.add_argument("--workload", action="append", choices=sorted(WORKLOADS), default=None,
-                   help="a DESIGN.md workload (repeatable; default: all)")
+    p.add_argument("--workload", action="append", choices=sorted({**WORKLOADS, **CPU_WORKLOADS}), default=None,
+                   help="a standard workload (repeatable): " + "; ".join(
+                       f"{name}: {describe(grids)}" for name, grids in {**WORKLOADS, **CPU_WORKLOADS}.items())
+                   + f". Default: the GPU workloads ({', '.join(WORKLOADS)}) on a GPU, "
+                     f"{', '.join(CPU_WORKLOADS)} on a CPU")
     p.add_argument("--grid", action="append", default=None, metavar="TxHxW[*N]",
                    help="a custom workload of N images of grid TxHxW patches (repeatable)")
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls per workload (default: %(default)s)")
+    p.add_argument("--iters", type=int, default=10, help="timed calls per workload, >= 1 (default: %(default)s)")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' tower")
     p.add_argument("--hf-attn", default="sdpa", help="transformers attn_implementation (default: %(default)s)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
@@ -33,12 +44,24 @@ def run(args) -> int:
     from mmenc.bench.flops import count_flops
     from mmenc.bench.hf_reference import build_hf_tower, hf_tower_available
 
-    workloads = {name: WORKLOADS[name] for name in (args.workload or ([] if args.grid else sorted(WORKLOADS)))}
+    apply_log_level(args)
+    if args.iters < 1:
+        raise ValueError(f"--iters={args.iters} must be >= 1 (the median of the timed calls is reported)")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup={args.warmup} must be >= 0")
+    json_path = check_output_path(args.json, "--json") if args.json else None
+    grids_of = {**WORKLOADS, **CPU_WORKLOADS}
+    workloads = {name: grids_of[name] for name in args.workload or []}
     for spec in args.grid or []:
         workloads[spec] = parse_grid_spec(spec)
     encoder = Encoder(**encoder_kwargs(args, DEFAULT_MODEL))
     loaded = encoder.loaded
     device, dtype = encoder.device, loaded.dtype
+    if not workloads:
+        workloads = dict(CPU_WORKLOADS if device.type == "cpu" else WORKLOADS)
+        if device.type == "cpu":
+            print(f"mmenc bench: the device is a CPU: running the small CPU workload {', '.join(CPU_WORKLOADS)}; "
+                  f"the GPU workloads ({', '.join(WORKLOADS)}) run with --workload NAME", file=sys.stderr)
     hf = None
     if not args.no_hf and args.tensor_parallel_size == 1:
         arch = loaded.hf_config.get("architectures", ["?"])[0]
@@ -48,47 +71,90 @@ def run(args) -> int:
         else:
             print(f"mmenc bench: transformers side skipped: {why}", file=sys.stderr)
     ceiling = matmul_tflops(device, dtype) if device.type == "cuda" else None
+    calls = 2 + args.warmup + args.iters + (1 + args.warmup + args.iters if hf is not None else 0)  # per workload
+    if device.type == "cpu":
+        rate = matmul_tflops(device, dtype)
+        params = sum(p.numel() for p in loaded.tower.parameters()) if getattr(loaded, "tower", None) is not None else 0
+        for name, grids in workloads.items():
+            warning = cpu_warning(name, grids, params, rate, calls)
+            if warning:
+                print(warning, file=sys.stderr)
     channels = loaded.config.in_channels * loaded.config.temporal_patch_size * loaded.config.patch_size ** 2
     rows, results = [], []
     for name, grids in workloads.items():
         pixel_values, grid_thw = random_pixels(grids, channels, device, dtype)
-        gflop = 0.0
-        tower = getattr(loaded, "tower", None)
-        if tower is not None:
-            with count_flops(tower) as counter, torch.compiler.set_stance("force_eager"):
-                encoder.encode_pixels(pixel_values, grid_thw)  # hooks count; compiled blocks run eagerly
-            gflop = counter["flops"] / 1e9
-        start = time.perf_counter()
-        ours = encoder.encode_pixels(pixel_values, grid_thw)  # first call: pays torch.compile if enabled
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        first_s = time.perf_counter() - start
-        print(f"{name}: first call {first_s:.1f} s", file=sys.stderr)
-        mm = encoder.mm_config
-        label = (f"mmenc{' compiled' if mm.compile else ''}{' +graphs' if mm.cuda_graphs else ''} "
-                 f"({encoder.attention_backends()})")
-        rows.append(measure(name, label,
-                            lambda: encoder.encode_pixels(pixel_values, grid_thw), grids, device,
-                            args.warmup, args.iters, gflop))
-        entry = {"workload": name, "grids": grids, "gflop": gflop, "first_call_s": first_s}
-        if hf is not None:
-            ref = hf(pixel_values, grid_thw)
-            err = ((ours.float() - ref.float()).norm() / ref.float().norm()).item()
-            entry["rel_err_vs_transformers"] = err
-            rows.append(measure(name, f"transformers ({args.hf_attn})", lambda: hf(pixel_values, grid_thw), grids,
-                                device, args.warmup, args.iters, gflop))
-            print(f"{name}: mmenc vs transformers relative error {err:.2e}", file=sys.stderr)
+        with Progress(calls, unit="tower calls", label=f"mmenc bench {name}", enabled=not args.quiet) as progress:
+            def counted(fn):
+                def call():
+                    out = fn()
+                    progress.advance()
+                    return out
+                return call
+            ours_fn = counted(lambda: encoder.encode_pixels(pixel_values, grid_thw))
+            gflop = 0.0
+            tower = getattr(loaded, "tower", None)
+            if tower is not None:
+                with count_flops(tower) as counter, torch.compiler.set_stance("force_eager"):
+                    ours_fn()  # hooks count; compiled blocks run eagerly
+                gflop = counter["flops"] / 1e9
+            else:
+                progress.advance()
+            start = time.perf_counter()
+            ours = ours_fn()  # first call: pays torch.compile if enabled
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            first_s = time.perf_counter() - start
+            print(f"{name}: first call {first_s:.1f} s", file=sys.stderr)
+            mm = encoder.mm_config
+            label = (f"mmenc{' compiled' if mm.compile else ''}{' +graphs' if mm.cuda_graphs else ''} "
+                     f"({encoder.attention_backends()})")
+            rows.append(measure(name, label, ours_fn, grids, device, args.warmup, args.iters, gflop))
+            entry = {"workload": name, "grids": grids, "gflop": gflop, "first_call_s": first_s}
+            if hf is not None:
+                hf_fn = counted(lambda: hf(pixel_values, grid_thw))
+                ref = hf_fn()
+                err = ((ours.float() - ref.float()).norm() / ref.float().norm()).item()
+                entry["rel_err_vs_transformers"] = err
+                rows.append(measure(name, f"transformers ({args.hf_attn})", hf_fn, grids, device, args.warmup,
+                                    args.iters, gflop))
+                print(f"{name}: mmenc vs transformers relative error {err:.2e}", file=sys.stderr)
         results.append(entry)
     print(f"model={encoder.model_name} dtype={str(dtype).removeprefix('torch.')} device={device} "
           f"torch={torch.__version__}" + (f" gpu={torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
           + (f" matmul_ceiling={ceiling:.0f} TFLOP/s" if ceiling else ""))
     print(format_table(rows, ceiling))
-    if args.json:
+    if json_path is not None:
         payload = {"model": encoder.model_name, "dtype": str(dtype), "device": str(device), "torch": torch.__version__,
                    "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                    "matmul_tflops": ceiling, "workloads": results,
                    "rows": [dict(vars(r), images_per_s=r.images_per_s, patches_per_s=r.patches_per_s) for r in rows]}
-        with open(args.json, "w") as f:
-            json.dump(payload, f, indent=1)
+        write_atomically(json_path, lambda tmp: _dump(payload, tmp))
     encoder.close()
     return 0
+
+
+def _dump(payload: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+
+
+def describe(grids: list[tuple[int, int, int]]) -> str:
+    """e.g. '8 images of 1x74x74 patches' (1036 px squares at patch size 14)."""
+    kinds = sorted(set(grids))
+    shown = ", ".join(f"{t}x{h}x{w}" for t, h, w in kinds)
+    return f"{len(grids)} image{'s' if len(grids) != 1 else ''} of {shown} patches"
+
+
+def cpu_warning(name: str, grids, params: int, tflops: float, calls: int) -> str | None:
+    """A warning when `calls` tower calls on `grids` would take over CPU_SLOW_S on this CPU, estimated
+    as 2 x params x patches FLOPs per call (attention not counted) at the measured matmul rate."""
+    patches = sum(t * h * w for t, h, w in grids)
+    seconds = calls * 2 * params * patches / max(tflops * 1e12, 1e-9)
+    if seconds < CPU_SLOW_S:
+        return None
+    hours = f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+    sized = "is sized for a GPU" if name in WORKLOADS else "is long on a CPU"
+    smaller = "" if name in CPU_WORKLOADS else f"--workload {next(iter(CPU_WORKLOADS))}, a smaller --grid or "
+    return (f"mmenc bench: warning: workload {name} ({describe(grids)}, {patches} patches) {sized}: its {calls} "
+            f"tower calls would take about {hours} on this CPU ({tflops:.2f} TFLOP/s measured matmul); for a quick "
+            f"CPU run use {smaller}fewer --iters/--warmup")

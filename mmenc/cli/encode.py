@@ -1,28 +1,47 @@
-"""`mmenc encode IMAGE_OR_DIR...`: embeddings for every image, written to one safetensors file."""
+"""`mmenc encode IMAGE_OR_DIR...`: embeddings for every image, written to one safetensors file.
+
+Nothing is lost: the output path is checked before any work (its folder exists and is writable, it is
+not a folder, it is not an input); an image that cannot be loaded or preprocessed fails alone (named
+on stderr) and the others are encoded; the file is written atomically (a temporary file renamed onto
+it) with whatever was encoded, also after Ctrl-C (exit 130) or a fatal error. When nothing was
+encoded nothing is written, and an existing file of that name is left unchanged (and said so).
+"""
 import argparse
+import dataclasses
 import os
+import pathlib
 import sys
 import time
 
-from mmenc.cli.common import add_encoder_args, encoder_kwargs
+import torch
+
+from mmenc.cli.common import (add_encoder_args, add_image_args, apply_log_level, check_output_path, encoder_kwargs,
+                              image_pixel_limit, write_atomically)
+from mmenc.cli.progress import Progress
 from mmenc.engine.encoder import DEFAULT_MODEL
 
 IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
+CALL_SECONDS = 2.0  # a tower call is made smaller than --batch-size when it would take longer than this
+EXIT_INTERRUPTED = 130
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("encode", help="encode images into vision-tower embeddings",
                        description="Encode images (files or folders) and write their embeddings to a safetensors "
-                                   "file keyed by the path as given, with '<path>.grid_thw' beside each.")
+                                   "file keyed by the path as given, with '<path>.grid_thw' beside each. An image "
+                                   "that fails is reported and skipped; the others are written, also after Ctrl-C.")
     p.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR")
     add_encoder_args(p, f"default: {DEFAULT_MODEL} with random weights")
     p.add_argument("--output", "-o", default="embeddings.safetensors", help="output file (default: %(default)s)")
-    p.add_argument("--batch-size", type=int, default=16, help="images per tower call (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=16,
+                   help="images loaded together and most images per tower call (default: %(default)s); calls are "
+                        f"made smaller while one would take over {CALL_SECONDS:.0f} s, so progress keeps moving")
+    add_image_args(p)
     return p
 
 
 def collect_images(inputs: list[str]) -> list[str]:
-    """Files as given, folders expanded to their image files (sorted, recursive)."""
+    """Files as given, folders expanded to their image files (sorted, recursive); each path once."""
     paths = []
     for item in inputs:
         if os.path.isdir(item):
@@ -35,57 +54,162 @@ def collect_images(inputs: list[str]) -> list[str]:
             paths.append(item)
         else:
             raise FileNotFoundError(f"input {item!r} does not exist")
-    return paths
+    return list(dict.fromkeys(paths))
+
+
+@dataclasses.dataclass
+class Results:
+    """What the run has produced so far: tensors to write, failure messages (each names its file)."""
+
+    tensors: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    failed: list[str] = dataclasses.field(default_factory=list)
+    images: int = 0
+    tokens: int = 0
+
+    def fail(self, message: str) -> None:
+        self.failed.append(message)
+        print(f"mmenc encode: failed: {message}", file=sys.stderr, flush=True)
+
+
+class CallSizer:
+    """Images per tower call: one first, then as many as fit in CALL_SECONDS (at most `limit`)."""
+
+    def __init__(self, limit: int):
+        self.limit, self.seconds_per_image = limit, None
+
+    def size(self) -> int:
+        if self.seconds_per_image is None:
+            return 1
+        return max(1, min(self.limit, int(CALL_SECONDS / max(self.seconds_per_image, 1e-9))))
+
+    def observe(self, images: int, seconds: float) -> None:
+        self.seconds_per_image = seconds / images
 
 
 def run(args) -> int:
     from mmenc.engine.encoder import Encoder
-    from mmenc.preprocess.images import load_images
 
+    apply_log_level(args)
     if args.batch_size < 1:
         raise ValueError(f"--batch-size={args.batch_size} must be >= 1")
     paths = collect_images(args.inputs)
+    output = check_output_path(args.output, "--output", paths)
+    kwargs = encoder_kwargs(args, DEFAULT_MODEL)
     if args.model is None:
         print(f"mmenc encode: no --model given: running the built-in {DEFAULT_MODEL} vision tower with RANDOM "
               f"weights (a demo of the pipeline; pass a checkpoint folder for real embeddings)", file=sys.stderr)
-    encoder = Encoder(**encoder_kwargs(args, DEFAULT_MODEL))
-    tensors, failed, tokens = {}, [], 0
+    results = Results()
+    if not args.quiet:
+        print(f"mmenc encode: loading {kwargs['model']} ...", file=sys.stderr, flush=True)
+    with image_pixel_limit(args.max_image_pixels) as max_pixels:
+        try:
+            encoder = Encoder(**kwargs)
+        except KeyboardInterrupt:
+            print("\nmmenc encode: interrupted while loading the model; nothing was written", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        with encoder:
+            written, interrupted, seconds = _encode_and_save(encoder, paths, args, max_pixels, output, results)
+    print(f"model={encoder.model_name} backend={encoder.attention_backends()} images={results.images} "
+          f"tokens={results.tokens} seconds={seconds:.2f} images/s={results.images / max(seconds, 1e-9):.2f} "
+          f"output={output if written else '(none)'}")
+    if results.failed:
+        print(f"mmenc encode: {len(results.failed)} of {len(paths)} images failed (named above)", file=sys.stderr)
+    if interrupted:
+        return EXIT_INTERRUPTED
+    return 1 if results.failed or not written else 0
+
+
+def _encode_and_save(encoder, paths: list[str], args, max_pixels, output: pathlib.Path,
+                     results: Results) -> tuple[bool, bool, float]:
+    """Encode, then write: (written, interrupted by Ctrl-C, seconds). After a fatal error the encoded
+    part is written and the error raised again."""
     start = time.perf_counter()
-    with encoder:
-        for first in range(0, len(paths), args.batch_size):
-            batch = paths[first:first + args.batch_size]
-            images, failures = load_images(batch, errors="skip")
-            failed += [f.message for f in failures]  # each message names its input
-            good = [p for i, p in enumerate(batch) if i not in {f.index for f in failures}]
-            if good:
-                pixel_values, grid_thw = encoder.preprocess(images)
-                out = encoder.encode_pixels(pixel_values, grid_thw)
-                for path, emb, grid in zip(good, out.split(encoder.output_tokens(grid_thw)), grid_thw):
-                    tensors[path] = emb.float().cpu().contiguous()
-                    tensors[f"{path}.grid_thw"] = grid.clone()
-                    tokens += emb.shape[0]
-            _progress(min(first + args.batch_size, len(paths)), len(paths), start)
+    interrupted = False
+    try:
+        with Progress(len(paths), unit="images", label="mmenc encode", enabled=not args.quiet) as progress:
+            encode_all(encoder, paths, args.batch_size, max_pixels, results, progress)
+    except KeyboardInterrupt:
+        print(f"\nmmenc encode: interrupted after {results.images} of {len(paths)} images", file=sys.stderr)
+        interrupted = True
+    except BaseException:
+        print(f"mmenc encode: stopped by an error after {results.images} of {len(paths)} images", file=sys.stderr)
+        save(encoder, output, results, complete=False, partial=True)
+        raise
     seconds = time.perf_counter() - start
-    print(file=sys.stderr)
-    if tensors:
-        from safetensors.torch import save_file
-
-        save_file(tensors, args.output, metadata={"model": encoder.model_name, "backend": _backend_name(encoder)})
-    done = len(paths) - len(failed)
-    print(f"model={encoder.model_name} backend={_backend_name(encoder)} images={done} tokens={tokens} "
-          f"seconds={seconds:.2f} images/s={done / seconds:.2f} output={args.output if tensors else '(none)'}")
-    for line in failed:
-        print(f"mmenc encode: failed: {line}", file=sys.stderr)
-    return 1 if failed else 0
+    complete = not interrupted and results.images == len(paths)
+    written = save(encoder, output, results, complete=complete, partial=interrupted)
+    return written, interrupted, seconds
 
 
-def _backend_name(encoder) -> str:
-    return encoder.attention_backends()
+def encode_all(encoder, paths: list[str], batch_size: int, max_pixels, results: Results, progress: Progress) -> None:
+    """Load and preprocess `batch_size` images at a time, encode them in calls sized by CallSizer,
+    and put each image's embeddings into `results` as soon as its call returns."""
+    from mmenc.preprocess.images import load_images
+
+    sizer = CallSizer(batch_size)
+    for first in range(0, len(paths), batch_size):
+        batch = paths[first:first + batch_size]
+        images, failures = load_images(batch, errors="skip", max_pixels=max_pixels)
+        for f in failures:
+            results.fail(f.message)  # the message names the file
+        failed = {f.index for f in failures}
+        good = [p for i, p in enumerate(batch) if i not in failed]
+        good, pieces, grids = preprocess_each(encoder, good, images, results)
+        progress.advance(len(batch) - len(good))
+        done = 0
+        while done < len(good):
+            call = slice(done, done + sizer.size())
+            begin = time.perf_counter()
+            out = encoder.encode_pixels(torch.cat(pieces[call]), grids[call])  # [tokens of the call, out_hidden]
+            sizer.observe(len(good[call]), time.perf_counter() - begin)
+            for path, emb, grid in zip(good[call], out.split(encoder.output_tokens(grids[call])), grids[call]):
+                results.tensors[path] = emb.float().cpu().contiguous()
+                results.tensors[f"{path}.grid_thw"] = grid.clone()
+                results.tokens += emb.shape[0]
+                results.images += 1
+            progress.advance(len(good[call]))
+            done = call.stop
 
 
-def _progress(done: int, total: int, start: float) -> None:
-    width = 30
-    filled = width * done // max(total, 1)
-    rate = done / max(time.perf_counter() - start, 1e-9)
-    print(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} images {rate:.1f} img/s",
-          end="", file=sys.stderr, flush=True)
+def preprocess_each(encoder, paths: list[str], images: list, results: Results):
+    """(paths that preprocessed, their pixel rows one tensor each, grid_thw [N, 3]). The batch is
+    processed at once; when that raises ValueError (one image's size or aspect ratio), each image is
+    processed alone so only the bad ones fail, named."""
+    if not images:
+        return [], [], torch.zeros(0, 3, dtype=torch.int64)
+    try:
+        pixel_values, grid_thw = encoder.preprocess(images)
+        kept = paths
+    except ValueError:
+        kept, pixels, grids = [], [], []
+        for path, image in zip(paths, images):
+            try:
+                pv, g = encoder.preprocess([image])
+            except ValueError as e:
+                results.fail(f"'{path}': {e}")
+                continue
+            kept.append(path)
+            pixels.append(pv)
+            grids.append(g)
+        if not kept:
+            return [], [], torch.zeros(0, 3, dtype=torch.int64)
+        pixel_values, grid_thw = torch.cat(pixels), torch.cat(grids)
+    return kept, list(pixel_values.split(grid_thw.prod(-1).tolist())), grid_thw
+
+
+def save(encoder, output: pathlib.Path, results: Results, complete: bool, partial: bool) -> bool:
+    """Write what was encoded (atomically; metadata complete="true" when every input was encoded);
+    False, and a note on an existing file, when nothing was. partial: the run was cut short (say so)."""
+    if not results.images:
+        kept = f"; the existing {str(output)!r} is from an earlier run and was left unchanged" if output.exists() else ""
+        print(f"mmenc encode: no image was encoded, so nothing was written{kept}", file=sys.stderr)
+        return False
+    from safetensors.torch import save_file
+
+    metadata = {"model": encoder.model_name, "backend": encoder.attention_backends(),
+                "images": str(results.images), "complete": str(complete).lower()}
+    write_atomically(output, lambda tmp: save_file(results.tensors, tmp, metadata=metadata))
+    if partial:
+        print(f"mmenc encode: wrote the {results.images} encoded image(s) to {output} "
+              f"(metadata complete=false)", file=sys.stderr)
+    return True

@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"mmenc {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # `encode` saves its partial results itself; the others have nothing to keep
+        print(f"mmenc {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

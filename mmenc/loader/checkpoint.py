@@ -4,13 +4,14 @@ A folder holds config.json and either one `*.safetensors` file or several shards
 `model.safetensors.index.json`. Only the tensors under the tower's prefix are read, each through a
 memory-mapped `safe_open`, so the text model's size does not matter.
 """
+import contextlib
 import json
 import pathlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -21,6 +22,31 @@ def _listing(folder: pathlib.Path, limit: int = 12) -> str:
         return "the folder is empty"
     more = f", ... ({len(names) - limit} more)" if len(names) > limit else ""
     return "found: " + ", ".join(names[:limit]) + more
+
+
+@contextlib.contextmanager
+def open_safetensors(file: pathlib.Path):
+    """`safe_open(file)` on the CPU; a truncated, garbage or unreadable file raises ValueError naming it."""
+    try:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            yield f
+    except SafetensorError as e:
+        raise ValueError(f"safetensors file {str(file)!r} is damaged or not a safetensors file ({e}); "
+                         f"download or copy it again (a partial download leaves such a file)") from e
+    except OSError as e:
+        raise ValueError(f"safetensors file {str(file)!r} cannot be read ({e.strerror or e}); check that it "
+                         f"exists and is readable") from e
+
+
+def check_tensor_dtype(name: str, tensor: torch.Tensor, file: pathlib.Path) -> torch.Tensor:
+    """`tensor`, or ValueError when a tower tensor is not floating point (an int32 weight would be
+    cast silently into garbage; quantized checkpoints store packed integers)."""
+    if not tensor.is_floating_point():
+        raise ValueError(f"tensor {name!r} in {str(file)!r} has dtype {str(tensor.dtype).removeprefix('torch.')}; "
+                         f"vision-tower weights must be floating point (float32, bfloat16, float16); "
+                         f"mmenc does not read quantized or integer-typed tower weights: use an unquantized "
+                         f"checkpoint")
+    return tensor
 
 
 def checkpoint_folder(path: str | pathlib.Path) -> pathlib.Path:
@@ -41,16 +67,21 @@ def read_config(path: str | pathlib.Path) -> dict[str, Any]:
     config = folder / "config.json"
     if not config.is_file():
         raise ValueError(f"checkpoint folder {str(folder)!r} has no config.json ({_listing(folder)})")
+    return _read_json(config)
+
+
+def _read_json(file: pathlib.Path) -> Any:
+    """A JSON file's content; ValueError naming the file when it is not valid JSON."""
     try:
-        return json.loads(config.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{config} is not valid JSON: {e}") from e
+        return json.loads(file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file} is not valid JSON ({e}); restore it from the original checkpoint") from e
 
 
 def read_json_if_present(path: str | pathlib.Path, name: str) -> dict[str, Any]:
     """A JSON file of the folder (e.g. preprocessor_config.json) as a dict, or {} when absent."""
     file = pathlib.Path(path) / name
-    return json.loads(file.read_text()) if file.is_file() else {}
+    return _read_json(file) if file.is_file() else {}
 
 
 def tensor_files(path: str | pathlib.Path) -> dict[str, pathlib.Path]:
@@ -59,7 +90,8 @@ def tensor_files(path: str | pathlib.Path) -> dict[str, pathlib.Path]:
     folder = checkpoint_folder(path)
     index = folder / INDEX_FILE
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
+        content = _read_json(index)
+        weight_map = content.get("weight_map") if isinstance(content, dict) else None
         if not isinstance(weight_map, dict):
             raise ValueError(f"{index} has no 'weight_map' mapping tensor names to shard files")
         files = {name: folder / file for name, file in weight_map.items()}
@@ -74,7 +106,7 @@ def tensor_files(path: str | pathlib.Path) -> dict[str, pathlib.Path]:
                          f"mmenc reads safetensors checkpoints only")
     files = {}
     for shard in shards:
-        with safe_open(str(shard), framework="pt", device="cpu") as f:
+        with open_safetensors(shard) as f:
             files.update((name, shard) for name in f.keys())
     return files
 
@@ -104,7 +136,8 @@ def tower_prefix(names: Sequence[str], prefixes: Sequence, where: str = "checkpo
 def iter_tower_tensors(path: str | pathlib.Path, prefixes: Sequence[str],
                        files: dict[str, pathlib.Path] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
     """(name without the tower prefix, CPU tensor) for every tensor under the tower's prefix (the first
-    of `prefixes` present), shard by shard; nothing else is read. `files`: `tensor_files(path)` if known."""
+    of `prefixes` present), shard by shard; nothing else is read. `files`: `tensor_files(path)` if known.
+    ValueError naming the file for a damaged shard, and naming the tensor for a non-floating one."""
     files = tensor_files(path) if files is None else files
     group = prefix_group(tower_prefix(list(files), prefixes, f"checkpoint {str(path)!r}"))
     by_file: dict[pathlib.Path, list[str]] = {}
@@ -112,9 +145,9 @@ def iter_tower_tensors(path: str | pathlib.Path, prefixes: Sequence[str],
         if name.startswith(group):
             by_file.setdefault(file, []).append(name)
     for file, names in sorted(by_file.items()):
-        with safe_open(str(file), framework="pt", device="cpu") as f:
+        with open_safetensors(file) as f:
             for name in sorted(names):
-                yield _strip(name, group), f.get_tensor(name)
+                yield _strip(name, group), check_tensor_dtype(name, f.get_tensor(name), file)
 
 
 def load_tower_weights(tower: torch.nn.Module, path: str | pathlib.Path, prefixes: Sequence[str]) -> set[str]:

@@ -15,6 +15,9 @@ through `Image.convert("RGB")`. RGBA arrays go through the same PIL path.
 Errors are `ImageLoadError` (a ValueError) naming the input (its path, or "image #i") and the
 reason: missing/unreadable file, empty file, not an image, truncated/corrupt data, zero-size
 image, decompression bomb (more pixels than `max_pixels`), wrong array shape or dtype.
+
+A file with several frames (an animated GIF/WebP/PNG, a multi-page TIFF) loads as its first frame,
+with a warning naming it; pass its frames to `preprocess_video` to use all of them.
 """
 import dataclasses
 import io
@@ -27,6 +30,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
+
+from mmenc.logger import init_logger
+
+logger = init_logger(__name__)
 
 
 class ImageLoadError(ValueError):
@@ -61,6 +68,14 @@ def _pil_to_rgb(img: Image.Image) -> np.ndarray:
     return np.asarray(img)
 
 
+def _note_frames(img: Image.Image, name: str) -> None:
+    """Warn when `img` holds several frames: only the first is encoded."""
+    frames = getattr(img, "n_frames", 1)
+    if frames > 1:
+        logger.warning("%s has %d frames (animated or multi-page %s); encoding its first frame only "
+                       "(to use every frame, pass them to preprocess_video)", name, frames, img.format or "image")
+
+
 def _open_encoded(src: Any, name: str, max_pixels: int | None) -> Image.Image:
     with warnings.catch_warnings():
         # We apply our own limit below; PIL's warning threshold is only its default.
@@ -68,7 +83,8 @@ def _open_encoded(src: Any, name: str, max_pixels: int | None) -> Image.Image:
         try:
             img = Image.open(src)
         except Image.DecompressionBombError as e:
-            raise ImageLoadError(f"{name}: decompression bomb refused by PIL ({e})") from e
+            raise ImageLoadError(f"{name}: decompression bomb refused by PIL ({e}); if the image is trusted, "
+                                 f"raise PIL.Image.MAX_IMAGE_PIXELS (mmenc encode --max-image-pixels)") from e
         except UnidentifiedImageError as e:
             raise ImageLoadError(f"{name}: not an image (PIL cannot identify the format)") from e
         w, h = img.size
@@ -77,7 +93,8 @@ def _open_encoded(src: Any, name: str, max_pixels: int | None) -> Image.Image:
         if max_pixels is not None and w * h > max_pixels:
             raise ImageLoadError(
                 f"{name}: decompression bomb: {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels}; "
-                f"raise max_pixels if the image is trusted")
+                f"raise max_pixels if the image is trusted (mmenc encode --max-image-pixels)")
+        _note_frames(img, name)
         try:
             img.load()
             img = ImageOps.exif_transpose(img)
@@ -147,6 +164,7 @@ def load_image(item: Any, *, index: int | None = None, max_pixels: int | None = 
     if isinstance(item, Image.Image):
         if item.width == 0 or item.height == 0:
             raise ImageLoadError(f"{name}: zero-size image ({item.width}x{item.height})")
+        _note_frames(item, name)
         try:
             return _pil_to_rgb(item)
         except (OSError, ValueError) as e:
