@@ -412,3 +412,31 @@ def test_layer_batched_and_packed_gpu(backend, dtype, layout, many_recompiles):
     t = q.shape[0]
     out = layer(shaped(q, 1, t), shaped(k, 1, t), shaped(v, 1, t), cu_seqlens=cu, max_seqlen=m)
     check_close(out.reshape(t, hq, d), oracle(q, k, v, cu, m, layer.scale), dtype, f"{backend.name} packed {layout}")
+
+
+# Layers import downwards only: the ground floor (mmenc.backends) imports nothing of mmenc above it,
+# config only the ground floor, platforms neither config nor attention nor custom_op.
+_FLOORS = {"backends": {"backends"}, "config": {"backends"}, "platforms": {"backends", "logger", "platforms"},
+           "custom_op": {"backends", "config", "logger", "platforms"}}
+
+
+@pytest.mark.parametrize("floor", sorted(_FLOORS))
+def test_floor_imports_only_downwards(floor):
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "mmenc"
+    files = sorted((root / floor).rglob("*.py")) if (root / floor).is_dir() else [root / f"{floor}.py"]
+    allowed = _FLOORS[floor] | {"logger"}
+    found = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "mmenc":
+                    top = parts[1] if len(parts) > 1 else [a.name for a in node.names][0]
+                    if top not in allowed:
+                        found.add(f"{path.relative_to(root.parent)} imports {name}")
+    assert not found, f"mmenc/{floor} imports upwards: {sorted(found)}"

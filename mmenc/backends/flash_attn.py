@@ -13,8 +13,8 @@ import os
 import torch
 
 from mmenc.backends.backend_enum import AttentionBackendEnum
-from mmenc.backends.base import (AttentionBackend, collect, need_device, need_half,
-                                           need_head_size, need_nvidia_capability)
+from mmenc.backends.base import (AttentionBackend, collect, need_device, need_half, need_head_size,
+                                 need_nvidia_capability)
 from mmenc.backends.device import DeviceInfo, probe_device
 from mmenc.backends.packing import pack_info
 

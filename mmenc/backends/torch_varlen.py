@@ -11,8 +11,8 @@ import math
 import torch
 
 from mmenc.backends.backend_enum import AttentionBackendEnum
-from mmenc.backends.base import (AttentionBackend, collect, need_device, need_half,
-                                           need_head_size, need_nvidia_capability)
+from mmenc.backends.base import (AttentionBackend, collect, need_device, need_half, need_head_size,
+                                 need_nvidia_capability)
 from mmenc.backends.packing import pack_info
 
 
