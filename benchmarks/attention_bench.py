@@ -21,9 +21,7 @@ import time
 
 import torch
 
-from mmenc.backends import AttentionBackendEnum
-from mmenc.backends import get_backend_class
-from mmenc.backends import make_cu_seqlens
+from mmenc.backends import AttentionBackendEnum, get_backend_class, make_cu_seqlens
 
 PACKS = {"windows": [64] * 684, "full": [5476] * 8}
 HEADS = [(16, 64), (16, 72), (16, 80), (12, 128)]  # (num_heads, head_size)

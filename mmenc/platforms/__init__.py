@@ -86,7 +86,7 @@ def set_current_platform(platform: Platform | None) -> None:
 def platform_for(device: torch.device | str | None) -> Platform:
     """The platform that runs tensors on `device`: the current platform when it is of that device
     type (or `device` is None or "meta"), the built-in CPU platform for "cpu" on any machine."""
-    current = __getattr__("current_platform")
+    current = _resolved()
     kind = torch.device(device).type if device is not None else current.device_type
     if kind in (current.device_type, "meta"):
         return current
@@ -102,12 +102,16 @@ def _builtin(name: str) -> Platform:
     return load_class(BUILTIN_PLATFORMS[name])()
 
 
+def _resolved() -> Platform:
+    global _current
+    if _current is None:
+        _current = resolve_platform()
+    return _current
+
+
 def __getattr__(name: str):
     if name == "current_platform":
-        global _current
-        if _current is None:
-            _current = resolve_platform()
-        return _current
+        return _resolved()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
