@@ -10,7 +10,7 @@ TFLOP/s = 4 * sum(len_i^2) * H * D / time; time = median of CUDA-event timings a
 (triton.testing.do_bench), on fresh random inputs. Each backend is first checked against NAIVE on
 the first segments of the pack (relative error of those rows, in the table). TRITON_ATTN rows name
 the config its first-call tuning chose. The sweep ends with CONFIGS entries (winner + runner-up per
-(length bucket, head class)) ready to paste into mmenc/kernels/triton_attn_plan.py.
+(length bucket, head class)) ready to paste into mmenc/backends/kernels/triton_attn_plan.py.
 """
 import argparse
 import dataclasses
@@ -21,9 +21,7 @@ import time
 
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum
-from mmenc.attention.backends import get_backend_class
-from mmenc.attention.packing import make_cu_seqlens
+from mmenc.backends import AttentionBackendEnum, get_backend_class, make_cu_seqlens
 
 PACKS = {"windows": [64] * 684, "full": [5476] * 8}
 HEADS = [(16, 64), (16, 72), (16, 80), (12, 128)]  # (num_heads, head_size)
@@ -127,7 +125,7 @@ def _print_row(row):
 
 
 def _triton_config(q, k, max_seqlen):
-    from mmenc.kernels import triton_varlen_attn as tva
+    from mmenc.backends.kernels import triton_varlen_attn as tva
 
     chosen = tva.chosen_config(q, k, max_seqlen)
     return chosen or tva.candidates(q.shape[2], max_seqlen)[0]  # one candidate: nothing was timed
@@ -137,8 +135,8 @@ def sweep_configs(pack, d):
     """The grid for one pack: windows-kernel variants + a few tile configs for "windows", tile configs
     (pointer and TMA loads) for "full"; "-pad" where the head split matters. ~9-14 configs each, so the
     whole sweep (4 head sizes x 2 packs) compiles and times in about 2-3 minutes."""
-    from mmenc.kernels.triton_varlen_attn import KernelConfig as K
-    from mmenc.kernels.triton_varlen_attn import head_split
+    from mmenc.backends.kernels.triton_varlen_attn import KernelConfig as K
+    from mmenc.backends.kernels.triton_varlen_attn import head_split
 
     if pack == "windows":
         grid = [K(64, 64, 4, 2, windows=n) for n in (2, 4, 8)] + [K(64, 64, 4, 3, windows=n) for n in (4, 8)]
@@ -156,7 +154,7 @@ def sweep_configs(pack, d):
 
 
 def run_sweep(args, results):
-    from mmenc.kernels import triton_varlen_attn as tva
+    from mmenc.backends.kernels import triton_varlen_attn as tva
 
     print("\nTRITON_ATTN config sweep: m<BLOCK_M>n<BLOCK_N>w<warps>s<stages>[-pad: head dim padded, not split]"
           "[-tma][-win<n>: windows kernel, n windows per program], fastest first, TFLOP/s")
@@ -186,13 +184,13 @@ def run_sweep(args, results):
             del q, k, v, ref, out
             torch.cuda.empty_cache()
     results["configs_code"] = configs_code(results["sweep"])
-    print("\nCONFIGS entries from this sweep (paste into mmenc/kernels/triton_attn_plan.py; \"mid\" is not"
+    print("\nCONFIGS entries from this sweep (paste into mmenc/backends/kernels/triton_attn_plan.py; \"mid\" is not"
           " measured here):\n" + results["configs_code"])
 
 
 def config_code(config) -> str:
     """`_K(...)` as written in CONFIGS: the four shape fields, then the fields that differ from the default."""
-    from mmenc.kernels.triton_varlen_attn import KernelConfig
+    from mmenc.backends.kernels.triton_varlen_attn import KernelConfig
 
     shape = [str(x) for x in (config.block_m, config.block_n, config.num_warps, config.num_stages)]
     extra = [f"{f.name}={getattr(config, f.name)!r}" for f in dataclasses.fields(KernelConfig)[4:]

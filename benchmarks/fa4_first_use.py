@@ -11,9 +11,7 @@ import time
 
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum
-from mmenc.attention.backends import get_backend_class
-from mmenc.attention.packing import make_cu_seqlens
+from mmenc.backends import AttentionBackendEnum, get_backend_class, make_cu_seqlens
 
 CLASSES = [(torch.bfloat16, 64, 16, 16), (torch.bfloat16, 72, 16, 16), (torch.bfloat16, 80, 16, 16),
            (torch.bfloat16, 128, 12, 12), (torch.bfloat16, 80, 16, 4), (torch.float16, 80, 16, 16)]

@@ -1,13 +1,27 @@
-"""Typed, validated configuration."""
+"""Typed, validated configuration. Imports only the ground floor (mmenc.backends)."""
 import dataclasses
 import hashlib
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Sequence
+from typing import Literal
 
-if TYPE_CHECKING:
-    from mmenc.attention.backend_enum import AttentionBackendEnum
+from mmenc.backends.backend_enum import AttentionBackendEnum
 
 TPMode = Literal["weights", "data"]
 _TP_MODE_ALIASES = {"weights": "weights", "weight": "weights", "data": "data"}
+
+
+def parse_custom_ops(spec: Sequence[str]) -> tuple[str, ...]:
+    """Validate a custom_ops setting; returns it as a tuple. Raises ValueError naming a bad entry."""
+    if isinstance(spec, str):
+        spec = tuple(s for s in spec.split(",") if s.strip())
+    for item in spec:
+        if not isinstance(item, str):
+            raise ValueError(f"custom_ops entry {item!r} is not a string; expected 'all', 'none', '+name' or '-name'")
+    spec = tuple(s.strip() for s in spec)
+    for item in spec:
+        if item not in ("all", "none") and not (len(item) > 1 and item[0] in "+-"):
+            raise ValueError(f"custom_ops entry {item!r} is not valid; expected 'all', 'none', '+name' or '-name'")
+    return spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,16 +40,13 @@ class MultiModalConfig:
         same packing comes again (CUDA only; see mmenc.engine.cuda_graphs).
     """
 
-    mm_encoder_attn_backend: "AttentionBackendEnum | str | None" = None
+    mm_encoder_attn_backend: AttentionBackendEnum | str | None = None
     mm_encoder_tp_mode: TPMode = "weights"
     custom_ops: tuple[str, ...] = ("all",)
     compile: bool = False
     cuda_graphs: bool = False
 
     def __post_init__(self):
-        from mmenc.attention.backend_enum import AttentionBackendEnum
-        from mmenc.custom_op import parse_custom_ops
-
         if self.mm_encoder_attn_backend is not None:
             backend = AttentionBackendEnum.from_name(self.mm_encoder_attn_backend)
             object.__setattr__(self, "mm_encoder_attn_backend", backend)

@@ -1,8 +1,10 @@
-"""CustomOp: a module whose forward is chosen once, at construction, for the current platform.
+"""CustomOp: a module whose forward is chosen once, at construction, for its platform (the current
+one unless the constructor is given another).
 
 Subclasses implement `forward_native` (plain PyTorch) and may override `forward_cuda`,
 `forward_hip`, `forward_cpu`, `forward_xpu`, `forward_tpu` or `forward_oot`; each defaults to
-`forward_native`. A device plugin replaces a whole class with `@CustomOp.register_oot(name=...)`.
+`forward_native`. A device plugin replaces a whole class with `@CustomOp.register_oot(name=...)` or
+`@TheClass.register_oot`.
 Which ops are enabled follows a `custom_ops` setting: ("all",) or ("none",), then "+name" /
 "-name" entries; a disabled op runs `forward_native`.
 """
@@ -10,26 +12,14 @@ from collections.abc import Sequence
 
 import torch.nn as nn
 
+from mmenc import platforms
+from mmenc.config import parse_custom_ops  # noqa: F401  (its home was here)
 from mmenc.logger import init_logger, log_once
 
 logger = init_logger(__name__)
 
 _REGISTRY: dict[str, type["CustomOp"]] = {}
 _OOT_REGISTRY: dict[str, type] = {}
-
-
-def parse_custom_ops(spec: Sequence[str]) -> tuple[str, ...]:
-    """Validate a custom_ops setting; returns it as a tuple. Raises ValueError naming a bad entry."""
-    if isinstance(spec, str):
-        spec = tuple(s for s in spec.split(",") if s.strip())
-    for item in spec:
-        if not isinstance(item, str):
-            raise ValueError(f"custom_ops entry {item!r} is not a string; expected 'all', 'none', '+name' or '-name'")
-    spec = tuple(s.strip() for s in spec)
-    for item in spec:
-        if item not in ("all", "none") and not (len(item) > 1 and item[0] in "+-"):
-            raise ValueError(f"custom_ops entry {item!r} is not valid; expected 'all', 'none', '+name' or '-name'")
-    return spec
 
 
 def op_enabled(name: str, custom_ops: Sequence[str]) -> bool:
@@ -58,23 +48,27 @@ class CustomOp(nn.Module):
             return obj
         return super().__new__(cls)
 
-    def __init__(self, custom_ops: Sequence[str] = ("all",)):
+    def __init__(self, custom_ops: Sequence[str] = ("all",), platform: "platforms.Platform | None" = None):
+        """`platform`: the platform whose forward runs (default: the current one); a layer built for
+        a device of another type passes that device's (`mmenc.platforms.platform_for`)."""
         super().__init__()
-        from mmenc.platforms import current_platform
-
         unknown = sorted({item[1:] for item in custom_ops if item[:1] in "+-"} - set(_REGISTRY))
         if unknown:
             log_once(logger, f"custom_ops names {unknown}, which no registered op has (registered: "
                              f"{sorted(_REGISTRY)}); those entries change nothing")
-        if op_enabled(self.name, custom_ops):
-            key = current_platform.custom_op_key
-            method = getattr(self, f"forward_{key}", None)
-            if method is None:
-                raise ValueError(f"platform {current_platform.name!r} has custom_op_key={key!r}, but CustomOp has no "
-                                 f"forward_{key}; use one of cuda, hip, cpu, xpu, tpu, oot, native")
-            self._forward_method = method
-        else:
-            self._forward_method = self.forward_native
+        self._custom_ops = tuple(custom_ops)
+        self._forward_method = self.forward_method_for(platform or platforms.current_platform)
+
+    def forward_method_for(self, platform: "platforms.Platform"):
+        """The bound forward_<key> this op runs on `platform` (forward_native when disabled)."""
+        if not op_enabled(self.name, self._custom_ops):
+            return self.forward_native
+        key = platform.custom_op_key
+        method = getattr(self, f"forward_{key}", None)
+        if method is None:
+            raise ValueError(f"platform {platform.name!r} has custom_op_key={key!r}, but CustomOp has no "
+                             f"forward_{key}; use one of cuda, hip, cpu, xpu, tpu, oot, native")
+        return method
 
     def forward(self, *args, **kwargs):
         return self._forward_method(*args, **kwargs)
@@ -113,10 +107,16 @@ class CustomOp(nn.Module):
 
     @classmethod
     def register_oot(cls, _decorated=None, *, name: str | None = None):
-        """Class decorator for device plugins: constructing the op registered as `name` (its
-        registered name or class name) returns an instance of the decorated class instead."""
+        """Class decorator for device plugins: constructing the op `name` (a registered name or a
+        class name) returns an instance of the decorated class instead. Without `name` the op
+        replaced is the class this is called on (vLLM's semantics):
+        `@MMEncoderAttention.register_oot` replaces MMEncoderAttention."""
+        if name is None and cls is CustomOp:
+            raise ValueError("CustomOp.register_oot without name= names no op to replace; call it on the class "
+                             "to replace (@MMEncoderAttention.register_oot) or pass name='MMEncoderAttention'")
+        key = name or cls.__name__
+
         def decorator(oot_cls):
-            key = name or oot_cls.__name__
             _OOT_REGISTRY[key] = oot_cls
             logger.info("custom op %s replaced by out-of-tree %s", key, oot_cls.__qualname__)
             return oot_cls

@@ -28,8 +28,8 @@ def use_platform():
 @pytest.fixture
 def fake_platform_cls():
     """fake_platform_cls(custom_op_key, priority=(...)) -> a Platform subclass for a simulated CPU-like device."""
-    from mmenc.attention.backend_enum import AttentionBackendEnum as B
-    from mmenc.platforms.device_info import DeviceInfo
+    from mmenc.backends import AttentionBackendEnum as B
+    from mmenc.backends import DeviceInfo
 
     def make(custom_op_key: str = "native", priority=(B.TORCH_SDPA, B.NAIVE), name: str = "fake"):
         class FakePlatform(Platform):

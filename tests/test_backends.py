@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from mmenc.attention import AttentionBackendEnum as B
 from mmenc.attention import MMEncoderAttention, make_cu_seqlens, pack_info
 from mmenc.attention.backends import get_backend_class, registered_backends
-from mmenc.attention.backends.naive import NaiveBackend
+from mmenc.backends.naive import NaiveBackend
 from mmenc.config import MultiModalConfig
 from mmenc.platforms import DeviceInfo, current_platform
 from mmenc.platforms.cpu import CpuPlatform
@@ -168,7 +168,7 @@ def test_reasons_name_the_problem(backend, head_size, dtype, device, expected):
 
 
 def test_torch_varlen_missing_module_is_a_reason(monkeypatch):
-    tv = importlib.import_module("mmenc.attention.backends.torch_varlen")
+    tv = importlib.import_module("mmenc.backends.torch_varlen")
     monkeypatch.setattr(tv, "_varlen", lambda: None)
     reasons = tv.TorchVarlenBackend.unsupported_reasons(128, torch.bfloat16, H100)
     assert reasons == [f"torch {torch.__version__} has no torch.nn.attention.varlen (needs a newer torch)"]
@@ -199,9 +199,9 @@ def fake_fa4(tmp_path, monkeypatch):
     (tmp_path / "flash_attn" / "cute" / "interface.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.invalidate_caches()
-    fa = importlib.import_module("mmenc.attention.backends.flash_attn")
+    fa = importlib.import_module("mmenc.backends.flash_attn")
     fa.FlashAttnBackend.implementation.__func__.cache_clear()
-    monkeypatch.setattr(fa, "_device_info", lambda device: H100)
+    monkeypatch.setattr(fa, "probe_device", lambda device: H100)
     monkeypatch.setattr(fa, "_varlen_func", lambda name: lambda *a, **kw: (_naive_varlen(*a, **kw), None))
     yield fa
     fa.FlashAttnBackend.implementation.__func__.cache_clear()
@@ -223,7 +223,7 @@ def test_flash_attn_picks_fa4_and_explains(fake_fa4):
 
 
 def test_aiter_glue(monkeypatch):
-    aiter = importlib.import_module("mmenc.attention.backends.rocm_aiter")
+    aiter = importlib.import_module("mmenc.backends.rocm_aiter")
     monkeypatch.setattr(aiter, "_varlen_func", lambda: lambda *a, **kw: (_naive_varlen(*a, **kw), None))
     q, k, v, cu, m = make_pack(LENGTHS, 4, 1, 80, torch.bfloat16)
     out = aiter.AiterBackend.forward(q, k, v, cu, m, 0.1)
@@ -239,7 +239,7 @@ def _dense_segment_attention(q, k, v, q_ids, kv_ids, scale):
 
 @pytest.mark.parametrize("lengths", [LENGTHS, [100, 0, 60, 1]], ids=["short", "padded"])
 def test_pallas_glue(monkeypatch, lengths):
-    pallas = importlib.import_module("mmenc.attention.backends.pallas")
+    pallas = importlib.import_module("mmenc.backends.pallas")
     calls = []
 
     def fake(q, k, v, causal, q_segment_ids, kv_segment_ids, sm_scale):
@@ -257,7 +257,7 @@ def test_pallas_glue(monkeypatch, lengths):
 
 
 def test_xformers_glue(monkeypatch):
-    xf = importlib.import_module("mmenc.attention.backends.xformers")
+    xf = importlib.import_module("mmenc.backends.xformers")
     built = []
 
     class FakeMask:
@@ -290,7 +290,7 @@ def test_xformers_glue(monkeypatch):
 
 def test_torch_varlen_glue_without_scale_or_gqa_keywords(monkeypatch):
     """An older varlen_attn (no `scale`, no `enable_gqa`): q is pre-scaled, KV heads expanded."""
-    tv = importlib.import_module("mmenc.attention.backends.torch_varlen")
+    tv = importlib.import_module("mmenc.backends.torch_varlen")
 
     def old_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
         assert query.shape[1] == key.shape[1] and not is_causal
@@ -307,7 +307,7 @@ def test_torch_varlen_glue_without_scale_or_gqa_keywords(monkeypatch):
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize("lengths", [[1, 0, 300, 2, 129], [128, 128, 5], [700], [3, 0, 0, 4]])
 def test_flex_block_mask_matches_dense_document_mask(lengths, monkeypatch):
-    flex = importlib.import_module("mmenc.attention.backends.flex")
+    flex = importlib.import_module("mmenc.backends.flex")
     t = sum(lengths)
     cu, _ = make_cu_seqlens(lengths)
     bm = flex.block_mask(cu, t)
@@ -412,3 +412,31 @@ def test_layer_batched_and_packed_gpu(backend, dtype, layout, many_recompiles):
     t = q.shape[0]
     out = layer(shaped(q, 1, t), shaped(k, 1, t), shaped(v, 1, t), cu_seqlens=cu, max_seqlen=m)
     check_close(out.reshape(t, hq, d), oracle(q, k, v, cu, m, layer.scale), dtype, f"{backend.name} packed {layout}")
+
+
+# Layers import downwards only: the ground floor (mmenc.backends) imports nothing of mmenc above it,
+# config only the ground floor, platforms neither config nor attention nor custom_op.
+_FLOORS = {"backends": {"backends"}, "config": {"backends"}, "platforms": {"backends", "logger", "platforms"},
+           "custom_op": {"backends", "config", "logger", "platforms"}}
+
+
+@pytest.mark.parametrize("floor", sorted(_FLOORS))
+def test_floor_imports_only_downwards(floor):
+    import ast
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "mmenc"
+    files = sorted((root / floor).rglob("*.py")) if (root / floor).is_dir() else [root / f"{floor}.py"]
+    allowed = _FLOORS[floor] | {"logger"}
+    found = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "mmenc":
+                    top = parts[1] if len(parts) > 1 else [a.name for a in node.names][0]
+                    if top not in allowed:
+                        found.add(f"{path.relative_to(root.parent)} imports {name}")
+    assert not found, f"mmenc/{floor} imports upwards: {sorted(found)}"

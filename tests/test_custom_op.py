@@ -149,18 +149,52 @@ def test_register_oot_subclass_replaces_attention(clean_oot, use_platform, fake_
     assert type(AcmeAttention(2, 8)) is AcmeAttention  # constructing the plugin's class directly still works
 
 
-def test_register_oot_by_registered_name_and_bare_decorator(clean_oot):
+def test_register_oot_by_registered_name(clean_oot):
     @CustomOp.register_oot(name="mm_encoder_attn")
     class ByOpName(MMEncoderAttention):
         pass
 
     assert type(MMEncoderAttention(2, 8)) is ByOpName
-    custom_op._OOT_REGISTRY.clear()
 
-    # Bare decorator: the key is the plugin class's own name.
-    ByClassName = CustomOp.register_oot(type("MMEncoderAttention", (MMEncoderAttention,), {}))
-    layer = MMEncoderAttention(2, 8)
-    assert type(layer) is ByClassName and type(layer) is not MMEncoderAttention
+
+@pytest.mark.parametrize("called", [False, True], ids=["bare", "called"])
+def test_register_oot_on_the_class_replaces_that_class(clean_oot, mmenc_caplog, called):
+    """vLLM's semantics: `@MMEncoderAttention.register_oot` (no name) replaces MMEncoderAttention,
+    whatever the plugin class is called; its subclasses stay themselves."""
+    class TowerAttention(MMEncoderAttention):
+        pass
+
+    class AcmeAttention(MMEncoderAttention):
+        pass
+
+    decorate = MMEncoderAttention.register_oot() if called else MMEncoderAttention.register_oot
+    assert decorate(AcmeAttention) is AcmeAttention
+    assert type(MMEncoderAttention(2, 8)) is AcmeAttention
+    assert type(TowerAttention(2, 8)) is TowerAttention
+    assert "custom op MMEncoderAttention replaced by out-of-tree" in mmenc_caplog.text
+    assert "AcmeAttention" in mmenc_caplog.text
+
+
+def test_register_oot_on_a_subclass_replaces_only_the_subclass(clean_oot):
+    class TowerAttention(MMEncoderAttention):
+        pass
+
+    @TowerAttention.register_oot
+    class AcmeTowerAttention(TowerAttention):
+        pass
+
+    assert type(TowerAttention(2, 8)) is AcmeTowerAttention
+    assert type(MMEncoderAttention(2, 8)) is MMEncoderAttention
+
+
+def test_register_oot_on_customop_without_name_is_an_error(clean_oot):
+    class AcmeAttention(MMEncoderAttention):
+        pass
+
+    with pytest.raises(ValueError, match=r"without name=.*@MMEncoderAttention.register_oot.*name='MMEncoderAttention'"):
+        CustomOp.register_oot(AcmeAttention)
+    assert "CustomOp" not in custom_op._OOT_REGISTRY
+    assert type(MMEncoderAttention(2, 8)) is MMEncoderAttention
 
 
 def test_register_oot_unrelated_class(clean_oot):

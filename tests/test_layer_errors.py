@@ -123,3 +123,23 @@ def test_max_seqlen_must_match_the_pack(layer):
     q, k, v = qkv(seq=8)
     with pytest.raises(ValueError, match=r"max_seqlen=4 but the longest segment of cu_seqlens has 5 tokens"):
         layer(q, k, v, cu, 4)
+
+
+@pytest.mark.parametrize("dtypes, expect", [
+    ((torch.float32, torch.float16, torch.float32), "query float32, key float16, value float32"),
+    ((torch.float32, torch.float32, torch.bfloat16), "query float32, key float32, value bfloat16"),
+    ((torch.int64, torch.int64, torch.int64), "query int64, key int64, value int64"),
+    ((torch.float32, torch.int32, torch.float32), "query float32, key int32, value float32"),
+])
+def test_qkv_must_share_one_floating_dtype(layer, dtypes, expect):
+    """The same check for every backend (NAIVE alone would accept mixed or integer inputs)."""
+    q, k, v = (x.to(dt) if dt.is_floating_point else x.to(dt) for x, dt in zip(qkv(), dtypes))
+    with pytest.raises(ValueError, match="blocks.3.attn: query, key and value must share one floating-point dtype") as e:
+        layer(q, k, v)
+    assert expect in str(e.value)
+
+
+def test_qkv_must_share_one_device(layer):
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match=r"must be on one device, got query on cpu, key on meta, value on cpu"):
+        layer(q, k.to("meta"), v)

@@ -36,6 +36,10 @@ def present():
 
 def absent():
     return None
+
+
+def broken():
+    raise RuntimeError("{name} driver library not found")
 '''
 
 
@@ -115,11 +119,11 @@ def test_no_plugin_left_behind():
 
 def test_plugin_backend_in_a_top_level_module(tmp_path, monkeypatch):
     """A plugin registers its own backend from a top-level module ("acme_attn:Backend")."""
-    import mmenc.attention.backends as backends
+    import mmenc.backends.registry as backends
 
     (tmp_path / "mmenc_test_acme_attn.py").write_text(textwrap.dedent("""\
         from mmenc.attention.backend_enum import AttentionBackendEnum
-        from mmenc.attention.backends.naive import NaiveBackend
+        from mmenc.backends.naive import NaiveBackend
 
         class AcmeBackend(NaiveBackend):
             pass
@@ -130,3 +134,20 @@ def test_plugin_backend_in_a_top_level_module(tmp_path, monkeypatch):
         assert backends.get_backend_class(B.PALLAS).__name__ == "AcmeBackend"
     finally:
         sys.modules.pop("mmenc_test_acme_attn", None)
+
+
+def test_plugin_whose_entry_point_raises_is_skipped_with_a_warning(install_plugin, mmenc_caplog):
+    install_plugin("broken", entry="broken")
+    assert type(platforms.resolve_platform()).__name__ == "CpuPlatform"
+    (record,) = [r for r in mmenc_caplog.records if r.levelname == "WARNING"]
+    message = record.getMessage()
+    assert "platform plugin broken" in message and "mmenc_test_plugin_broken:broken" in message
+    assert "RuntimeError: broken driver library not found" in message
+
+
+def test_broken_plugin_next_to_a_working_one(install_plugin, mmenc_caplog):
+    install_plugin("broken", entry="broken")
+    path = install_plugin("acme")
+    assert platforms.active_plugin_platforms() == {"acme": path}
+    assert platforms.resolve_platform().name == "acme"
+    assert "platform plugin broken" in mmenc_caplog.text

@@ -9,13 +9,12 @@ import logging
 import pytest
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum as B
-from mmenc.attention.backends import get_backend_class, registered_backends
-from mmenc.attention.layer import MMEncoderAttention
+from mmenc.attention import MMEncoderAttention, make_cu_seqlens
+from mmenc.backends import AttentionBackendEnum as B
+from mmenc.backends import BackendChoice, DeviceInfo, get_backend_class, registered_backends
 from mmenc.config import MultiModalConfig
 from mmenc.platforms.cpu import CpuPlatform
 from mmenc.platforms.cuda import CudaPlatform
-from mmenc.platforms.device_info import DeviceInfo
 from mmenc.platforms.rocm import RocmPlatform
 from mmenc.platforms.tpu import TpuPlatform
 from mmenc.platforms.xpu import XpuPlatform
@@ -209,7 +208,7 @@ def test_fallback_reason_is_logged(mmenc_caplog):
 
 
 def test_unregistered_backend_in_a_priority_list_is_a_reason_not_a_crash(monkeypatch):
-    import mmenc.attention.backends as backends
+    import mmenc.backends.registry as backends
 
     monkeypatch.delitem(backends._MODULES, B.TRITON_ATTN, raising=False)
     platform = PLATFORMS["cuda-9.0"]()
@@ -233,3 +232,127 @@ def test_short_segment_backend(use_platform, fake_platform_cls):
     # An explicit backend runs every pack.
     explicit = MMEncoderAttention(2, 8, multimodal_config=MultiModalConfig(mm_encoder_attn_backend="torch_sdpa"))
     assert explicit.short_backend is None
+
+
+# The device the tensors are on decides: a CPU layer on a CUDA machine runs the CPU platform's choice.
+
+@pytest.fixture
+def simulated_cuda(use_platform, monkeypatch):
+    """An H100-like CUDA platform as the current one, with triton counted as installed, so bf16
+    layers choose TORCH_SDPA (FlashAttention is absent) plus TRITON_ATTN for short segments."""
+    monkeypatch.setattr(get_backend_class(B.TRITON_ATTN), "is_installed", classmethod(lambda cls: True))
+    return use_platform(PLATFORMS["cuda-9.0"]())
+
+
+@pytest.fixture
+def ran(monkeypatch):
+    """The backends the dispatcher ran, in order."""
+    import mmenc.backends.dispatch as dispatch
+
+    seen, real = [], dispatch.get_backend_class
+
+    def spy(backend):
+        seen.append(backend)
+        return real(backend)
+    monkeypatch.setattr(dispatch, "get_backend_class", spy)
+    return seen
+
+
+def _windows(dtype=torch.bfloat16):
+    """A pack of two 32-token windows (short segments), 2 heads of 8."""
+    q, k, v = (torch.randn(1, 64, 16, dtype=dtype) for _ in range(3))
+    cu, max_seqlen = make_cu_seqlens([32, 32])
+    return q, k, v, cu, max_seqlen
+
+
+def test_layer_built_for_cpu_on_a_cuda_machine_uses_the_cpu_choice(simulated_cuda, ran):
+    gpu_layer = MMEncoderAttention(2, 8, dtype=torch.bfloat16)
+    assert gpu_layer.choice == BackendChoice(B.TORCH_SDPA, B.TRITON_ATTN)  # what the GPU would run
+    layer = MMEncoderAttention(2, 8, dtype=torch.bfloat16, device="cpu")
+    assert layer.choice == BackendChoice(B.TORCH_SDPA) and layer.describe_backend() == "TORCH_SDPA"
+    q, k, v, cu, max_seqlen = _windows()
+    out = layer(q, k, v, cu, max_seqlen)
+    assert ran == [B.TORCH_SDPA]
+    want = get_backend_class(B.NAIVE).forward(q[0].view(64, 2, 8), k[0].view(64, 2, 8), v[0].view(64, 2, 8),
+                                              cu, max_seqlen, 8 ** -0.5)
+    torch.testing.assert_close(out.view(64, 2, 8), want, atol=2e-2, rtol=2e-2)
+
+
+def test_cpu_tensors_in_a_layer_built_for_cuda_get_the_cpu_choice_once(simulated_cuda, ran, monkeypatch):
+    """The tower was built for the GPU platform, then run on CPU tensors (moved with .to("cpu")):
+    before, TRITON_ATTN ran on CPU tensors and failed inside Triton."""
+    layer = MMEncoderAttention(2, 8, dtype=torch.bfloat16)
+    q, k, v, cu, max_seqlen = _windows()
+    first = layer(q, k, v, cu, max_seqlen)
+    choose = []
+    monkeypatch.setattr(CpuPlatform, "choose_vit_attn", lambda *a, **kw: choose.append(a))
+    second = layer(q, k, v, cu, max_seqlen)  # the choice for "cpu" is remembered: no second selection
+    assert ran == [B.TORCH_SDPA, B.TORCH_SDPA] and choose == [] and torch.equal(first, second)
+    assert layer.choice == BackendChoice(B.TORCH_SDPA, B.TRITON_ATTN)  # the GPU choice is kept for GPU tensors
+
+
+def test_custom_op_forward_follows_the_tensors_device(simulated_cuda):
+    class Probe(MMEncoderAttention):
+        def forward_cuda(self, query, key, value, cu_seqlens=None, max_seqlen=None):
+            return "forward_cuda"
+
+        def forward_cpu(self, query, key, value, cu_seqlens=None, max_seqlen=None):
+            return "forward_cpu"
+
+    q = torch.randn(1, 4, 16)
+    assert Probe(2, 8)(q, q, q) == "forward_cpu"  # built for cuda, called with CPU tensors
+    assert Probe(2, 8, device="cpu")._forward_method.__name__ == "forward_cpu"
+    assert Probe(2, 8)._forward_method.__name__ == "forward_cuda"
+    disabled = MultiModalConfig(custom_ops=("none",))
+    assert Probe(2, 8, multimodal_config=disabled)(q, q, q).shape == q.shape  # forward_native on any device
+
+
+def test_explicit_backend_that_cannot_run_on_the_tensors_device(simulated_cuda):
+    config = MultiModalConfig(mm_encoder_attn_backend="triton_attn")
+    layer = MMEncoderAttention(2, 8, dtype=torch.bfloat16, multimodal_config=config, prefix="blocks.0.attn")
+    assert layer.choice == BackendChoice(B.TRITON_ATTN)  # fine for the GPU
+    with pytest.raises(ValueError) as e:
+        layer(*_windows())
+    msg = str(e.value)
+    assert msg.startswith("blocks.0.attn: built for cuda, called with tensors on cpu: attention backend TRITON_ATTN")
+    assert "not offered by the cpu platform" in msg and "Usable here: TORCH_SDPA, NAIVE" in msg
+    with pytest.raises(ValueError, match=r"TRITON_ATTN cannot run .* on cpu: .*Usable here: TORCH_SDPA, NAIVE"):
+        MMEncoderAttention(2, 8, dtype=torch.bfloat16, multimodal_config=config, device="cpu")
+
+
+def test_platform_for(simulated_cuda, use_platform):
+    from mmenc.platforms import platform_for
+
+    assert platform_for(None) is simulated_cuda and platform_for("cuda:1") is simulated_cuda
+    assert platform_for(torch.device("meta")) is simulated_cuda  # shapes only: built for the platform's device
+    cpu = platform_for("cpu")
+    assert type(cpu) is CpuPlatform and platform_for(torch.device("cpu")) is cpu
+    with pytest.raises(ValueError, match=r"device 'xpu' is not run by the current platform 'cuda'"):
+        platform_for("xpu")
+    here = use_platform(PLATFORMS["cpu"]())
+    assert platform_for("cpu") is here
+
+
+def test_encoder_on_cpu_on_a_cuda_machine(simulated_cuda, ran, tmp_path):
+    """Encoder(device="cpu") with the CUDA platform current: the tower's attention runs the CPU
+    platform's backend on its CPU tensors (window layers included)."""
+    from checkpoints import random_pixels, save_qwen2_5_vl
+    from mmenc.engine.encoder import Encoder
+
+    folder = save_qwen2_5_vl(tmp_path)[0]
+    grid = torch.tensor([[1, 8, 8]])
+    reference = Encoder(str(folder), device="cpu", dtype="bfloat16")
+    out = reference.encode_pixels(random_pixels(grid).to(torch.bfloat16), grid)
+    assert out.device.type == "cpu" and torch.isfinite(out.float()).all()
+    assert set(ran) == {B.TORCH_SDPA}
+
+
+def test_backend_choice_applies_the_short_rule_in_one_place():
+    choice = BackendChoice(B.FLASH_ATTN, B.TRITON_ATTN, 256)
+    assert [choice.backend_for(n) for n in (1, 256, 257)] == [B.TRITON_ATTN, B.TRITON_ATTN, B.FLASH_ATTN]
+    assert choice.describe() == "FLASH_ATTN (TRITON_ATTN for segments <= 256)"
+    assert BackendChoice(B.NAIVE, B.NAIVE).short is None  # the same backend twice is no per-shape choice
+    assert BackendChoice(B.NAIVE).backend_for(1) is B.NAIVE
+    with pytest.raises(ValueError, match="short_seqlen_max=-1"):
+        BackendChoice(B.NAIVE, B.TORCH_SDPA, -1)
+    assert PLATFORMS["cpu"]().choose_vit_attn(80, torch.float32) == BackendChoice(B.TORCH_SDPA)

@@ -14,7 +14,7 @@ import torch
 
 from mmenc.attention.backend_enum import AttentionBackendEnum
 from mmenc.attention.backends import get_backend_class
-from mmenc.attention.backends.naive import NaiveBackend
+from mmenc.backends.naive import NaiveBackend
 from mmenc.attention.packing import PackInfo, make_cu_seqlens
 from mmenc.platforms.device_info import DeviceInfo
 
@@ -23,7 +23,7 @@ HAS_CUDA = torch.cuda.is_available()
 if HAS_TRITON and not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel module imports triton
 
-from mmenc.kernels import triton_varlen_attn as tva
+from mmenc.backends.kernels import triton_varlen_attn as tva
 
 gpu = pytest.mark.skipif(not (HAS_CUDA and HAS_TRITON), reason="needs a CUDA GPU and triton")
 TOL = 2e-2

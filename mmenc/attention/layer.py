@@ -4,30 +4,39 @@ import math
 
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum
-from mmenc.attention.op import mm_encoder_attention
-from mmenc.attention.packing import make_cu_seqlens
+from mmenc.backends import AttentionBackendEnum, BackendChoice, make_cu_seqlens
+from mmenc.backends.dispatch import attend
 from mmenc.config import MultiModalConfig
 from mmenc.custom_op import CustomOp
+from mmenc.platforms import platform_for
+
+_NATIVE = BackendChoice(AttentionBackendEnum.TORCH_SDPA)  # forward_native: plain PyTorch everywhere
 
 
 @CustomOp.register("mm_encoder_attn")
 class MMEncoderAttention(CustomOp):
-    """Encoder self-attention whose kernel backend the platform chooses once, at construction.
+    """Encoder self-attention whose kernel backend the platform of its device chooses, once.
+
+    The choice (`.choice`, a BackendChoice: `.backend` plus the short-segment `.short_backend`) is
+    made at construction for `device` (None: the current platform's device type). Tensors that
+    arrive on a device of another type (the tower was moved with .to()) get the choice of that
+    device's platform, made once per device type.
 
     forward(query, key, value, cu_seqlens=None, max_seqlen=None):
-        query [B, S, Hq*D] or [B, S, Hq, D]; key, value likewise with Hkv heads.
-        With cu_seqlens (int32 [N+1], 0 ... S), B must be 1 and attention stays inside each
-        segment; max_seqlen is that pack's longest segment (a Python int, computed once per
-        encoder forward). Without cu_seqlens each of the B rows is one sequence.
-        Returns a tensor of the query's shape and dtype.
+        query [B, S, Hq*D] or [B, S, Hq, D]; key, value likewise with Hkv heads; one floating
+        dtype and one device for all three. With cu_seqlens (int32 [N+1], 0 ... S), B must be 1
+        and attention stays inside each segment; max_seqlen is that pack's longest segment (a
+        Python int, computed once per encoder forward). Without cu_seqlens each of the B rows is
+        one sequence. Returns a tensor of the query's shape and dtype.
     """
 
     def __init__(self, num_heads: int, head_size: int, scale: float | None = None,
                  num_kv_heads: int | None = None, prefix: str = "",
-                 multimodal_config: MultiModalConfig | None = None, dtype: torch.dtype | None = None):
+                 multimodal_config: MultiModalConfig | None = None, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None):
         config = multimodal_config or MultiModalConfig()
-        super().__init__(custom_ops=config.custom_ops)
+        platform = platform_for(device)
+        super().__init__(custom_ops=config.custom_ops, platform=platform)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         if num_heads <= 0 or head_size <= 0 or num_kv_heads <= 0:
             raise ValueError(f"{prefix or 'MMEncoderAttention'}: num_heads={num_heads}, num_kv_heads={num_kv_heads} "
@@ -38,17 +47,23 @@ class MMEncoderAttention(CustomOp):
         self.num_heads, self.head_size, self.num_kv_heads = num_heads, head_size, num_kv_heads
         self.scale = 1.0 / math.sqrt(head_size) if scale is None else scale
         self.prefix = prefix
-        from mmenc.platforms import current_platform
+        self._requested = config.mm_encoder_attn_backend
+        self._dtype = dtype or torch.get_default_dtype()
+        self._device_type = platform.device_type
+        self.choice: BackendChoice = platform.choose_vit_attn(head_size, self._dtype, self._requested)
+        self._elsewhere: dict[str, tuple[BackendChoice, object]] = {}  # device type -> (choice, forward method)
 
-        dtype = dtype or torch.get_default_dtype()
-        self.backend: AttentionBackendEnum = current_platform.get_vit_attn_backend(
-            head_size, dtype, config.mm_encoder_attn_backend)
-        # Per-shape choice: packs whose longest segment is short (window layers) may run another
-        # backend; decided from max_seqlen, a host int, so no device sync. None when not used.
-        self.short_backend: AttentionBackendEnum | None = None
-        self.short_seqlen_max = current_platform.short_seqlen_max
-        if config.mm_encoder_attn_backend is None:
-            self.short_backend = current_platform.get_vit_attn_short_backend(head_size, dtype, self.backend)
+    @property
+    def backend(self) -> AttentionBackendEnum:
+        return self.choice.main
+
+    @property
+    def short_backend(self) -> AttentionBackendEnum | None:
+        return self.choice.short
+
+    @property
+    def short_seqlen_max(self) -> int:
+        return self.choice.short_seqlen_max
 
     def extra_repr(self) -> str:
         return (f"num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, head_size={self.head_size}, "
@@ -56,19 +71,36 @@ class MMEncoderAttention(CustomOp):
 
     def describe_backend(self) -> str:
         """"TORCH_SDPA", or with a per-shape choice "FLASH_ATTN (TRITON_ATTN for segments <= 256)"."""
-        if self.short_backend is None:
-            return self.backend.name
-        return f"{self.backend.name} ({self.short_backend.name} for segments <= {self.short_seqlen_max})"
+        return self.choice.describe()
+
+    def forward(self, query, key, value, cu_seqlens=None, max_seqlen=None):
+        if query.device.type == self._device_type:
+            return self._forward_method(query, key, value, cu_seqlens, max_seqlen)
+        return self._on(query.device)[1](query, key, value, cu_seqlens, max_seqlen)
 
     def forward_native(self, query, key, value, cu_seqlens=None, max_seqlen=None):
-        return self._run((AttentionBackendEnum.TORCH_SDPA, None), query, key, value, cu_seqlens, max_seqlen)
+        return self._run(_NATIVE, query, key, value, cu_seqlens, max_seqlen)
 
     def forward_cuda(self, query, key, value, cu_seqlens=None, max_seqlen=None):
-        return self._run((self.backend, self.short_backend), query, key, value, cu_seqlens, max_seqlen)
+        choice = self.choice if query.device.type == self._device_type else self._on(query.device)[0]
+        return self._run(choice, query, key, value, cu_seqlens, max_seqlen)
 
     forward_cpu = forward_xpu = forward_tpu = forward_oot = forward_cuda
 
-    def _run(self, backends, query, key, value, cu_seqlens, max_seqlen):
+    def _on(self, device: torch.device) -> tuple[BackendChoice, object]:
+        """(choice, forward method) for tensors on a device of another type than the construction's."""
+        if device.type not in self._elsewhere:
+            platform = platform_for(device)
+            try:
+                choice = platform.choose_vit_attn(self.head_size, self._dtype, self._requested)
+            except ValueError as e:
+                raise ValueError(f"{self._name}: built for {self._device_type}, called with tensors on {device}: "
+                                 f"{e}") from None
+            self._elsewhere[device.type] = (choice, self.forward_method_for(platform))
+        return self._elsewhere[device.type]
+
+    def _run(self, choice: BackendChoice, query, key, value, cu_seqlens, max_seqlen):
+        self._check_inputs(query, key, value)
         q, batch, seq = self._to_packed(query, self.num_heads, "query")
         k, _, _ = self._to_packed(key, self.num_kv_heads, "key", batch, seq)
         v, _, _ = self._to_packed(value, self.num_kv_heads, "value", batch, seq)
@@ -83,14 +115,24 @@ class MMEncoderAttention(CustomOp):
         elif cu_seqlens.device != q.device:
             raise ValueError(f"{self._name}: cu_seqlens is on {cu_seqlens.device} but query is on {q.device}; "
                              f"make it on the query's device (make_cu_seqlens(lengths, device))")
-        main, short = backends
-        out = mm_encoder_attention(q, k, v, cu_seqlens, max_seqlen, self.scale, main.name,
-                                   short.name if short else "", self.short_seqlen_max)  # [T, Hq, D]
+        out = attend(q, k, v, cu_seqlens, max_seqlen, self.scale, choice)  # [T, Hq, D]
         return out.reshape(query.shape)
 
     @property
     def _name(self) -> str:
         return self.prefix or "MMEncoderAttention"
+
+    def _check_inputs(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+        """One floating dtype and one device for q, k and v, whatever the backend (host-side only)."""
+        dtypes = (query.dtype, key.dtype, value.dtype)
+        if not query.is_floating_point() or dtypes.count(query.dtype) != 3:
+            names = ", ".join(f"{w} {str(d).removeprefix('torch.')}" for w, d in zip(("query", "key", "value"), dtypes))
+            raise ValueError(f"{self._name}: query, key and value must share one floating-point dtype, got {names}; "
+                             f"cast them to one (e.g. .to(query.dtype)) before attention")
+        devices = (query.device, key.device, value.device)
+        if devices.count(query.device) != 3:
+            raise ValueError(f"{self._name}: query, key and value must be on one device, got query on {devices[0]}, "
+                             f"key on {devices[1]}, value on {devices[2]}")
 
     def _to_packed(self, x: torch.Tensor, heads: int, what: str, batch: int | None = None,
                    seq: int | None = None) -> tuple[torch.Tensor, int, int]:

@@ -2,8 +2,8 @@
 not offered: its compiled CPU kernel fails with dynamic pack lengths (see backends/flex.py)."""
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum as B
-from mmenc.platforms.device_info import DeviceInfo
+from mmenc.backends import AttentionBackendEnum as B
+from mmenc.backends import DeviceInfo, probe_device
 from mmenc.platforms.interface import Platform
 
 
@@ -13,7 +13,7 @@ class CpuPlatform(Platform):
     custom_op_key = "cpu"
 
     def _detect_device_info(self) -> DeviceInfo:
-        return DeviceInfo(type="cpu", vendor="cpu")
+        return probe_device("cpu")
 
     def vit_attn_priority(self, dtype: torch.dtype) -> list[B]:
         return [B.TORCH_SDPA, B.NAIVE]

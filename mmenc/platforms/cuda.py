@@ -10,8 +10,8 @@ the FlashAttention family when installed, else cuDNN through TORCH_SDPA.
 """
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum as B
-from mmenc.platforms.device_info import DeviceInfo
+from mmenc.backends import AttentionBackendEnum as B
+from mmenc.backends import DeviceInfo, probe_device
 from mmenc.platforms.interface import Platform
 
 
@@ -21,7 +21,7 @@ class CudaPlatform(Platform):
     custom_op_key = "cuda"
 
     def _detect_device_info(self) -> DeviceInfo:
-        return DeviceInfo(type="cuda", vendor="nvidia", capability=torch.cuda.get_device_capability())
+        return probe_device("cuda")
 
     def _ampere_or_later(self) -> bool:
         return (self.device_info().capability or (0, 0)) >= (8, 0)

@@ -4,9 +4,9 @@ from typing import ClassVar
 
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum
+from mmenc.backends import (SHORT_SEQLEN_MAX, AttentionBackendEnum, BackendChoice, DeviceInfo, get_backend_class,
+                            registered_backends)
 from mmenc.logger import init_logger, log_once
-from mmenc.platforms.device_info import DeviceInfo
 
 logger = init_logger(__name__)
 
@@ -49,7 +49,7 @@ class Platform:
         raise NotImplementedError
 
     # Segments up to this many tokens count as "short" (Qwen2.5-VL's windows: 64).
-    short_seqlen_max: ClassVar[int] = 256
+    short_seqlen_max: ClassVar[int] = SHORT_SEQLEN_MAX
 
     def vit_attn_short_priority(self, dtype: torch.dtype) -> list[AttentionBackendEnum]:
         """Backends preferred for packs whose longest segment is short, best first; empty: no
@@ -64,8 +64,6 @@ class Platform:
         return seen
 
     def backend_reasons(self, backend: AttentionBackendEnum, head_size: int, dtype: torch.dtype) -> list[str]:
-        from mmenc.attention.backends import get_backend_class, registered_backends
-
         reasons = []
         if backend not in self.get_supported_vit_attn_backends():
             reasons.append(f"not offered by the {self.name} platform")
@@ -103,6 +101,14 @@ class Platform:
         raise ValueError(f"no encoder-attention backend can run head_size={head_size}, dtype={_dtype_name(dtype)} "
                          f"on {self.device_info().describe()}: " + "; ".join(rejected))
 
+    def choose_vit_attn(self, head_size: int, dtype: torch.dtype,
+                        backend: AttentionBackendEnum | str | None = None) -> BackendChoice:
+        """The whole choice for (head_size, dtype) here: the main backend and, for automatic
+        selection only, the one for short-segment packs (an explicit backend runs every pack)."""
+        main = self.get_vit_attn_backend(head_size, dtype, backend)
+        short = self.get_vit_attn_short_backend(head_size, dtype, main) if backend is None else None
+        return BackendChoice(main, short, self.short_seqlen_max)
+
     def get_vit_attn_short_backend(self, head_size: int, dtype: torch.dtype,
                                    main: AttentionBackendEnum) -> AttentionBackendEnum | None:
         """The backend for packs whose longest segment is <= short_seqlen_max, when it differs from
@@ -122,8 +128,6 @@ class Platform:
 
     def explain_vit_attn_backends(self, head_size: int, dtype: torch.dtype) -> list[BackendReport]:
         """A report for every registered backend: installed, version, reasons it cannot run here."""
-        from mmenc.attention.backends import get_backend_class, registered_backends
-
         offered = self.get_supported_vit_attn_backends()
         rows = []
         for backend in registered_backends():

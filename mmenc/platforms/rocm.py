@@ -1,8 +1,8 @@
 """AMD GPUs (torch's ROCm build). aiter's FlashAttention on the MI200/MI300 family (gfx9)."""
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum as B
-from mmenc.platforms.device_info import DeviceInfo
+from mmenc.backends import AttentionBackendEnum as B
+from mmenc.backends import DeviceInfo, probe_device
 from mmenc.platforms.interface import Platform
 
 
@@ -12,8 +12,7 @@ class RocmPlatform(Platform):
     custom_op_key = "hip"
 
     def _detect_device_info(self) -> DeviceInfo:
-        arch = torch.cuda.get_device_properties(0).gcnArchName.split(":")[0]
-        return DeviceInfo(type="cuda", vendor="amd", arch=arch)
+        return probe_device("cuda")
 
     def vit_attn_priority(self, dtype: torch.dtype) -> list[B]:
         return [B.ROCM_AITER_FA, B.FLASH_ATTN, B.TORCH_SDPA, B.TRITON_ATTN, B.FLEX_ATTENTION, B.NAIVE]

@@ -1,8 +1,8 @@
 """Google TPUs through torch_xla: the Pallas flash kernel with segment ids."""
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum as B
-from mmenc.platforms.device_info import DeviceInfo
+from mmenc.backends import AttentionBackendEnum as B
+from mmenc.backends import DeviceInfo, probe_device
 from mmenc.platforms.interface import Platform
 
 
@@ -12,7 +12,7 @@ class TpuPlatform(Platform):
     custom_op_key = "tpu"
 
     def _detect_device_info(self) -> DeviceInfo:
-        return DeviceInfo(type="xla", vendor="google")
+        return probe_device("xla")
 
     def vit_attn_priority(self, dtype: torch.dtype) -> list[B]:
         return [B.PALLAS, B.TORCH_SDPA, B.NAIVE]

@@ -1,8 +1,8 @@
 """Intel GPUs (torch's XPU device)."""
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum as B
-from mmenc.platforms.device_info import DeviceInfo
+from mmenc.backends import AttentionBackendEnum as B
+from mmenc.backends import DeviceInfo, probe_device
 from mmenc.platforms.interface import Platform
 
 
@@ -12,7 +12,7 @@ class XpuPlatform(Platform):
     custom_op_key = "xpu"
 
     def _detect_device_info(self) -> DeviceInfo:
-        return DeviceInfo(type="xpu", vendor="intel")
+        return probe_device("xpu")
 
     def vit_attn_priority(self, dtype: torch.dtype) -> list[B]:
         return [B.TORCH_SDPA, B.FLEX_ATTENTION, B.NAIVE]

@@ -10,8 +10,8 @@ from typing import ClassVar
 
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum
-from mmenc.platforms.device_info import DeviceInfo
+from mmenc.backends.backend_enum import AttentionBackendEnum
+from mmenc.backends.device import DeviceInfo
 
 
 class AttentionBackend:

@@ -1,9 +1,9 @@
 """NAIVE: the plain-PyTorch reference (float32 softmax, one segment at a time). The test oracle."""
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum
-from mmenc.attention.backends.base import AttentionBackend
-from mmenc.attention.packing import pack_info
+from mmenc.backends.backend_enum import AttentionBackendEnum
+from mmenc.backends.base import AttentionBackend
+from mmenc.backends.packing import pack_info
 
 
 class NaiveBackend(AttentionBackend):

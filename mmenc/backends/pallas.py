@@ -8,9 +8,9 @@ import functools
 
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum
-from mmenc.attention.backends.base import AttentionBackend, collect, need_device
-from mmenc.attention.packing import pack_info
+from mmenc.backends.backend_enum import AttentionBackendEnum
+from mmenc.backends.base import AttentionBackend, collect, need_device
+from mmenc.backends.packing import pack_info
 
 BLOCK = 128
 

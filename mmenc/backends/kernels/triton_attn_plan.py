@@ -10,7 +10,8 @@ import dataclasses
 
 import torch
 
-from mmenc.attention.packing import PackInfo
+from mmenc.backends.choice import SHORT_SEQLEN_MAX
+from mmenc.backends.packing import PackInfo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +54,8 @@ CONFIGS: dict[tuple[str, str], list[KernelConfig]] = {
 
 
 def length_bucket(max_seqlen: int) -> str:
-    return "short" if max_seqlen <= 256 else "mid" if max_seqlen <= 2048 else "long"
+    """"short" is the packs the platforms' short-segment choice sends here (windows), tuned apart."""
+    return "short" if max_seqlen <= SHORT_SEQLEN_MAX else "mid" if max_seqlen <= 2048 else "long"
 
 
 def head_class(head_size: int) -> str:

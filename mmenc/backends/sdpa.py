@@ -6,9 +6,9 @@ so Qwen2.5-VL's hundreds of equal windows cost one kernel launch, not hundreds.
 import torch
 import torch.nn.functional as F
 
-from mmenc.attention.backend_enum import AttentionBackendEnum
-from mmenc.attention.backends.base import AttentionBackend
-from mmenc.attention.packing import PackInfo, pack_info
+from mmenc.backends.backend_enum import AttentionBackendEnum
+from mmenc.backends.base import AttentionBackend
+from mmenc.backends.packing import PackInfo, pack_info
 
 
 def _group_plan(info: PackInfo, device: torch.device) -> list[tuple[int, int, object]]:

@@ -25,19 +25,20 @@ Head sizes that are not powers of two are split into two power-of-two parts (80 
 alignment (ALIGN): Triton only infers it for multiples of 16, which d=72's head stride is not. On
 Hopper, configs with `tma=True` load K/V through TMA tensor descriptors over [T, Hkv, D] (zero fill
 past T and past D); elsewhere, or for unaligned strides, they fall back to masked pointer loads.
-Configs: `CONFIGS` (mmenc/kernels/triton_attn_plan.py, with the host-side tables) per (length
+Configs: `CONFIGS` (mmenc/backends/kernels/triton_attn_plan.py, with the host-side tables) per (length
 bucket, head class); the first call per (head size, dtype, GQA group, bucket) times the (two) candidates on its own inputs (not while a CUDA graph is being captured).
 
 torch.compile: `varlen_attention` is the custom op `mmenc::triton_varlen_attn` with a fake
 implementation, so compiled towers trace through it without graph breaks. The tile table is not an
 argument: the op's real implementation looks the pack up by `cu_seqlens` (see
-`mmenc.attention.packing.pack_info`) when it runs, i.e. outside the traced graph. A `cu_seqlens`
+`mmenc.backends.packing.pack_info`) when it runs, i.e. outside the traced graph. A `cu_seqlens`
 made with `make_cu_seqlens` costs nothing; any other tensor is read back once and remembered.
 """
 import torch
 
-from mmenc.attention.packing import PackInfo, make_cu_seqlens, pack_info
-from mmenc.kernels.triton_attn_plan import (CONFIGS, KernelConfig, candidates, head_class, head_split,  # noqa: F401
+from mmenc.backends.device import probe_device
+from mmenc.backends.packing import PackInfo, make_cu_seqlens, pack_info
+from mmenc.backends.kernels.triton_attn_plan import (CONFIGS, KernelConfig, candidates, head_class, head_split,  # noqa: F401
                                             length_bucket, tile_table, window_table)
 
 try:
@@ -126,7 +127,8 @@ def _stride_align(*tensors) -> int:
 
 def _tma_ok(q, k, v) -> bool:
     """TMA (Hopper+) needs 16-byte aligned bases and strides (head size a multiple of 8 in fp16/bf16)."""
-    if not q.is_cuda or torch.cuda.get_device_capability(q.device) < (9, 0):
+    capability = probe_device(q.device).capability if q.is_cuda else None
+    if capability is None or capability < (9, 0):
         return False
     return all(x.data_ptr() % 16 == 0 and all(s * x.element_size() % 16 == 0 for s in x.stride()[:-1]) for x in (k, v))
 

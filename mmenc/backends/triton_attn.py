@@ -1,4 +1,4 @@
-"""TRITON_ATTN: mmenc's own varlen attention kernel (mmenc/kernels/triton_varlen_attn.py).
+"""TRITON_ATTN: mmenc's own varlen attention kernel (mmenc/backends/kernels/triton_varlen_attn.py).
 
 One launch per layer for any pack: long segments are cut into 128-row query tiles, runs of short
 windows are packed into one tile with a block-diagonal mask, or (packs of windows that each fit a
@@ -7,8 +7,8 @@ of 8 run fastest); non-powers of two (72, 80) are split into two power-of-two pa
 padded. The kernel's tile table is built once per pack (cached in PackInfo.cache); the kernel is a
 torch custom op, so compiled towers trace through it.
 """
-from mmenc.attention.backend_enum import AttentionBackendEnum
-from mmenc.attention.backends.base import AttentionBackend, collect, need_half, need_nvidia_capability
+from mmenc.backends.backend_enum import AttentionBackendEnum
+from mmenc.backends.base import AttentionBackend, collect, need_half, need_nvidia_capability
 
 MAX_HEAD_SIZE = 256
 
@@ -30,6 +30,6 @@ class TritonAttnBackend(AttentionBackend):
 
     @classmethod
     def forward(cls, q, k, v, cu_seqlens, max_seqlen, scale):
-        from mmenc.kernels.triton_varlen_attn import varlen_attention
+        from mmenc.backends.kernels.triton_varlen_attn import varlen_attention
 
         return varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale)

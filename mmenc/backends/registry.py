@@ -1,9 +1,9 @@
-"""Backend registry: one module per backend, looked up by `AttentionBackendEnum`."""
+"""Backend registry: one module per backend (files of this package), looked up by `AttentionBackendEnum`."""
 import importlib
 import importlib.util
 
-from mmenc.attention.backend_enum import AttentionBackendEnum
-from mmenc.attention.backends.base import AttentionBackend
+from mmenc.backends.backend_enum import AttentionBackendEnum
+from mmenc.backends.base import AttentionBackend
 
 _MODULES: dict[AttentionBackendEnum, str] = {
     AttentionBackendEnum.NAIVE: "naive:NaiveBackend",
@@ -34,7 +34,7 @@ def get_backend_class(backend: AttentionBackendEnum) -> type[AttentionBackend]:
                          f"registered: {', '.join(b.name for b in registered_backends())}")
     module, _, cls = target.partition(":")
     if "." not in module:  # a file of this package, else a top-level module (a plugin's)
-        local = f"{__name__}.{module}"
+        local = f"{__package__}.{module}"
         if importlib.util.find_spec(local) is not None:
             module = local
         elif importlib.util.find_spec(module) is None:

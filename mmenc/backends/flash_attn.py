@@ -12,11 +12,11 @@ import os
 
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum
-from mmenc.attention.backends.base import (AttentionBackend, collect, need_device, need_half,
-                                           need_head_size, need_nvidia_capability)
-from mmenc.attention.packing import pack_info
-from mmenc.platforms.device_info import DeviceInfo
+from mmenc.backends.backend_enum import AttentionBackendEnum
+from mmenc.backends.base import (AttentionBackend, collect, need_device, need_half, need_head_size,
+                                 need_nvidia_capability)
+from mmenc.backends.device import DeviceInfo, probe_device
+from mmenc.backends.packing import pack_info
 
 _AMD_ARCHS = ("gfx90a", "gfx942", "gfx950")
 
@@ -67,14 +67,6 @@ def _dist_version(dist: str) -> str:
         return "(version unknown)"
 
 
-@functools.cache
-def _device_info(device: torch.device) -> DeviceInfo:
-    if torch.version.hip:
-        arch = torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
-        return DeviceInfo(type="cuda", vendor="amd", arch=arch)
-    return DeviceInfo(type="cuda", vendor="nvidia", capability=torch.cuda.get_device_capability(device))
-
-
 class FlashAttnBackend(AttentionBackend):
     enum = AttentionBackendEnum.FLASH_ATTN
     requires = ("flash_attn", "flash-attn-4")
@@ -112,7 +104,7 @@ class FlashAttnBackend(AttentionBackend):
     @classmethod
     def forward(cls, q, k, v, cu_seqlens, max_seqlen, scale):
         pack_info(cu_seqlens, q.shape[0])  # validates the pack (cached host view)
-        name, why = cls.implementation(q.shape[-1], q.dtype, _device_info(q.device))
+        name, why = cls.implementation(q.shape[-1], q.dtype, probe_device(q.device))
         if name is None:
             raise RuntimeError(f"FLASH_ATTN cannot run head_size={q.shape[-1]}, {q.dtype}: {'; '.join(why)}")
         cu = cu_seqlens if cu_seqlens.dtype == torch.int32 else cu_seqlens.to(torch.int32)

@@ -7,9 +7,9 @@ import functools
 
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum
-from mmenc.attention.backends.base import AttentionBackend, collect, need_device, need_half, need_head_size
-from mmenc.attention.packing import pack_info
+from mmenc.backends.backend_enum import AttentionBackendEnum
+from mmenc.backends.base import AttentionBackend, collect, need_device, need_half, need_head_size
+from mmenc.backends.packing import pack_info
 
 ARCHS = ("gfx90a", "gfx942", "gfx950")
 
