@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from checkpoints import random_pixels, save_qwen2_5_vl
 from mmenc.config import MultiModalConfig
 from mmenc.bench.measure import parse_grid_spec
 from mmenc.bench.flops import count_flops
 from mmenc.engine.runner import build_tower, run_tower
+from mmenc.testing.checkpoints import random_pixels, save_qwen2_5_vl
 
 
 def test_parse_grid_spec():

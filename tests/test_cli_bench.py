@@ -6,7 +6,7 @@ import logging
 import pytest
 
 import mmenc.cli.bench as bench_cli
-from checkpoints import save_qwen2_5_vl
+from mmenc.testing.checkpoints import save_qwen2_5_vl
 from mmenc.cli.main import main
 from mmenc.bench.measure import WORKLOADS
 

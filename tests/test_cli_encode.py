@@ -5,9 +5,9 @@ import torch
 from PIL import Image
 from safetensors.torch import load_file
 
-from checkpoints import save_qwen2_5_vl
 from mmenc.cli.main import main
 from mmenc.engine.encoder import Encoder
+from mmenc.testing.checkpoints import save_qwen2_5_vl
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import mmenc.cli.encode as encode_cli
-from checkpoints import save_qwen2_5_vl
+from mmenc.testing.checkpoints import save_qwen2_5_vl
 from mmenc.cli.main import main
 from mmenc.cli.progress import Progress
 from mmenc.engine.encoder import Encoder

@@ -5,10 +5,10 @@ import pytest
 import torch
 import torch._dynamo
 
-import checkpoints as ck
 from mmenc.config import MultiModalConfig
 from mmenc.engine.compile import compile_tower
 from mmenc.engine.runner import build_tower, run_tower
+from mmenc.testing import checkpoints as ck
 
 FAMILIES = {  # saver, patch features
     "qwen2_5_vl": (ck.save_qwen2_5_vl, 1176),

@@ -5,9 +5,9 @@ after other graphs replay."""
 import pytest
 import torch
 
-import checkpoints as ck
 from mmenc.config import MultiModalConfig
 from mmenc.engine.runner import build_tower, run_tower
+from mmenc.testing import checkpoints as ck
 
 
 def test_cuda_graphs_needs_cuda():

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from checkpoints import random_pixels, save_qwen2_5_vl, save_qwen3_vl
 from mmenc.engine.encoder import Encoder
 from mmenc.preprocess.images import ImageLoadError
+from mmenc.testing.checkpoints import random_pixels, save_qwen2_5_vl, save_qwen3_vl
 
 
 @pytest.fixture(scope="module")

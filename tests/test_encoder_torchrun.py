@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from checkpoints import random_pixels, save_qwen2_5_vl
+from mmenc.testing.checkpoints import random_pixels, save_qwen2_5_vl
 
 GRID = torch.tensor([[1, 8, 12], [2, 4, 4], [1, 2, 2]])
 

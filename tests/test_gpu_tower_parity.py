@@ -6,10 +6,10 @@ Qwen3-VL and MoonViT, 96 for GLM-4.1V) on small widths, so the kernels run their
 import pytest
 import torch
 
-import checkpoints as ck
 from mmenc.attention.backend_enum import AttentionBackendEnum
 from mmenc.config import MultiModalConfig
 from mmenc.engine.runner import build_tower, run_tower
+from mmenc.testing import checkpoints as ck
 
 pytestmark = pytest.mark.gpu
 TOL = 2e-2

@@ -5,9 +5,9 @@ images than ranks, Qwen3-VL's deepstack extras (a list of tensors) travelling ba
 import pytest
 import torch
 
-import checkpoints as ck
 from mmenc.engine.runner import build_tower, run_tower
 from mmenc.models.base import TowerOutput
+from mmenc.testing import checkpoints as ck
 
 pytestmark = pytest.mark.multigpu
 TOL = 1e-5

@@ -1,5 +1,6 @@
 """Data/tensor-parallel engine: image assignment, order restoration, gloo gathers, and the worker group
-(weights and data mode equal the single-process tower; guards: device count, dead / hung workers, shutdown)."""
+(weights and data mode equal the single-process tower; guards: device count, dead / hung workers, shutdown).
+Every tower family in torchrun-style weights and data modes: test_towers_generic.py."""
 import os
 import subprocess
 import sys
@@ -15,28 +16,13 @@ from mmenc.engine.runner import TowerRecipe
 from mmenc.parallel import (assign_images, gather_outputs, merge_outputs, pack_for_rank, patch_counts, resolve_tp_mode,
                             run_data_parallel, split_pack)
 from mmenc.models.base import TowerOutput
+from mmenc.testing.compare import assert_same_output
 
 TOL = 1e-5
 
 
-def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    err = ((got.double() - want.double()).norm() / want.double().norm().clamp_min(1e-12)).item()
-    assert err < TOL, f"{what}: relative error {err:.3e} >= tolerance {TOL:.0e}"
-
-
 def _same_output(got: TowerOutput, want: TowerOutput, what: str) -> None:
-    _close(got.embeddings, want.embeddings, f"{what} embeddings")
-    assert got.extras.keys() == want.extras.keys(), f"{what}: extras {sorted(got.extras)} != {sorted(want.extras)}"
-    for key, value in want.extras.items():
-        if isinstance(value, torch.Tensor):
-            _close(got.extras[key], value, f"{what} extras[{key!r}]")
-        elif isinstance(value, list):
-            assert len(got.extras[key]) == len(value)
-            for i, (g, w) in enumerate(zip(got.extras[key], value)):
-                _close(g, w, f"{what} extras[{key!r}][{i}]")
-        else:
-            assert got.extras[key] == value
+    assert_same_output(got, want, what, TOL)
 
 
 # ---- pure functions ----
@@ -148,7 +134,7 @@ GRID = torch.tensor([[1, 8, 8], [2, 4, 8], [1, 4, 4], [1, 12, 8]])  # several si
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     """(checkpoint folder, pixel_values, grid_thw, single-process TowerOutput)."""
-    from checkpoints import random_pixels, save_qwen2_5_vl
+    from mmenc.testing.checkpoints import random_pixels, save_qwen2_5_vl
     from mmenc.engine.runner import build_tower, run_tower
 
     folder, _ = save_qwen2_5_vl(tmp_path_factory.mktemp("qwen2_5_vl"))
@@ -180,54 +166,30 @@ def _all_gone(pids, wait_s=10.0) -> bool:
     return not any(_alive(p) for p in pids)
 
 
-def _torchrun_like_worker(rank, world, port, cases):
-    """What an Encoder launched by torchrun does on each rank: init_from_env, build, run the same pack.
-    cases: [(checkpoint folder, pixel_values, grid_thw, single-process TowerOutput)]."""
-    from mmenc.distributed import init_from_env, leave_process_group, parallel_state
-    from mmenc.parallel import build_rank_tower, run_rank_tower
+def _same_call_worker(rank, world, port):
+    """Under torchrun every rank must make the same call: check_same_call passes for equal inputs and
+    raises on every rank, before any tower work, when they differ."""
+    from mmenc.distributed import init_from_env, leave_process_group
+    from mmenc.parallel import check_same_call
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
-    torch.set_num_threads(1)
     env = init_from_env(device_type="cpu")
-    assert (env.rank, env.world_size, env.device.type) == (rank, world, "cpu")
     try:
-        for folder, pixel_values, grid, want in cases:
-            for mode in ("weights", "data"):
-                args = dict(model=folder, load_format="auto", dtype=torch.float32)
-                recipe = TowerRecipe(args)
-                loaded = build_rank_tower(recipe, mode, env.device)
-                assert parallel_state.get_tp_size() == (world if mode == "weights" else 1)
-                with torch.inference_mode():
-                    got = run_rank_tower(recipe, loaded, pixel_values, grid, mode)
-                _same_output(got, want, f"torchrun-style {mode} mode, rank {rank}, {folder}")
-        from mmenc.parallel import check_same_call
-        pixel_values, grid = cases[0][1], cases[0][2]
-        check_same_call(pixel_values, grid, env.device)  # the same call on both ranks: passes
+        pixel_values = torch.arange(int(GRID.prod(-1).sum()) * 8, dtype=torch.float32).reshape(-1, 8)
+        check_same_call(pixel_values, GRID, env.device)  # the same call on both ranks: passes
         with pytest.raises(RuntimeError, match=r"every rank must call the Encoder with the same inputs"):
-            check_same_call(pixel_values if rank == 0 else pixel_values + 1, grid, env.device)
+            check_same_call(pixel_values if rank == 0 else pixel_values + 1, GRID, env.device)
         with pytest.raises(RuntimeError, match=r"images per rank: \[4, 3\]"):
-            check_same_call(pixel_values, grid if rank == 0 else grid[:3], env.device)
+            check_same_call(pixel_values, GRID if rank == 0 else GRID[:3], env.device)
         dist.barrier()  # no rank tears gloo down while the other still reads its last collective
     finally:
         leave_process_group()
 
 
-@pytest.mark.slow
-def test_torchrun_style_spmd_matches_single_process(tiny_model, tmp_path):
-    """Qwen2.5-VL (windowed attention) and Qwen3-VL (DeepStack extras: a list of tensors gathered too)."""
-    import socket
-    from checkpoints import random_pixels, save_qwen3_vl
-    from mmenc.engine.runner import build_tower, run_tower
-    folder3, _ = save_qwen3_vl(tmp_path / "qwen3_vl")
-    pv3 = random_pixels(GRID, patch_features=3 * 2 * 16 * 16)
-    with torch.inference_mode():
-        want3 = run_tower(build_tower(model=str(folder3), dtype=torch.float32, device="cpu", tp_size=1), pv3, GRID)
-    assert len(want3.extras["deepstack"]) == 2
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cases = [tiny_model, (str(folder3), pv3, GRID, want3)]
-    mp.spawn(_torchrun_like_worker, args=(2, port, cases), nprocs=2, join=True)
+def test_torchrun_ranks_must_make_the_same_call():
+    """(Modes against one process under torchrun, for every family: tests/test_towers_generic.py.)"""
+    from mmenc.testing.spmd import free_port
+    mp.spawn(_same_call_worker, args=(2, free_port()), nprocs=2, join=True)
 
 
 def test_init_from_env_without_launcher_is_none(monkeypatch):
@@ -313,7 +275,7 @@ def test_resolve_tower_tp_mode_checks_every_sharded_size():
 
 @pytest.mark.slow
 def test_worker_exit_at_startup_is_reported_after_mode_fallback(tmp_path, mmenc_caplog):
-    from checkpoints import save_qwen2_5_vl
+    from mmenc.testing.checkpoints import save_qwen2_5_vl
     from mmenc.parallel import WorkerError
     folder, _ = save_qwen2_5_vl(tmp_path, vision={"num_heads": 1})  # 1 head: weights mode over 2 ranks cannot shard
     with pytest.raises(WorkerError, match=r"worker rank 1 exited with code 3 during startup"):

@@ -336,7 +336,7 @@ def test_platform_for(simulated_cuda, use_platform):
 def test_encoder_on_cpu_on_a_cuda_machine(simulated_cuda, ran, tmp_path):
     """Encoder(device="cpu") with the CUDA platform current: the tower's attention runs the CPU
     platform's backend on its CPU tensors (window layers included)."""
-    from checkpoints import random_pixels, save_qwen2_5_vl
+    from mmenc.testing.checkpoints import random_pixels, save_qwen2_5_vl
     from mmenc.engine.encoder import Encoder
 
     folder = save_qwen2_5_vl(tmp_path)[0]

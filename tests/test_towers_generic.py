@@ -1,81 +1,212 @@
-"""Every registered tower family through the same checks, so a new tower is tested by adding it here:
-output shape and finiteness, batch composition and order independence, and data-parallel mode (2 gloo
-workers) equal to one process. Parity with transformers lives in each family's own test file."""
-import functools
+"""Every registered tower architecture through the same checks, from its one row in
+`mmenc.testing.checkpoints.FAMILIES` (a new tower is tested by adding its row there):
+
+parity with transformers (fp32 CPU, several images of different sizes and a video in one call) and
+bf16 closeness; shapes and finiteness; batch composition and order independence; plan caching;
+config and input errors that name the value; the processor; every built-in name built on the meta
+device with the language model's width (and transformers' parameter count); tensor-parallel
+("weights") and data-parallel modes over 2 gloo processes equal to one process.
+Family files keep only family-specific math (windows, interpolation, deepstack, pooling, video).
+"""
+import dataclasses
+from typing import Any
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 
-import checkpoints as ck
-from mmenc.engine.runner import build_tower, run_tower
-from mmenc.models.registry import supported_architectures
+from mmenc.engine.runner import LoadedTower, build_tower, run_tower
+from mmenc.models.base import TowerOutput
+from mmenc.models.registry import builtin_model_names, get_builtin_config, supported_architectures
+from mmenc.testing import checkpoints as ck
+from mmenc.testing.compare import assert_close, relative_error
+from mmenc.testing.spmd import check_modes_match, free_port
 
-# architecture -> (saver, patch features); each saver writes a tiny transformers checkpoint
-SAVERS = {
-    "Qwen2VLForConditionalGeneration": (ck.save_qwen2_vl, 1176),
-    "Qwen2_5_VLForConditionalGeneration": (ck.save_qwen2_5_vl, 1176),
-    "Qwen3VLForConditionalGeneration": (ck.save_qwen3_vl, 1536),
-    "Qwen3VLMoeForConditionalGeneration": (functools.partial(ck.save_qwen3_vl, moe=True), 1536),
-    "Glm4vForConditionalGeneration": (ck.save_glm4v, 1176),
-    "Glm4vMoeForConditionalGeneration": (functools.partial(ck.save_glm4v, moe=True), 1176),
-    "Kimi_K25ForConditionalGeneration": (ck.save_kimi_k25, 588),
-}
-# Same tower as a family above under another architecture name; transformers cannot write these.
-ALIASES = {"KimiK25ForConditionalGeneration": "Kimi_K25ForConditionalGeneration",
-           "KimiVLForConditionalGeneration": "Kimi_K25ForConditionalGeneration"}
-GRID = torch.tensor([[1, 8, 12], [1, 4, 4], [1, 6, 2]])
+pytest.importorskip("transformers")
+
+TOL = 1e-5
+BF16_TOL = 3e-2
+GRID = torch.tensor([[1, 2, 2], [1, 6, 10], [2, 8, 6], [1, 10, 4]])  # smallest, non-square, 2-frame video, tall
+ARCHS = sorted(ck.FAMILIES)
 
 
-def test_every_registered_architecture_is_covered():
-    missing = set(supported_architectures()) - set(SAVERS) - set(ALIASES)
-    assert not missing, f"add a saver for {sorted(missing)} to SAVERS (or ALIASES) in this file"
+@dataclasses.dataclass
+class Family:
+    """One architecture's tiny checkpoint, loaded, run once on GRID, and transformers' answer."""
+
+    arch: str
+    case: ck.FamilyCase
+    folder: str
+    hf_model: Any
+    loaded: LoadedTower
+    pixels: torch.Tensor
+    out: TowerOutput
+    reference: tuple[torch.Tensor, list]
 
 
-@pytest.fixture(scope="module", params=sorted(SAVERS))
-def family(request, tmp_path_factory):
-    saver, features = SAVERS[request.param]
-    try:
-        folder, _ = saver(tmp_path_factory.mktemp(request.param))
-    except ImportError as e:
-        pytest.skip(f"transformers lacks {request.param}: {e}")
-    loaded = build_tower(str(folder), device="cpu")
-    pixels = ck.random_pixels(GRID, features, seed=3)
-    return request.param, str(folder), loaded, pixels, run_tower(loaded, pixels, GRID)
+def _flat_extras(out: TowerOutput) -> list[torch.Tensor]:
+    """The tower's extra outputs as one list of tensors, in key order (Qwen3-VL: its deepstack features)."""
+    return [t for value in out.extras.values() for t in (value if isinstance(value, (list, tuple)) else [value])]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """prepared(arch) -> Family, or None where this transformers cannot write the architecture;
+    each checkpoint is written and run once per module."""
+    cache: dict[str, Family | None] = {}
+
+    def prepare(arch: str) -> Family | None:
+        if arch not in cache:
+            case = ck.FAMILIES[arch]
+            try:
+                folder, hf_model = case.save(tmp_path_factory.mktemp(arch))
+            except ImportError:
+                cache[arch] = None
+                return None
+            loaded = build_tower(str(folder), device="cpu")
+            pixels = case.pixels(GRID, seed=3)
+            cache[arch] = Family(arch, case, str(folder), hf_model, loaded, pixels, run_tower(loaded, pixels, GRID),
+                                 case.reference(hf_model, pixels, GRID))
+        return cache[arch]
+    return prepare
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def family(request, prepared) -> Family:
+    found = prepared(request.param)
+    if found is None:
+        pytest.skip(f"this transformers cannot write {request.param}")
+    return found
+
+
+def test_table_covers_the_registry():
+    aliases = {alias for case in ck.FAMILIES.values() for alias in case.aliases}
+    missing = set(supported_architectures()) - set(ck.FAMILIES) - aliases
+    assert not missing, f"add a FamilyCase row for {sorted(missing)} to FAMILIES in mmenc/testing/checkpoints.py"
+    unknown = (set(ck.FAMILIES) | aliases) - set(supported_architectures())
+    assert not unknown, f"FAMILIES names {sorted(unknown)}, which the registry does not serve"
+
+
+def test_matches_transformers(family):
+    want, want_extras = family.reference
+    err = assert_close(family.out.embeddings, want, f"{family.arch} grid={GRID.tolist()}", TOL)
+    print(f"{family.arch} grid={GRID.tolist()}: relative error {err:.2e} (tolerance {TOL:.0e})")
+    got_extras = _flat_extras(family.out)
+    assert len(got_extras) == len(want_extras), f"{family.arch}: {len(got_extras)} extra outputs, " \
+                                                f"transformers gives {len(want_extras)}"
+    for k, (got, ref) in enumerate(zip(got_extras, want_extras)):
+        err = assert_close(got, ref, f"{family.arch} extra output {k}", TOL)
+        print(f"{family.arch} extra output {k}: relative error {err:.2e} (tolerance {TOL:.0e})")
+
+
+def test_bfloat16_stays_close(family):
+    """bf16 weights and activations against transformers' fp32 answer."""
+    bf16 = build_tower(family.folder, dtype="bfloat16", device="cpu")
+    out = run_tower(bf16, family.pixels, GRID).embeddings
+    assert out.dtype == torch.bfloat16
+    err = relative_error(out, family.reference[0])
+    print(f"{family.arch} bf16: relative error {err:.2e} (tolerance {BF16_TOL:.0e})")
+    assert err < BF16_TOL, f"{family.arch} bf16: relative error {err:.2e} exceeds tolerance {BF16_TOL:.0e}"
 
 
 def test_shapes_and_finite(family):
-    arch, _, loaded, _, out = family
-    tokens = loaded.output_tokens(GRID)
-    assert out.embeddings.shape[0] == sum(tokens), f"{arch}: {out.embeddings.shape[0]} rows, expected {sum(tokens)}"
-    assert torch.isfinite(out.embeddings).all(), f"{arch}: non-finite embeddings"
+    loaded, out = family.loaded, family.out
+    assert loaded.dtype == torch.float32 and loaded.load_format == "auto"
+    tokens = sum(loaded.output_tokens(GRID))
+    assert out.embeddings.shape[0] == tokens, f"{family.arch}: {out.embeddings.shape[0]} rows, expected {tokens}"
+    for k, tensor in enumerate([out.embeddings, *_flat_extras(out)]):
+        assert tensor.shape[0] == tokens, f"{family.arch}: output {k} has {tensor.shape[0]} rows, expected {tokens}"
+        assert torch.isfinite(tensor).all(), f"{family.arch}: output {k} is not finite"
 
 
 def test_batch_composition_and_order(family):
-    arch, _, loaded, pixels, out = family
+    loaded, pixels, expected = family.loaded, family.pixels, family.out
     tokens = loaded.output_tokens(GRID)
-    rows = GRID.prod(-1).tolist()
-    per_image_pixels = pixels.split(rows)
-    expected = out.embeddings.split(tokens)
-    order = [2, 0, 1]
-    shuffled = run_tower(loaded, torch.cat([per_image_pixels[i] for i in order]), GRID[order]).embeddings
+    per_image = pixels.split(GRID.prod(-1).tolist())
+    expected_rows = expected.embeddings.split(tokens)
+    order = [2, 0, 3, 1]
+    shuffled = run_tower(loaded, torch.cat([per_image[i] for i in order]), GRID[order]).embeddings
+    shuffled_rows = shuffled.split([tokens[i] for i in order])
     for pos, i in enumerate(order):
-        got = shuffled.split([tokens[j] for j in order])[pos]
-        alone = run_tower(loaded, per_image_pixels[i], GRID[i:i + 1]).embeddings
-        for what, value in (("reordered batch", got), ("image alone", alone)):
-            err = float((value - expected[i]).norm() / expected[i].norm())
-            assert err < 1e-5, f"{arch}: image {i} in a {what} differs by {err:.2e} (tolerance 1e-5)"
+        alone = run_tower(loaded, per_image[i], GRID[i:i + 1]).embeddings
+        for what, value in (("a reordered batch", shuffled_rows[pos]), ("a call of its own", alone)):
+            assert_close(value, expected_rows[i], f"{family.arch}: image {i} in {what}", TOL)
 
 
-@pytest.mark.slow
-def test_data_mode_equals_one_process(family):
-    from mmenc.engine.workers import WorkerGroup
+def test_plan_is_cached_per_grid(family):
+    tower = family.loaded.tower
+    first = tower.plan(GRID, "cpu")
+    assert tower.plan(GRID.clone(), "cpu") is first, f"{family.arch}: the same grid built its plan twice"
+    other = tower.plan(GRID[:2], "cpu")
+    assert other is not first and tower.plan(GRID[:2].clone(), "cpu") is other
 
-    arch, folder, _, pixels, out = family
-    with WorkerGroup(2, dict(model=folder, load_format="auto", dtype=torch.float32), mode="data",
-                     device_type="cpu", timeout_s=120) as group:
-        got = group.run(pixels, GRID)
-    err = float((got.embeddings - out.embeddings).norm() / out.embeddings.norm())
-    assert err < 1e-5, f"{arch}: data mode differs from one process by {err:.2e} (tolerance 1e-5)"
-    for key, value in out.extras.items():
-        for a, b in zip(got.extras[key], value):
-            assert torch.allclose(a, b, atol=1e-5), f"{arch}: data-mode extras[{key!r}] differ"
+
+def test_config_errors_name_the_field(family):
+    config = family.loaded.config
+    width = config.head_dim * config.num_heads
+    bad = next(n for n in range(3, width + 2) if width % n)
+    with pytest.raises(ValueError, match=rf"num_heads={bad}\b"):
+        dataclasses.replace(config, num_heads=bad)
+    with pytest.raises(ValueError, match=r"depth=0\b"):
+        dataclasses.replace(config, depth=0)
+
+
+def test_input_errors_name_the_value(family):
+    loaded, case = family.loaded, family.case
+    grid = torch.tensor([[1, 4, 4]])
+    with pytest.raises(ValueError, match=r"grid_thw describes 16\b"):
+        run_tower(loaded, case.pixels(grid)[:15], grid)
+    with pytest.raises(ValueError, match=r"grid_thw\[0\] = \(1, 3, 4\)"):
+        run_tower(loaded, case.pixels(torch.tensor([[1, 3, 4]])), torch.tensor([[1, 3, 4]]))
+
+
+def test_processor_resolves(family):
+    assert callable(family.loaded.processor)
+
+
+def _row(arch: str) -> tuple[str, ck.FamilyCase]:
+    """(table key, row) serving `arch` as its own row or as an alias."""
+    for key, case in ck.FAMILIES.items():
+        if arch == key or arch in case.aliases:
+            return key, case
+    raise AssertionError(f"no FAMILIES row serves {arch}")
+
+
+def test_every_row_has_builtins():
+    archs = {get_builtin_config(name)[1]["architectures"][0] for name in builtin_model_names()}
+    for key, case in ck.FAMILIES.items():
+        assert archs & {key, *case.aliases}, f"{key} has no built-in name to build on the meta device"
+
+
+@pytest.mark.parametrize("name", builtin_model_names())
+def test_builtin_builds_on_meta(name, prepared):
+    """The built-in config builds without memory; a meta forward yields the language model's width;
+    the parameter count equals transformers' tower at the same sizes."""
+    _, hf_config = get_builtin_config(name)
+    arch = hf_config["architectures"][0]
+    key, case = _row(arch)
+    assert name.startswith(case.builtin_prefix), f"{name}: expected a name starting {case.builtin_prefix!r}"
+    loaded = build_tower(name, load_format="dummy", device="meta")
+    assert loaded.load_format == "dummy" and loaded.dtype == torch.bfloat16
+    grid = torch.tensor([[1, 4, 4], [1, 4, 6]])  # images: Kimi-VL takes no video
+    pixels = torch.empty(int(grid.prod(-1).sum()), *case.patch_shape, device="meta")
+    out = run_tower(loaded, pixels, grid).embeddings
+    text_width = (hf_config.get("text_config") or hf_config)["hidden_size"]
+    assert tuple(out.shape) == (sum(loaded.output_tokens(grid)), text_width), \
+        f"{name}: output {tuple(out.shape)}, expected ({sum(loaded.output_tokens(grid))}, {text_width})"
+    ours = sum(p.numel() for p in loaded.tower.parameters())
+    family = prepared(key) if case.hf_tower is not None and arch == key else None
+    if family is None:
+        print(f"{name}: {ours / 1e6:.1f}M tower parameters (no transformers tower to compare)")
+        return
+    theirs = ck.hf_tower_parameters(case, family.hf_model, hf_config)
+    print(f"{name}: {ours / 1e6:.1f}M tower parameters (transformers: {theirs / 1e6:.1f}M)")
+    assert ours == theirs, f"{name}: {ours} tower parameters, transformers' tower has {theirs}"
+
+
+def test_parallel_modes_equal_one_process(prepared):
+    """One spawn of 2 gloo ranks checks every architecture in weights mode (heads, MLPs and mergers
+    split in two) and data mode (images split across ranks) against the single-process output."""
+    families = [f for f in map(prepared, ARCHS) if f is not None]
+    cases = [(f.folder, f.pixels, GRID, f.out) for f in families]
+    mp.spawn(check_modes_match, args=(2, free_port(), cases), nprocs=2, join=True)

@@ -1,13 +1,26 @@
-"""Tiny random-weight Hugging Face checkpoints written to a folder, for tower and engine tests.
+"""Tiny random-weight Hugging Face checkpoints written to a folder, for tests and benchmarks.
 
 Each `save_*` builds the full transformers model (vision tower + a one-layer text model) from a
 tiny config, seeds its weights, `save_pretrained`s it (real checkpoint naming, optional sharding)
-and returns (folder, hf_model): compare mmenc's output with `hf_vision(hf_model)(pixel_values,
-grid_thw)`. Nothing is downloaded.
+and returns (folder, hf_model). `FAMILIES` is the one table the generic tower tests read: per
+registered architecture, its saver, transformers' reference call and its pixel layout. Nothing is
+downloaded; transformers (a test extra) is imported inside the functions that need it.
+
+    from mmenc.testing import checkpoints as ck
+    case = ck.FAMILIES["Qwen2_5_VLForConditionalGeneration"]
+    folder, hf_model = case.save(tmp_path)
+    embeddings, deepstack = case.reference(hf_model, case.pixels(grid_thw), grid_thw)
 """
+import dataclasses
+import functools
+import math
 import pathlib
+from collections.abc import Callable
+from typing import Any
 
 import torch
+
+from mmenc.testing.compare import relative_error  # noqa: F401  (kept importable as ck.relative_error)
 
 TINY_TEXT = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                  intermediate_size=48, vocab_size=64, bos_token_id=0, eos_token_id=1, pad_token_id=None)
@@ -73,12 +86,6 @@ def random_pixels(grid_thw: torch.Tensor, patch_features: int = 3 * 2 * 14 * 14,
     g = torch.Generator().manual_seed(seed)
     rows = int((grid_thw[:, 0] * grid_thw[:, 1] * grid_thw[:, 2]).sum())
     return torch.randn(rows, patch_features, generator=g)
-
-
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||a - b|| / ||b|| in float64."""
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def rewrite_checkpoint(src, dest, transform) -> pathlib.Path:
@@ -200,3 +207,77 @@ def hf_kimi_embeddings(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor
     with torch.no_grad():
         out = model.model.get_image_features(pixel_values, grid_thw)
     return torch.cat(list(out.pooler_output))
+
+
+# ---- the table the generic tower tests read: one row per tower family ----
+
+def hf_glm4v_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """transformers' GLM-4.1V tower on the same pixels, a (t, h, w) row handed over as t rows of
+    (1, h, w) as Glm4vModel.get_video_features does (its tower indexes grid rows by frame)."""
+    frames = torch.cat([torch.tensor([[1, h, w]]).repeat(t, 1) for t, h, w in grid_thw.tolist()])
+    return hf_tower_outputs(model, pixel_values, frames)
+
+
+def hf_kimi_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """(hf_kimi_embeddings, []): Kimi-K2.5's embeddings after temporal pooling and the projector."""
+    return hf_kimi_embeddings(model, pixel_values, grid_thw), []
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilyCase:
+    """What the generic tower tests need to know about one checkpoint architecture.
+
+    save: (folder) -> (folder, transformers model), a tiny random checkpoint written there.
+    reference: (hf_model, pixel_values, grid_thw) -> (embeddings [tokens, out_hidden], extra feature
+        list, e.g. Qwen3-VL's deepstack [tokens, out_hidden] each, or []) from transformers.
+    patch_shape: one row of pixel_values as the model's processor gives it, e.g. (1176,) or (3, 14, 14).
+    aliases: architectures served by the same tower that transformers cannot write (built-ins only).
+    builtin_prefix: every built-in name of this row's architectures starts with it.
+    hf_tower: hf_model -> the transformers module holding exactly the parameters of mmenc's tower
+        (built again at the built-ins' sizes on the meta device to compare parameter counts),
+        or None where no transformers module does (MoonViT: tower and projector live apart).
+    """
+
+    save: Callable[..., tuple[pathlib.Path, Any]]
+    reference: Callable[[Any, torch.Tensor, torch.Tensor], tuple[torch.Tensor, list]]
+    patch_shape: tuple[int, ...]
+    builtin_prefix: str
+    aliases: tuple[str, ...] = ()
+    hf_tower: Callable[[Any], Any] | None = hf_vision
+
+    @property
+    def patch_features(self) -> int:
+        return math.prod(self.patch_shape)
+
+    def pixels(self, grid_thw: torch.Tensor, seed: int = 0) -> torch.Tensor:
+        """Random pixel_values [sum(t*h*w), *patch_shape] float32 for grid_thw."""
+        return random_pixels(grid_thw, self.patch_features, seed=seed).view(-1, *self.patch_shape)
+
+
+def hf_tower_parameters(case: FamilyCase, hf_model, hf_config: dict) -> int:
+    """Parameters of transformers' tower (case.hf_tower's class) built on the meta device from
+    `hf_config`'s vision_config (a full config.json dict, e.g. a built-in one)."""
+    tower_cls = type(case.hf_tower(hf_model))
+    vision_config = type(hf_model.config)(vision_config=dict(hf_config["vision_config"])).vision_config
+    with torch.device("meta"):
+        return sum(p.numel() for p in tower_cls(vision_config).parameters())
+
+
+_QWEN_PIXELS = (3 * 2 * 14 * 14,)
+FAMILIES: dict[str, FamilyCase] = {
+    "Qwen2VLForConditionalGeneration": FamilyCase(save_qwen2_vl, hf_tower_outputs, _QWEN_PIXELS, "Qwen/Qwen2-VL-"),
+    "Qwen2_5_VLForConditionalGeneration": FamilyCase(save_qwen2_5_vl, hf_tower_outputs, _QWEN_PIXELS,
+                                                     "Qwen/Qwen2.5-VL-"),
+    "Qwen3VLForConditionalGeneration": FamilyCase(save_qwen3_vl, hf_tower_outputs, (3 * 2 * 16 * 16,),
+                                                  "Qwen/Qwen3-VL-"),
+    "Qwen3VLMoeForConditionalGeneration": FamilyCase(functools.partial(save_qwen3_vl, moe=True), hf_tower_outputs,
+                                                     (3 * 2 * 16 * 16,), "Qwen/Qwen3-VL-"),
+    "Glm4vForConditionalGeneration": FamilyCase(save_glm4v, hf_glm4v_outputs, _QWEN_PIXELS, "zai-org/GLM-4"),
+    # qkv bias on here, so that path loads and runs too
+    "Glm4vMoeForConditionalGeneration": FamilyCase(functools.partial(save_glm4v, moe=True,
+                                                                     vision=dict(attention_bias=True)),
+                                                   hf_glm4v_outputs, _QWEN_PIXELS, "zai-org/GLM-4"),
+    "Kimi_K25ForConditionalGeneration": FamilyCase(save_kimi_k25, hf_kimi_outputs, (3, 14, 14), "moonshotai/Kimi-",
+                                                   aliases=("KimiK25ForConditionalGeneration",
+                                                            "KimiVLForConditionalGeneration"), hf_tower=None),
+}
