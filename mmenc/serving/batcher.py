@@ -3,7 +3,7 @@ dedicated thread takes them in arrival order into one tower call of up to `max_b
 patches, or fewer once the first of them has waited `max_wait_ms`, and hands each image its
 EncodedImage (or the tower's exception) through a concurrent.futures.Future.
 
-A job whose future was cancelled (its client left) before the thread took it is dropped."""
+A job whose future was cancelled (its client left) before its tower call started is dropped."""
 import concurrent.futures
 import dataclasses
 import queue
@@ -69,7 +69,7 @@ class Batcher:
 
     # -- the tower thread -----------------------------------------------------------------------
     def _take(self, block_s: float | None) -> Job | None | bool:
-        """The next live job; None for the stop marker; False when nothing came within block_s."""
+        """The next job not cancelled yet; None for the stop marker; False when nothing came within block_s."""
         while True:
             if self._carry is not None:
                 job, self._carry = self._carry, None
@@ -81,9 +81,8 @@ class Batcher:
                 if job is None:
                     return None
                 self.metrics.queue_depth.dec()
-            if job.future.set_running_or_notify_cancel():
+            if not job.future.cancelled():
                 return job
-            self.metrics.cancelled.inc()
 
     def _loop(self) -> None:
         stopping = False
@@ -105,9 +104,15 @@ class Batcher:
                     break
                 batch.append(job)
                 patches += job.patches
-            self._run(batch, patches)
+            self._dispatch(batch)
         if self._carry is not None:
-            self._run([self._carry], self._carry.patches)
+            self._dispatch([self._carry])
+
+    def _dispatch(self, batch: list[Job]) -> None:
+        """Drop the jobs cancelled while the batch filled; the others can no longer be cancelled."""
+        live = [job for job in batch if job.future.set_running_or_notify_cancel()]
+        if live:
+            self._run(live, sum(job.patches for job in live))
 
     def _run(self, batch: list[Job], patches: int) -> None:
         start = time.perf_counter()

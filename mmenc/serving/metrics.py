@@ -16,7 +16,7 @@ class ServeMetrics:
         self.images = Counter("mmenc_images", "images answered with embeddings", registry=r)
         self.tokens = Counter("mmenc_tokens", "embedding rows answered", registry=r)
         self.errors = Counter("mmenc_errors", "failed images and refused requests, by kind", ["kind"], registry=r)
-        self.cancelled = Counter("mmenc_cancelled_images", "images dropped because their client left", registry=r)
+        self.cancelled = Counter("mmenc_cancelled_images", "images abandoned by their client before the answer", registry=r)
         self.queue_depth = Gauge("mmenc_queue_depth", "images waiting for the tower", registry=r)
         self.in_flight = Gauge("mmenc_in_flight_images", "images admitted and not yet answered", registry=r)
         self.batch_images = Histogram("mmenc_batch_images", "images per tower call", buckets=_COUNTS, registry=r)

@@ -1,5 +1,6 @@
 """Start and stop the service with uvicorn. SIGTERM / SIGINT: stop accepting connections, finish the
 requests in flight (up to shutdown_timeout_s), then stop the batcher and close the Encoder."""
+import signal
 from collections.abc import Callable
 
 import uvicorn
@@ -37,8 +38,19 @@ def serve(settings: ServeSettings, make_encoder: Callable[[], object]) -> int:
     server, service = build_server(settings, make_encoder)
     logger.info("mmenc serve: listening on http://%s:%d (loading the encoder; /health says when ready)",
                 settings.host, settings.port)
-    server.run()
+    # uvicorn handles SIGTERM/SIGINT (graceful drain), then re-raises the signal with the handlers it
+    # found: no-op ones here, so a drained server returns normally and the command exits 0.
+    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if service.state == "failed":
         logger.error("mmenc serve: the encoder failed to load: %s", service.load_error)
         return 1
     return 0
+
+
+def _ignore(signum, frame) -> None:
+    logger.info("mmenc serve: stopped by signal %d after draining", signum)

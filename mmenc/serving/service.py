@@ -111,14 +111,19 @@ class EncodeService:
         if image.error is not None:
             return _Item(error=image.error)
         loop = asyncio.get_running_loop()
-        item, job = await loop.run_in_executor(self.pool, self._prepare, image)
-        if job is not None:
+        try:  # cancelled when the client leaves: a job not yet in a tower call is then dropped
+            item, job = await loop.run_in_executor(self.pool, self._prepare, image)
+            if job is None:
+                return item
             try:
                 item.image = await asyncio.wrap_future(self.batcher.submit(job))
             except Exception as e:  # noqa: BLE001 - the tower failed for this batch: an item error, not a 500
-                return _Item(key=item.key, error=ItemError("encoder_error", f"images[{image.index}]: the tower "
-                                                                             f"failed ({type(e).__name__}: {e})"))
-            self.cache.put(item.key, item.image)
+                return _Item(error=ItemError("encoder_error", f"images[{image.index}]: the tower failed "
+                                                              f"({type(e).__name__}: {e})"))
+        except asyncio.CancelledError:
+            self.metrics.cancelled.inc()
+            raise
+        self.cache.put(item.key, item.image)
         return item
 
     def _prepare(self, image: ImageInput) -> tuple[_Item, Job | None]:
