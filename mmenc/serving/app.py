@@ -2,7 +2,6 @@
 import asyncio
 import contextlib
 import hmac
-import json
 import time
 
 from fastapi import FastAPI, Request
@@ -82,19 +81,14 @@ def create_app(service: EncodeService, on_load_failure=None) -> FastAPI:
                 metrics.requests.labels(route=ENCODE, status="499").inc()
                 return Response(status_code=499)
             left.cancel()
-            body = work.result()
+            payload = work.result()
         except RequestError as e:
             return error(e, ENCODE)
-        payload = await asyncio.get_running_loop().run_in_executor(service.pool, _dumps, body)
         metrics.requests.labels(route=ENCODE, status="200").inc()
         metrics.request_seconds.observe(time.perf_counter() - start)
         return Response(payload, media_type="application/json")
 
     return app
-
-
-def _dumps(body: dict) -> bytes:
-    return json.dumps(body, separators=(",", ":")).encode()
 
 
 async def wait_disconnect(request: Request) -> None:

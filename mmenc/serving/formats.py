@@ -2,6 +2,7 @@
 import base64
 import dataclasses
 import io
+import json
 
 import torch
 
@@ -35,25 +36,32 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def torch_b64(tensor: torch.Tensor) -> str:
-    """base64 of torch.save(tensor): what vLLM decodes with torch.load(..., weights_only=True)."""
+def dumps(value) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def torch_b64(tensor: torch.Tensor) -> bytes:
+    """base64 (ASCII bytes) of torch.save(tensor): what vLLM decodes with torch.load(..., weights_only=True)."""
     buf = io.BytesIO()
     torch.save(tensor, buf)
-    return base64.b64encode(buf.getbuffer()).decode("ascii")
+    return base64.b64encode(buf.getbuffer())
 
 
-def render(image: EncodedImage, fmt: str, uuid: str | None) -> dict:
-    """The format-specific fields of one response item."""
+def render_item(image: EncodedImage, fmt: str, meta: dict) -> list[bytes]:
+    """One response item as JSON text fragments: `meta` (index, uuid, ...) plus the format's fields.
+    The large base64 strings are spliced in as bytes (base64 needs no JSON escaping), so no JSON
+    encoder scans megabytes of them."""
+    head = dumps(meta)[:-1] + b","  # '{...,' : the object stays open for the format's fields
     if fmt == "vllm":
         grid = torch.tensor([image.grid_thw], dtype=torch.int64)
-        return {"image_embeds": {"type": "image_embeds", "uuid": uuid,
-                                 "image_embeds": {"image_embeds": torch_b64(image.full),
-                                                  "image_grid_thw": torch_b64(grid)}}}
+        return [head, b'"image_embeds":{"type":"image_embeds","uuid":', dumps(meta.get("uuid")),
+                b',"image_embeds":{"image_embeds":"', torch_b64(image.full), b'","image_grid_thw":"',
+                torch_b64(grid), b'"}}}']
     embeddings = image.embeddings
     if fmt == "base64":
         raw = embeddings.view(torch.uint8).numpy()  # little-endian on every platform torch serves
-        return {"embedding": base64.b64encode(raw.data).decode("ascii"), "dtype": dtype_name(embeddings.dtype),
-                "shape": list(embeddings.shape)}
+        return [head, b'"embedding":"', base64.b64encode(raw.data), b'","dtype":', dumps(dtype_name(embeddings.dtype)),
+                b',"shape":', dumps(list(embeddings.shape)), b"}"]
     if fmt == "json":
-        return {"embedding": embeddings.float().tolist()}
+        return [head, b'"embedding":', dumps(embeddings.float().tolist()), b"}"]
     raise ValueError(f"format {fmt!r} is not one of vllm, base64, json")

@@ -14,7 +14,7 @@ from mmenc.logger import init_logger
 from mmenc.serving.batcher import Batcher, Job
 from mmenc.serving.cache import EncoderCache, content_key, model_identity
 from mmenc.serving.ec_storage import ECStorage
-from mmenc.serving.formats import EncodedImage, dtype_name, render
+from mmenc.serving.formats import EncodedImage, dtype_name, dumps, render_item
 from mmenc.serving.inputs import EncodeRequest, ImageInput, ItemError, RequestError
 from mmenc.serving.metrics import ServeMetrics
 from mmenc.serving.preprocess import preprocess_image
@@ -85,7 +85,8 @@ class EncodeService:
             self.encoder.close()
 
     # -- one request -------------------------------------------------------------------------------
-    async def encode(self, request: EncodeRequest) -> dict:
+    async def encode(self, request: EncodeRequest) -> bytes:
+        """The JSON response body: {"model": ..., "data": [item per image, input order], "usage": ...}."""
         if self.state != "ready":
             raise RequestError(503, "model", f"the encoder is {self.state}"
                                + (f" ({self.load_error})" if self.load_error else "; retry shortly"), kind="not_ready")
@@ -99,13 +100,10 @@ class EncodeService:
         try:
             items = await asyncio.gather(*(self._item(image) for image in request.images))
             loop = asyncio.get_running_loop()
-            data = await loop.run_in_executor(self.pool, self._render, request, items)
+            return await loop.run_in_executor(self.pool, self._render, request, items)
         finally:
             self._in_flight -= n
             self.metrics.in_flight.set(self._in_flight)
-        tokens = sum(d.get("num_tokens", 0) for d in data)
-        return {"model": self.encoder.model_name, "data": data,
-                "usage": {"images": sum("error" not in d for d in data), "tokens": tokens}}
 
     async def _item(self, image: ImageInput) -> _Item:
         if image.error is not None:
@@ -141,26 +139,31 @@ class EncodeService:
             return _Item(key=key, error=result), None
         return _Item(key=key), Job(*result)
 
-    def _render(self, request: EncodeRequest, items: list[_Item]) -> list[dict]:
-        """In a pool thread: the response items in input order (and the EC storage files)."""
-        data = []
+    def _render(self, request: EncodeRequest, items: list[_Item]) -> bytes:
+        """In a pool thread: the response body (and the EC storage files)."""
+        parts, images, tokens = [b'{"model":', dumps(self.encoder.model_name), b',"data":['], 0, 0
         for image, item in zip(request.images, items):
+            if image.index:
+                parts.append(b",")
             if item.error is not None:
                 self.metrics.errors.labels(kind=item.error.kind).inc()
-                data.append({"index": image.index, "uuid": image.uuid,
-                             "error": {"type": item.error.kind, "message": item.error.message}})
+                parts.append(dumps({"index": image.index, "uuid": image.uuid,
+                                    "error": {"type": item.error.kind, "message": item.error.message}}))
                 continue
             enc = item.image
             if self.ec is not None and self.ec.write(item.key, enc.full):
                 self.metrics.ec_writes.inc()
-            self.metrics.images.inc()
-            self.metrics.tokens.inc(enc.num_tokens)
+            images, tokens = images + 1, tokens + enc.num_tokens
             uuid = image.uuid if image.uuid is not None else item.key
-            data.append({"index": image.index, "uuid": uuid, "num_tokens": enc.num_tokens,
-                         "grid_thw": list(enc.grid_thw), "cached": item.hit, **render(enc, request.format, uuid)})
+            meta = {"index": image.index, "uuid": uuid, "num_tokens": enc.num_tokens, "grid_thw": list(enc.grid_thw),
+                    "cached": item.hit}
+            parts += render_item(enc, request.format, meta)
+        parts += [b'],"usage":', dumps({"images": images, "tokens": tokens}), b"}"]
+        self.metrics.images.inc(images)
+        self.metrics.tokens.inc(tokens)
         self.metrics.cache_bytes.set(self.cache.nbytes)
         self.metrics.cache_entries.set(len(self.cache))
-        return data
+        return b"".join(parts)
 
 
 def _warmup_image() -> bytes:
