@@ -252,3 +252,21 @@ def test_not_ready_then_queue_full_then_disconnect_frees_work(q25):
         wait_for(lambda: metric(port, "mmenc_cancelled_images_total") == 1, 10, "the dropped image to be counted")
         assert metric(port, "mmenc_batch_images_count") == 1, "the abandoned image still reached the tower"
         assert metric(port, "mmenc_in_flight_images") == 0
+
+
+def test_bfloat16_tower_answers_in_its_dtype(q25):
+    """The server casts pixels to the tower's dtype before batching; answers equal Encoder.encode's."""
+    ref = Encoder(q25, device="cpu", dtype="bfloat16")
+    images = [png(56, 84, seed=90), png(60, 61, seed=91)]
+    want = ref.encode(images)
+    settings = ServeSettings(port=free_port(), max_wait_ms=50, preprocess_threads=2)
+    with running_server(settings, lambda: Encoder(q25, device="cpu", dtype="bfloat16")) as (port, service):
+        from serve_client import wait_for
+
+        wait_for(lambda: service.state == "ready", 60, "the encoder to load")
+        assert request(port, "GET", "/v1/models").json()["data"][0]["dtype"] == "bfloat16"
+        data = post_json(port, {"images": [data_url(d) for d in images], "format": "vllm"}).json()["data"]
+    for item, w in zip(data, want):
+        got = decode_item(item, "vllm")
+        assert got.dtype == torch.bfloat16 and got.shape == w.shape
+        assert rel_err(got, w) < 1e-2, f"bf16 served vs Encoder.encode: {rel_err(got, w):.2e} (tolerance 1e-2)"

@@ -6,7 +6,7 @@ from mmenc.cli.common import add_encoder_args, encoder_kwargs
 from mmenc.engine.encoder import DEFAULT_MODEL
 from mmenc.serving.settings import ServeSettings, parse_size
 
-_D = ServeSettings.__dataclass_fields__
+_D = ServeSettings()  # the defaults
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -15,12 +15,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "image_embeds, raw base64 or JSON; GET /health, /v1/models, /metrics. "
                                    "See docs/serving.md.")
     add_encoder_args(p, f"default: {DEFAULT_MODEL} with random weights")
-    p.add_argument("--host", default=_D["host"].default, help="address to listen on (default: %(default)s)")
-    p.add_argument("--port", type=int, default=_D["port"].default, help="port (default: %(default)s)")
+    p.add_argument("--host", default=_D.host, help="address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=_D.port, help="port (default: %(default)s)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* routes")
-    p.add_argument("--max-batch-patches", type=int, default=_D["max_batch_patches"].default, metavar="N",
+    p.add_argument("--max-batch-patches", type=int, default=_D.max_batch_patches, metavar="N",
                    help="patches per tower call, across requests (default: %(default)s)")
-    p.add_argument("--max-wait-ms", type=float, default=_D["max_wait_ms"].default, metavar="MS",
+    p.add_argument("--max-wait-ms", type=float, default=_D.max_wait_ms, metavar="MS",
                    help="longest wait for more images before a tower call (default: %(default)s)")
     p.add_argument("--cache-bytes", default="1GiB", metavar="SIZE",
                    help="encoder cache size, e.g. 512MiB; 0 turns it off (default: %(default)s)")
@@ -28,15 +28,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="also write DIR/<key>/encoder_cache.safetensors for vLLM's file-based EC connector")
     p.add_argument("--max-request-bytes", default="64MiB", metavar="SIZE",
                    help="largest request body (default: %(default)s)")
-    p.add_argument("--max-images-per-request", type=int, default=_D["max_images_per_request"].default, metavar="N",
+    p.add_argument("--max-images-per-request", type=int, default=_D.max_images_per_request, metavar="N",
                    help="(default: %(default)s)")
-    p.add_argument("--max-image-pixels", type=int, default=_D["max_image_pixels"].default, metavar="N",
+    p.add_argument("--max-image-pixels", type=int, default=_D.max_image_pixels, metavar="N",
                    help="largest decoded width*height per image (default: %(default)s)")
-    p.add_argument("--max-queue-images", type=int, default=_D["max_queue_images"].default, metavar="N",
+    p.add_argument("--max-queue-images", type=int, default=_D.max_queue_images, metavar="N",
                    help="images admitted at once; beyond, 503 with Retry-After (default: %(default)s)")
     p.add_argument("--preprocess-threads", type=int, default=None, metavar="N",
                    help="decode/resize threads beside the tower (default: min(8, CPUs))")
-    p.add_argument("--shutdown-timeout", type=float, default=_D["shutdown_timeout_s"].default, metavar="S",
+    p.add_argument("--shutdown-timeout", type=float, default=_D.shutdown_timeout_s, metavar="S",
                    help="on SIGTERM, how long to let requests in flight finish (default: %(default)s)")
     return p
 
