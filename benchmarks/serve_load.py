@@ -301,9 +301,14 @@ def main(argv=None) -> int:
     p.add_argument("--max-wait-ms", type=float, default=5.0)
     p.add_argument("--cache-bytes", default="1GiB")
     p.add_argument("--preprocess-threads", type=int, default=None)
+    p.add_argument("--torch-threads", type=int, default=None,
+                   help="torch CPU threads, offline and in the server (OMP_NUM_THREADS); default: torch's own")
     p.add_argument("--timeout", type=float, default=300.0, help="per request, and for the server to start")
     p.add_argument("--json", default=None, help="write the summary (and settings) here")
     args = p.parse_args(argv)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+        os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)  # inherited by the server process
     processes = args.processes or max(1, min(8, (os.cpu_count() or 2) // 2, args.clients))
 
     sizes = parse_sizes(args.sizes)
@@ -346,7 +351,7 @@ def main(argv=None) -> int:
         except subprocess.TimeoutExpired:
             server.kill()
     summary = summarize(records, offline_ips, before, after)
-    setting = {"clients": args.clients, "sizes": args.sizes, "format": args.format,
+    setting = {"clients": args.clients, "torch_threads": args.torch_threads, "sizes": args.sizes, "format": args.format,
                "images_per_request": args.images_per_request, "model": args.model or DEFAULT_MODEL,
                "compile": args.compile, "cuda_graphs": args.cuda_graphs, "device": args.device,
                "max_batch_patches": args.max_batch_patches, "max_wait_ms": args.max_wait_ms,
