@@ -115,3 +115,23 @@ def test_batcher_carries_the_image_that_does_not_fit_and_reports_tower_failures(
         batcher.submit(_job(2)).result(timeout=10)
     batcher.close(timeout=10)
     assert time.perf_counter() - start < 5
+
+
+@pytest.mark.gpu
+def test_batcher_gathers_into_a_pinned_buffer_on_cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA (pinned host memory)")
+    seen = []
+
+    def encode_pixels(pixel_values, grid_thw, return_extras=True):
+        seen.append(pixel_values.is_pinned())
+        rows = int(grid_thw.prod(-1).sum())
+        return TowerOutput(pixel_values.to("cuda")[:, :3].reshape(rows, 3))
+
+    batcher = Batcher(encode_pixels, lambda g: g.prod(-1).tolist(), 64, 50, ServeMetrics(), pin_memory=True)
+    jobs = [Job(torch.full((16, 8), float(i)), torch.tensor([[1, 4, 4]])) for i in range(6)]
+    results = [f.result(timeout=30) for f in [batcher.submit(j) for j in jobs]]
+    batcher.close(timeout=10)
+    assert all(seen) and len(seen) >= 2, seen
+    for i, r in enumerate(results):  # each image got its own rows back, even though the buffer was reused
+        assert torch.equal(r.full, torch.full((16, 3), float(i))), i

@@ -6,6 +6,7 @@ EncodedImage (or the tower's exception) through a concurrent.futures.Future.
 A job whose future was cancelled (its client left) before its tower call started is dropped."""
 import concurrent.futures
 import dataclasses
+import math
 import queue
 import threading
 import time
@@ -48,8 +49,12 @@ class Batcher:
     are the Encoder's; they are only ever called from this object's thread."""
 
     def __init__(self, encode_pixels: Callable, output_tokens: Callable, max_batch_patches: int,
-                 max_wait_ms: float, metrics: ServeMetrics):
+                 max_wait_ms: float, metrics: ServeMetrics, pin_memory: bool = False):
+        """pin_memory (CUDA towers): gather each batch's pixels into one reused pinned buffer, so the
+        copy to the device is asynchronous and fast."""
         self._encode_pixels, self._output_tokens = encode_pixels, output_tokens
+        self.pin_memory = pin_memory
+        self._staging: torch.Tensor | None = None
         self.max_batch_patches, self.max_wait_s = max_batch_patches, max_wait_ms / 1000.0
         self.metrics = metrics
         self._queue: queue.Queue[Job | None] = queue.Queue()
@@ -114,13 +119,27 @@ class Batcher:
         if live:
             self._run(live, sum(job.patches for job in live))
 
+    def _gather(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        """[patches_i, F] each -> [sum patches_i, F]. With pin_memory, a view of the staging buffer:
+        reusing it is safe because the previous call's output was copied back to the CPU (which waits
+        for that call, its input copy included) before this batch was gathered."""
+        if not self.pin_memory:
+            return torch.cat(parts) if len(parts) > 1 else parts[0]
+        shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
+        numel = math.prod(shape)
+        if self._staging is None or self._staging.numel() < numel or self._staging.dtype != parts[0].dtype:
+            self._staging = torch.empty(numel, dtype=parts[0].dtype, pin_memory=True)
+        out = self._staging[:numel].view(shape)
+        torch.cat(parts, out=out)
+        return out
+
     def _run(self, batch: list[Job], patches: int) -> None:
         start = time.perf_counter()
         for job in batch:
             self.metrics.queue_seconds.observe(start - job.enqueued)
         try:
             grid = torch.cat([j.grid_thw for j in batch])
-            pixel_values = torch.cat([j.pixel_values for j in batch]) if len(batch) > 1 else batch[0].pixel_values
+            pixel_values = self._gather([j.pixel_values for j in batch])
             out = self._encode_pixels(pixel_values, grid, return_extras=True)
             hidden = out.embeddings.shape[1]
             pieces = combine(out, self._output_tokens(grid))

@@ -73,7 +73,7 @@ class EncodeService:
                      "dtype": dtype_name(loaded.dtype)}
         self.identity = model_identity(enc.model_name, enc.processor, loaded.dtype)
         self.batcher = Batcher(enc.encode_pixels, enc.output_tokens, self.settings.max_batch_patches,
-                               self.settings.max_wait_ms, self.metrics)
+                               self.settings.max_wait_ms, self.metrics, pin_memory=enc.device.type == "cuda")
         self.state = "ready"
         logger.info("encoder %s ready in %.1f s (%s)", enc.model_name, time.perf_counter() - start, self.card)
 
