@@ -94,8 +94,8 @@ def test_multipart_gives_the_json_answer(server):
     got = reply.json()["data"]
     want = _encode(server, images, "base64")["data"]
     assert [g["uuid"] for g in got] == ["mp-a", "mp-b"]
-    for g, w in zip(got, want):
-        assert torch.equal(decode_item(g, "base64"), decode_item(w, "base64"))
+    for g, w in zip(got, want):  # the same images, maybe batched differently: equal up to fp32 rounding
+        assert rel_err(decode_item(g, "base64"), decode_item(w, "base64")) < 1e-5
 
 
 def test_uuids_and_content_keys_hit_the_cache(server):

@@ -72,7 +72,8 @@ def create_app(service: EncodeService, on_load_failure=None) -> FastAPI:
         if refused is not None:
             return refused
         try:
-            parsed = await read_request(request, settings.max_request_bytes, settings.max_images_per_request)
+            parsed = await read_request(request, settings.max_request_bytes, settings.max_images_per_request,
+                                        service.pool)
             work = asyncio.ensure_future(service.encode(parsed))
             left = asyncio.ensure_future(wait_disconnect(request))
             await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
@@ -113,7 +114,8 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def read_request(request: Request, limit: int, max_images: int) -> EncodeRequest:
+async def read_request(request: Request, limit: int, max_images: int, pool) -> EncodeRequest:
+    """The body (at most `limit` bytes) parsed; JSON is parsed and its base64 decoded in `pool`."""
     content_type = request.headers.get("content-type", "")
     body = await read_body(request, limit)
     if content_type.startswith("multipart/form-data"):
@@ -121,7 +123,7 @@ async def read_request(request: Request, limit: int, max_images: int) -> EncodeR
     if content_type and not content_type.startswith("application/json"):
         raise RequestError(415, "content-type", f"content-type {content_type!r} is not supported; send "
                                                 f"application/json or multipart/form-data", kind="unsupported_media")
-    return parse_json(body, max_images)
+    return await asyncio.get_running_loop().run_in_executor(pool, parse_json, body, max_images)
 
 
 async def _read_form(request: Request, body: bytes, max_images: int) -> EncodeRequest:
