@@ -43,6 +43,7 @@ class EncodeService:
         self.cache = EncoderCache(settings.cache_bytes)
         self.ec = ECStorage(settings.ec_storage) if settings.ec_storage else None
         self.pool = concurrent.futures.ThreadPoolExecutor(settings.preprocess_threads, thread_name_prefix="mmenc-cpu")
+        self.identity = b""  # model + processor + dtype, for content keys (set once loaded)
         self._in_flight = 0  # touched on the event loop only
 
     # -- life cycle --------------------------------------------------------------------------------
