@@ -4,7 +4,7 @@ import importlib
 import sys
 
 # subcommand -> module under mmenc.cli providing add_parser(subparsers) and run(args) -> int
-SUBCOMMANDS = {"backends": "backends", "encode": "encode", "bench": "bench"}
+SUBCOMMANDS = {"backends": "backends", "encode": "encode", "bench": "bench", "serve": "serve"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,67 @@
+"""`mmenc serve`: run the encoder as an HTTP service (see docs/serving.md)."""
+import argparse
+import sys
+
+from mmenc.cli.common import add_encoder_args, encoder_kwargs
+from mmenc.engine.encoder import DEFAULT_MODEL
+from mmenc.serving.settings import ServeSettings, parse_size
+
+_D = ServeSettings()  # the defaults
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("serve", help="serve the encoder over HTTP (POST /v1/encode)",
+                       description="Serve the vision encoder over HTTP: POST /v1/encode returns embeddings as vLLM "
+                                   "image_embeds, raw base64 or JSON; GET /health, /v1/models, /metrics. "
+                                   "See docs/serving.md.")
+    add_encoder_args(p, f"default: {DEFAULT_MODEL} with random weights")
+    p.add_argument("--host", default=_D.host, help="address to listen on (default: %(default)s)")
+    p.add_argument("--port", type=int, default=_D.port, help="port (default: %(default)s)")
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* routes")
+    p.add_argument("--max-batch-patches", type=int, default=_D.max_batch_patches, metavar="N",
+                   help="patches per tower call, across requests (default: %(default)s)")
+    p.add_argument("--max-wait-ms", type=float, default=_D.max_wait_ms, metavar="MS",
+                   help="longest wait for more images before a tower call (default: %(default)s)")
+    p.add_argument("--cache-bytes", default="1GiB", metavar="SIZE",
+                   help="encoder cache size, e.g. 512MiB; 0 turns it off (default: %(default)s)")
+    p.add_argument("--ec-storage", default=None, metavar="DIR",
+                   help="also write DIR/<key>/encoder_cache.safetensors for vLLM's file-based EC connector")
+    p.add_argument("--max-request-bytes", default="64MiB", metavar="SIZE",
+                   help="largest request body (default: %(default)s)")
+    p.add_argument("--max-images-per-request", type=int, default=_D.max_images_per_request, metavar="N",
+                   help="(default: %(default)s)")
+    p.add_argument("--max-image-pixels", type=int, default=_D.max_image_pixels, metavar="N",
+                   help="largest decoded width*height per image (default: %(default)s)")
+    p.add_argument("--max-queue-images", type=int, default=_D.max_queue_images, metavar="N",
+                   help="images admitted at once; beyond, 503 with Retry-After (default: %(default)s)")
+    p.add_argument("--preprocess-threads", type=int, default=None, metavar="N",
+                   help="decode/resize threads beside the tower (default: min(8, CPUs))")
+    p.add_argument("--shutdown-timeout", type=float, default=_D.shutdown_timeout_s, metavar="S",
+                   help="on SIGTERM, how long to let requests in flight finish (default: %(default)s)")
+    return p
+
+
+def settings_from_args(args) -> ServeSettings:
+    extra = {} if args.preprocess_threads is None else {"preprocess_threads": args.preprocess_threads}
+    return ServeSettings(host=args.host, port=args.port, api_key=args.api_key,
+                         max_batch_patches=args.max_batch_patches, max_wait_ms=args.max_wait_ms,
+                         cache_bytes=parse_size(args.cache_bytes, "--cache-bytes"), ec_storage=args.ec_storage,
+                         max_request_bytes=parse_size(args.max_request_bytes, "--max-request-bytes"),
+                         max_images_per_request=args.max_images_per_request,
+                         max_image_pixels=args.max_image_pixels, max_queue_images=args.max_queue_images,
+                         shutdown_timeout_s=args.shutdown_timeout, **extra)
+
+
+def run(args) -> int:
+    try:
+        from mmenc.serving.server import serve
+    except ModuleNotFoundError as e:
+        raise ValueError(f"mmenc serve needs {e.name}; install the serve extra: pip install 'mmenc[serve]'") from e
+    from mmenc.engine.encoder import Encoder
+
+    settings = settings_from_args(args)
+    if args.model is None:
+        print(f"mmenc serve: no --model given: serving the built-in {DEFAULT_MODEL} vision tower with RANDOM "
+              f"weights (a demo; pass a checkpoint folder for real embeddings)", file=sys.stderr)
+    kwargs = encoder_kwargs(args, DEFAULT_MODEL)
+    return serve(settings, lambda: Encoder(**kwargs))

@@ -1,0 +1,146 @@
+"""The HTTP routes (FastAPI): /health, /v1/models, /metrics, POST /v1/encode. See docs/serving.md."""
+import asyncio
+import contextlib
+import hmac
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import UploadFile
+
+from mmenc.serving.inputs import EncodeRequest, RequestError, parse_form, parse_json
+from mmenc.serving.metrics import ServeMetrics
+from mmenc.serving.service import EncodeService
+
+ENCODE = "/v1/encode"
+
+
+def create_app(service: EncodeService, on_load_failure=None) -> FastAPI:
+    """The app for `service`; its lifespan starts loading the encoder and closes the service at
+    shutdown (after uvicorn has finished the requests in flight)."""
+    settings, metrics = service.settings, service.metrics
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.start_loading(on_failure=on_load_failure)
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, service.close)
+
+    app = FastAPI(title="mmenc encoder service", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+
+    def error(exc: RequestError, route: str) -> JSONResponse:
+        metrics.errors.labels(kind=exc.kind).inc()
+        metrics.requests.labels(route=route, status=str(exc.status)).inc()
+        headers = {"Retry-After": str(settings.retry_after_s)} if exc.status == 503 else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    def authorize(request: Request, route: str) -> JSONResponse | None:
+        if settings.api_key is None:
+            return None
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
+            return None
+        return error(RequestError(401, "authorization", "missing or wrong API key; send "
+                                                        "'Authorization: Bearer <key>'", kind="unauthorized"), route)
+
+    @app.get("/health")
+    async def health():
+        if service.state == "ready":
+            return {"status": "ok"}
+        body = {"status": service.state, **({"error": service.load_error} if service.load_error else {})}
+        return JSONResponse(body, status_code=503, headers={"Retry-After": str(settings.retry_after_s)})
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(metrics.render(), media_type=ServeMetrics.content_type)
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        refused = authorize(request, "/v1/models")
+        if refused is not None:
+            return refused
+        if service.state != "ready":
+            return error(RequestError(503, "model", f"the encoder is {service.state}", kind="not_ready"), "/v1/models")
+        return {"object": "list", "data": [service.card]}
+
+    @app.post(ENCODE)
+    async def encode(request: Request):
+        start = time.perf_counter()
+        refused = authorize(request, ENCODE)
+        if refused is not None:
+            return refused
+        try:
+            parsed = await read_request(request, settings.max_request_bytes, settings.max_images_per_request,
+                                        service.pool)
+            work = asyncio.ensure_future(service.encode(parsed))
+            left = asyncio.ensure_future(wait_disconnect(request))
+            await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():  # the client went away: drop its images that have not reached the tower
+                work.cancel()
+                metrics.requests.labels(route=ENCODE, status="499").inc()
+                return Response(status_code=499)
+            left.cancel()
+            payload = work.result()
+        except RequestError as e:
+            return error(e, ENCODE)
+        metrics.requests.labels(route=ENCODE, status="200").inc()
+        metrics.request_seconds.observe(time.perf_counter() - start)
+        return Response(payload, media_type="application/json")
+
+    return app
+
+
+async def wait_disconnect(request: Request) -> None:
+    """Returns when the client closes its connection (the body has been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RequestError(413, "body", f"body of {declared} bytes exceeds max_request_bytes={limit}",
+                           kind="request_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestError(413, "body", f"body exceeds max_request_bytes={limit}", kind="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_request(request: Request, limit: int, max_images: int, pool) -> EncodeRequest:
+    """The body (at most `limit` bytes) parsed; JSON is parsed and its base64 decoded in `pool`."""
+    content_type = request.headers.get("content-type", "")
+    body = await read_body(request, limit)
+    if content_type.startswith("multipart/form-data"):
+        return await _read_form(request, body, max_images)
+    if content_type and not content_type.startswith("application/json"):
+        raise RequestError(415, "content-type", f"content-type {content_type!r} is not supported; send "
+                                                f"application/json or multipart/form-data", kind="unsupported_media")
+    return await asyncio.get_running_loop().run_in_executor(pool, parse_json, body, max_images)
+
+
+async def _read_form(request: Request, body: bytes, max_images: int) -> EncodeRequest:
+    async def replay():
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    from starlette.formparsers import MultiPartException
+
+    try:
+        form = await Request(request.scope, replay).form(max_files=max_images + 1, max_fields=max_images + 8)
+    except MultiPartException as e:
+        raise RequestError(400, "body", f"multipart body cannot be parsed ({e.message})") from e
+    files, fields = [], {}
+    for name, value in form.multi_items():
+        if isinstance(value, UploadFile):
+            files.append(await value.read())
+        else:
+            fields.setdefault(name, []).append(value)
+    await form.close()
+    return parse_form(files, fields, max_images)

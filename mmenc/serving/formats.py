@@ -1,0 +1,67 @@
+"""One encoded image and the three ways a response carries it ("vllm", "base64", "json")."""
+import base64
+import dataclasses
+import io
+import json
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedImage:
+    """full: [tokens, hidden * (1 + deepstack levels)] on the CPU in the model dtype, owning its
+    storage: the main embeddings first, then Qwen3-VL's deepstack features concatenated on dim 1
+    (what vLLM takes as image_embeds and reads from its encoder-cache files). hidden: the main
+    embeddings' width. grid_thw: (t, h, w)."""
+
+    full: torch.Tensor
+    hidden: int
+    grid_thw: tuple[int, int, int]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.full.shape[0]
+
+    @property
+    def embeddings(self) -> torch.Tensor:
+        """[tokens, hidden]: what `Encoder.encode` returns for the image."""
+        return self.full if self.full.shape[1] == self.hidden else self.full[:, :self.hidden].contiguous()
+
+    @property
+    def nbytes(self) -> int:
+        return self.full.numel() * self.full.element_size()
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def dumps(value) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def torch_b64(tensor: torch.Tensor) -> bytes:
+    """base64 (ASCII bytes) of torch.save(tensor): what vLLM decodes with torch.load(..., weights_only=True)."""
+    buf = io.BytesIO()
+    torch.save(tensor, buf)
+    return base64.b64encode(buf.getbuffer())
+
+
+def render_item(image: EncodedImage, fmt: str, meta: dict) -> list[bytes]:
+    """One response item as JSON text fragments: `meta` (index, uuid, ...) plus the format's fields.
+    The large base64 strings are spliced in as bytes (base64 needs no JSON escaping), so no JSON
+    encoder scans megabytes of them."""
+    head = dumps(meta)[:-1] + b","  # '{...,' : the object stays open for the format's fields
+    if fmt == "vllm":
+        grid = torch.tensor([image.grid_thw], dtype=torch.int64)
+        return [head, b'"image_embeds":{"type":"image_embeds","uuid":', dumps(meta.get("uuid")),
+                b',"image_embeds":{"image_embeds":"', torch_b64(image.full), b'","image_grid_thw":"',
+                torch_b64(grid), b'"}}}']
+    embeddings = image.embeddings
+    if fmt == "base64":
+        raw = embeddings.view(torch.uint8).numpy()  # little-endian on every platform torch serves
+        return [head, b'"embedding":"', base64.b64encode(raw.data), b'","dtype":', dumps(dtype_name(embeddings.dtype)),
+                b',"shape":', dumps(list(embeddings.shape)), b"}"]
+    if fmt == "json":
+        return [head, b'"embedding":', dumps(embeddings.float().tolist()), b"}"]
+    raise ValueError(f"format {fmt!r} is not one of vllm, base64, json")

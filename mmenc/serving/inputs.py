@@ -1,0 +1,161 @@
+"""Request bodies -> EncodeRequest: JSON (`{"images": [...], "format": ..., "uuids": [...]}`) or
+multipart/form-data (one file part per image, optional `format` and `uuids` fields).
+
+Whole-request problems raise RequestError (HTTP 400 naming the field); a single image that cannot be
+read becomes that item's ItemError and the rest of the request still runs."""
+import base64
+import binascii
+import dataclasses
+import json
+from typing import Any
+
+FORMATS = ("vllm", "base64", "json")
+DEFAULT_FORMAT = "vllm"
+MAX_UUID_CHARS = 256
+
+
+class RequestError(ValueError):
+    """A request the server refuses as a whole: status (400, 413, ...), the field at fault, a message."""
+
+    def __init__(self, status: int, field: str, message: str, kind: str = "invalid_request"):
+        super().__init__(message)
+        self.status, self.field, self.message, self.kind = status, field, message, kind
+
+    def body(self) -> dict:
+        return {"error": {"type": self.kind, "field": self.field, "message": self.message}}
+
+
+@dataclasses.dataclass(frozen=True)
+class ItemError:
+    """Why one image failed; becomes `{"index": i, "error": {"type": kind, "message": message}}`."""
+
+    kind: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageInput:
+    """One image of a request: its encoded file bytes (or the error that stopped us reading them)."""
+
+    index: int
+    uuid: str | None
+    data: bytes | None = None
+    error: ItemError | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodeRequest:
+    images: list[ImageInput]
+    format: str
+
+
+def check_format(value: Any) -> str:
+    if value is None:
+        return DEFAULT_FORMAT
+    if value not in FORMATS:
+        raise RequestError(400, "format", f"format={value!r} is not supported; use one of {', '.join(FORMATS)}",
+                           kind="unknown_format")
+    return value
+
+
+def check_uuids(value: Any, count: int) -> list[str | None]:
+    """uuids: a list of `count` strings (or nulls); each becomes a folder name under --ec-storage,
+    so it may not contain '/', '\\' or NUL, nor be '.' or '..'."""
+    if value is None:
+        return [None] * count
+    if not isinstance(value, list) or len(value) != count:
+        got = f"{len(value)} entries" if isinstance(value, list) else type(value).__name__
+        raise RequestError(400, "uuids", f"uuids must be a list with one entry per image ({count}), got {got}")
+    for i, u in enumerate(value):
+        if u is None:
+            continue
+        if not isinstance(u, str) or not 0 < len(u) <= MAX_UUID_CHARS:
+            raise RequestError(400, f"uuids[{i}]", f"uuids[{i}]={u!r} must be a string of 1..{MAX_UUID_CHARS} chars")
+        if u in (".", "..") or any(c in u for c in "/\\\0"):
+            raise RequestError(400, f"uuids[{i}]", f"uuids[{i}]={u!r} may not be '.'/'..' nor contain '/', '\\' "
+                                                   f"or NUL (it names a folder of the encoder-cache directory)")
+    return list(value)
+
+
+def _decode_base64(text: str, index: int) -> ImageInput | bytes:
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as e:
+        return ImageInput(index, None, error=ItemError("invalid_base64", f"images[{index}]: not valid base64 ({e})"))
+    if not data:
+        return ImageInput(index, None, error=ItemError("invalid_image", f"images[{index}]: empty image (0 bytes)"))
+    return data
+
+
+def _json_image(item: Any, index: int, uuid: str | None) -> ImageInput:
+    if isinstance(item, str):
+        head, sep, payload = item.partition(",")
+        if not item.startswith("data:"):
+            return ImageInput(index, uuid, error=ItemError(
+                "unsupported_input", f"images[{index}]: only data URLs ('data:image/png;base64,...') or "
+                                     f"{{\"data\": BASE64}} are accepted, got a string starting {item[:24]!r}"))
+        if not sep or not head.endswith(";base64"):
+            return ImageInput(index, uuid, error=ItemError(
+                "invalid_data_url", f"images[{index}]: data URL must be 'data:<mime>;base64,<data>', got "
+                                    f"{item[:40]!r}"))
+        text = payload
+    elif isinstance(item, dict) and isinstance(item.get("data"), str):
+        text = item["data"]
+    else:
+        raise RequestError(400, f"images[{index}]", f"images[{index}] must be a data URL string or "
+                                                   f"{{\"data\": \"<base64>\"}}, got {type(item).__name__}")
+    data = _decode_base64(text, index)
+    if isinstance(data, ImageInput):
+        return dataclasses.replace(data, uuid=uuid)
+    return ImageInput(index, uuid, data=data)
+
+
+def _check_count(count: int, max_images: int) -> None:
+    if count == 0:
+        raise RequestError(400, "images", "images is empty; send at least one image")
+    if count > max_images:
+        raise RequestError(400, "images", f"{count} images in one request exceeds max_images_per_request="
+                                          f"{max_images}; split the request", kind="too_many_images")
+
+
+def parse_json(body: bytes, max_images: int) -> EncodeRequest:
+    try:
+        doc = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RequestError(400, "body", f"body is not valid JSON ({e})") from e
+    if not isinstance(doc, dict):
+        raise RequestError(400, "body", f"body must be a JSON object, got {type(doc).__name__}")
+    unknown = sorted(set(doc) - {"images", "format", "uuids"})
+    if unknown:
+        raise RequestError(400, unknown[0], f"unknown field(s) {unknown}; expected images, format, uuids")
+    images = doc.get("images")
+    if not isinstance(images, list):
+        raise RequestError(400, "images", f"images must be a list of images, got {type(images).__name__}")
+    fmt = check_format(doc.get("format"))
+    _check_count(len(images), max_images)
+    uuids = check_uuids(doc.get("uuids"), len(images))
+    return EncodeRequest([_json_image(item, i, u) for i, (item, u) in enumerate(zip(images, uuids))], fmt)
+
+
+def parse_form(files: list[bytes], fields: dict[str, list[str]], max_images: int) -> EncodeRequest:
+    """files: the file parts' bytes in body order; fields: the text fields (`format`, `uuids`:
+    repeated once per file, or one JSON list)."""
+    unknown = sorted(set(fields) - {"format", "uuids"})
+    if unknown:
+        raise RequestError(400, unknown[0], f"unknown form field(s) {unknown}; expected file parts, format, uuids")
+    _check_count(len(files), max_images)
+    formats = fields.get("format", [])
+    if len(formats) > 1:
+        raise RequestError(400, "format", f"format given {len(formats)} times; give it once")
+    fmt = check_format(formats[0] if formats else None)
+    uuids = fields.get("uuids")
+    if uuids is not None and len(uuids) == 1 and uuids[0].lstrip().startswith("["):
+        try:
+            uuids = json.loads(uuids[0])
+        except json.JSONDecodeError as e:
+            raise RequestError(400, "uuids", f"uuids is not a valid JSON list ({e})") from e
+    uuids = check_uuids(uuids, len(files))
+    items = [ImageInput(i, u, data=data) if data else
+             ImageInput(i, u, error=ItemError("invalid_image", f"images[{i}]: empty file part (0 bytes)"))
+             for i, (data, u) in enumerate(zip(files, uuids))]
+    return EncodeRequest(items, fmt)

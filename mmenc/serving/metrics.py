@@ -1,0 +1,39 @@
+"""Prometheus metrics of one server, in their own registry (no process-wide state)."""
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_PATCHES = (256, 1024, 4096, 8192, 16384, 32768, 65536, 131072)
+
+
+class ServeMetrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self):
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("mmenc_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
+        self.images = Counter("mmenc_images", "images answered with embeddings", registry=r)
+        self.tokens = Counter("mmenc_tokens", "embedding rows answered", registry=r)
+        self.errors = Counter("mmenc_errors", "failed images and refused requests, by kind", ["kind"], registry=r)
+        self.cancelled = Counter("mmenc_cancelled_images", "images abandoned by their client before the answer", registry=r)
+        self.queue_depth = Gauge("mmenc_queue_depth", "images waiting for the tower", registry=r)
+        self.in_flight = Gauge("mmenc_in_flight_images", "images admitted and not yet answered", registry=r)
+        self.batch_images = Histogram("mmenc_batch_images", "images per tower call", buckets=_COUNTS, registry=r)
+        self.batch_patches = Histogram("mmenc_batch_patches", "patches per tower call", buckets=_PATCHES, registry=r)
+        self.queue_seconds = Histogram("mmenc_queue_seconds", "time an image waited for its tower call",
+                                       buckets=_SECONDS, registry=r)
+        self.preprocess_seconds = Histogram("mmenc_preprocess_seconds", "decode + resize + patchify per image",
+                                            buckets=_SECONDS, registry=r)
+        self.tower_seconds = Histogram("mmenc_tower_seconds", "tower call, including the copy to the CPU",
+                                       buckets=_SECONDS, registry=r)
+        self.request_seconds = Histogram("mmenc_request_seconds", "POST /v1/encode, body read to response",
+                                         buckets=_SECONDS, registry=r)
+        self.cache_hits = Counter("mmenc_cache_hits", "images answered from the encoder cache", registry=r)
+        self.cache_misses = Counter("mmenc_cache_misses", "images that needed the tower", registry=r)
+        self.cache_bytes = Gauge("mmenc_cache_bytes", "bytes held by the encoder cache", registry=r)
+        self.cache_entries = Gauge("mmenc_cache_entries", "images held by the encoder cache", registry=r)
+        self.ec_writes = Counter("mmenc_ec_storage_writes", "encoder-cache files written", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

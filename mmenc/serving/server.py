@@ -1,0 +1,56 @@
+"""Start and stop the service with uvicorn. SIGTERM / SIGINT: stop accepting connections, finish the
+requests in flight (up to shutdown_timeout_s), then stop the batcher and close the Encoder."""
+import signal
+from collections.abc import Callable
+
+import uvicorn
+
+from mmenc.logger import init_logger
+from mmenc.serving.app import create_app
+from mmenc.serving.metrics import ServeMetrics
+from mmenc.serving.service import EncodeService
+from mmenc.serving.settings import ServeSettings
+
+logger = init_logger(__name__)
+
+
+def build_server(settings: ServeSettings, make_encoder: Callable[[], object],
+                 log_level: str = "info") -> tuple[uvicorn.Server, EncodeService]:
+    """A uvicorn.Server (not started) and its service; `server.run()` serves until SIGTERM, or
+    `server.should_exit = True` from another thread. If loading the encoder fails the server stops."""
+    service = EncodeService(settings, make_encoder, ServeMetrics())
+    holder: list[uvicorn.Server] = []
+
+    def stop():
+        holder[0].should_exit = True
+
+    app = create_app(service, on_load_failure=stop)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
+                            timeout_graceful_shutdown=settings.shutdown_timeout_s, access_log=False,
+                            limit_concurrency=None, backlog=2048)
+    server = uvicorn.Server(config)
+    holder.append(server)
+    return server, service
+
+
+def serve(settings: ServeSettings, make_encoder: Callable[[], object]) -> int:
+    """Serve in the foreground; 0 after a clean shutdown, 1 if the encoder failed to load."""
+    server, service = build_server(settings, make_encoder)
+    logger.info("mmenc serve: listening on http://%s:%d (loading the encoder; /health says when ready)",
+                settings.host, settings.port)
+    # uvicorn handles SIGTERM/SIGINT (graceful drain), then re-raises the signal with the handlers it
+    # found: no-op ones here, so a drained server returns normally and the command exits 0.
+    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if service.state == "failed":
+        logger.error("mmenc serve: the encoder failed to load: %s", service.load_error)
+        return 1
+    return 0
+
+
+def _ignore(signum, frame) -> None:
+    logger.info("mmenc serve: stopped by signal %d after draining", signum)

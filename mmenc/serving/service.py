@@ -1,0 +1,182 @@
+"""EncodeService: the Encoder behind the HTTP routes. Loads and warms the tower (in a thread, so
+/health can answer 503 meanwhile), admits requests against the queue bound, preprocesses each
+image in a thread pool beside the tower, answers repeats from the encoder cache, sends the rest
+through the one Batcher, and renders the response items."""
+import asyncio
+import concurrent.futures
+import dataclasses
+import io
+import threading
+import time
+from collections.abc import Callable
+
+from mmenc.logger import init_logger
+from mmenc.serving.batcher import Batcher, Job
+from mmenc.serving.cache import EncoderCache, content_key, model_identity
+from mmenc.serving.ec_storage import ECStorage
+from mmenc.serving.formats import EncodedImage, dtype_name, dumps, render_item
+from mmenc.serving.inputs import EncodeRequest, ImageInput, ItemError, RequestError
+from mmenc.serving.metrics import ServeMetrics
+from mmenc.serving.preprocess import preprocess_image
+from mmenc.serving.settings import ServeSettings
+
+logger = init_logger(__name__)
+
+
+@dataclasses.dataclass
+class _Item:
+    """One image on its way through the service."""
+
+    key: str | None = None
+    image: EncodedImage | None = None
+    error: ItemError | None = None
+    hit: bool = False
+
+
+class EncodeService:
+    def __init__(self, settings: ServeSettings, make_encoder: Callable[[], object], metrics: ServeMetrics):
+        self.settings, self.metrics = settings, metrics
+        self._make_encoder = make_encoder
+        self.state, self.load_error = "loading", None
+        self.encoder = self.batcher = None
+        self.card: dict = {}
+        self.cache = EncoderCache(settings.cache_bytes)
+        self.ec = ECStorage(settings.ec_storage) if settings.ec_storage else None
+        self.pool = concurrent.futures.ThreadPoolExecutor(settings.preprocess_threads, thread_name_prefix="mmenc-cpu")
+        self.identity = b""  # model + processor + dtype, for content keys (set once loaded)
+        self._in_flight = 0  # touched on the event loop only
+
+    # -- life cycle --------------------------------------------------------------------------------
+    def start_loading(self, on_failure: Callable[[], None] | None = None) -> threading.Thread:
+        def load():
+            try:
+                self._load()
+            except Exception as e:  # noqa: BLE001 - reported through /health and the log, then the server stops
+                logger.exception("loading the encoder failed")
+                self.state, self.load_error = "failed", f"{type(e).__name__}: {e}"
+                if on_failure is not None:
+                    on_failure()
+        thread = threading.Thread(target=load, name="mmenc-load", daemon=True)
+        thread.start()
+        return thread
+
+    def _load(self) -> None:
+        start = time.perf_counter()
+        enc = self.encoder = self._make_encoder()
+        warm = _warmup_image()
+        pixel_values, grid = enc.preprocess([warm])
+        out = enc.encode_pixels(pixel_values, grid, return_extras=True)
+        hidden, levels = out.embeddings.shape[1], len(out.extras.get("deepstack") or [])
+        loaded = enc.loaded
+        archs = (getattr(loaded, "hf_config", None) or {}).get("architectures") or [type(loaded.config).__name__]
+        self.card = {"id": enc.model_name, "object": "model", "architecture": archs[0], "hidden_size": hidden,
+                     "image_embeds_size": hidden * (1 + levels), "deepstack_levels": levels,
+                     "dtype": dtype_name(loaded.dtype)}
+        self.identity = model_identity(enc.model_name, enc.processor, loaded.dtype)
+        self.batcher = Batcher(enc.encode_pixels, enc.output_tokens, self.settings.max_batch_patches,
+                               self.settings.max_wait_ms, self.metrics, pin_memory=enc.device.type == "cuda")
+        self.state = "ready"
+        logger.info("encoder %s ready in %.1f s (%s)", enc.model_name, time.perf_counter() - start, self.card)
+
+    def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close(timeout=self.settings.shutdown_timeout_s)
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.encoder is not None:
+            self.encoder.close()
+
+    # -- one request -------------------------------------------------------------------------------
+    async def encode(self, request: EncodeRequest) -> bytes:
+        """The JSON response body: {"model": ..., "data": [item per image, input order], "usage": ...}."""
+        if self.state != "ready":
+            raise RequestError(503, "model", f"the encoder is {self.state}"
+                               + (f" ({self.load_error})" if self.load_error else "; retry shortly"), kind="not_ready")
+        n = len(request.images)
+        limit = self.settings.max_queue_images
+        if self._in_flight + n > limit:
+            raise RequestError(503, "images", f"queue full: {self._in_flight} images in flight, {n} more would exceed "
+                                              f"max_queue_images={limit}; retry later", kind="queue_full")
+        self._in_flight += n
+        self.metrics.in_flight.set(self._in_flight)
+        try:
+            items = await asyncio.gather(*(self._item(image) for image in request.images))
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self.pool, self._render, request, items)
+        finally:
+            self._in_flight -= n
+            self.metrics.in_flight.set(self._in_flight)
+
+    async def _item(self, image: ImageInput) -> _Item:
+        if image.error is not None:
+            return _Item(error=image.error)
+        loop = asyncio.get_running_loop()
+        try:  # cancelled when the client leaves: a job not yet in a tower call is then dropped
+            item, job = await loop.run_in_executor(self.pool, self._prepare, image)
+            if job is None:
+                return item
+            try:
+                item.image = await asyncio.wrap_future(self.batcher.submit(job))
+            except Exception as e:  # noqa: BLE001 - the tower failed for this batch: an item error, not a 500
+                return _Item(error=ItemError("encoder_error", f"images[{image.index}]: the tower failed "
+                                                              f"({type(e).__name__}: {e})"))
+        except asyncio.CancelledError:
+            self.metrics.cancelled.inc()
+            raise
+        self.cache.put(item.key, item.image)
+        return item
+
+    def _prepare(self, image: ImageInput) -> tuple[_Item, Job | None]:
+        """In a pool thread: key, cache lookup, then (on a miss) decode + preprocess."""
+        key = image.uuid or content_key(self.identity, image.data)
+        cached = self.cache.get(key)
+        if cached is not None:
+            self.metrics.cache_hits.inc()
+            return _Item(key=key, image=cached, hit=True), None
+        self.metrics.cache_misses.inc()
+        start = time.perf_counter()
+        result = preprocess_image(self.encoder.processor, image.data, image.index, self.settings.max_image_pixels)
+        self.metrics.preprocess_seconds.observe(time.perf_counter() - start)
+        if isinstance(result, ItemError):
+            return _Item(key=key, error=result), None
+        pixel_values, grid = result
+        # the tower casts its input to its dtype anyway (same rounding here): casting in this thread
+        # halves what the batcher concatenates and copies to the device for bf16/fp16 towers
+        return _Item(key=key), Job(pixel_values.to(self.encoder.loaded.dtype), grid)
+
+    def _render(self, request: EncodeRequest, items: list[_Item]) -> bytes:
+        """In a pool thread: the response body (and the EC storage files)."""
+        parts, images, tokens = [b'{"model":', dumps(self.encoder.model_name), b',"data":['], 0, 0
+        for image, item in zip(request.images, items):
+            if image.index:
+                parts.append(b",")
+            if item.error is not None:
+                self.metrics.errors.labels(kind=item.error.kind).inc()
+                parts.append(dumps({"index": image.index, "uuid": image.uuid,
+                                    "error": {"type": item.error.kind, "message": item.error.message}}))
+                continue
+            enc = item.image
+            if self.ec is not None and self.ec.write(item.key, enc.full):
+                self.metrics.ec_writes.inc()
+            images, tokens = images + 1, tokens + enc.num_tokens
+            uuid = image.uuid if image.uuid is not None else item.key
+            meta = {"index": image.index, "uuid": uuid, "num_tokens": enc.num_tokens, "grid_thw": list(enc.grid_thw),
+                    "cached": item.hit}
+            parts += render_item(enc, request.format, meta)
+        parts += [b'],"usage":', dumps({"images": images, "tokens": tokens}), b"}"]
+        self.metrics.images.inc(images)
+        self.metrics.tokens.inc(tokens)
+        self.metrics.cache_bytes.set(self.cache.nbytes)
+        self.metrics.cache_entries.set(len(self.cache))
+        return b"".join(parts)
+
+
+def _warmup_image() -> bytes:
+    """A small PNG (64x64 gradient) that every processor accepts."""
+    import numpy as np
+    from PIL import Image
+
+    ramp = np.linspace(0, 255, 64, dtype=np.uint8)
+    pixels = np.stack([np.tile(ramp, (64, 1)), np.tile(ramp[:, None], (1, 64)), np.full((64, 64), 128, np.uint8)], -1)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()

@@ -1,0 +1,51 @@
+"""`mmenc serve` as a process: the CLI starts it, SIGTERM lets the request in flight finish (200 with
+its embeddings), then the process exits 0 and stops listening."""
+import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+
+from mmenc.testing.checkpoints import save_qwen2_5_vl  # noqa: E402
+from serve_client import data_url, decode_item, free_port, metric, png, post_json, request, wait_for  # noqa: E402
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM")
+def test_sigterm_drains_the_request_in_flight(tmp_path):
+    folder = str(save_qwen2_5_vl(tmp_path / "q25")[0])
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH")] if p))
+    log = open(tmp_path / "serve.log", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "mmenc.cli.main", "serve", "--model", folder, "--device", "cpu",
+                             "--port", str(port), "--max-wait-ms", "1500", "--preprocess-threads", "1"],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        def healthy():
+            assert proc.poll() is None, f"server exited early: {open(tmp_path / 'serve.log').read()[-2000:]}"
+            try:
+                return request(port, "GET", "/health", timeout=2).status == 200
+            except OSError:
+                return False
+
+        wait_for(healthy, 60, "the server to become healthy")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(post_json, port, {"images": [data_url(png(56, 84, seed=3))], "format": "base64"})
+            wait_for(lambda: metric(port, "mmenc_in_flight_images") == 1, 10, "the request to be in flight")
+            proc.send_signal(signal.SIGTERM)
+            reply = pending.result(timeout=30)
+        assert reply.status == 200, reply.body[:300]
+        item = reply.json()["data"][0]
+        assert decode_item(item, "base64").shape == (item["num_tokens"], 24)
+        assert proc.wait(timeout=30) == 0
+        with pytest.raises(OSError):
+            request(port, "GET", "/health", timeout=2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
