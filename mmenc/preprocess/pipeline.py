@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal, NamedTuple
 
+import numpy as np
 import torch
 
 from mmenc.preprocess import gpu_decode
@@ -161,7 +162,7 @@ class Preprocessor:
                 return ready
             array = load_image(item, index=index, max_pixels=self.max_pixels)  # RGB uint8 [H, W, 3]
             plan = self.processor.plan(array.shape[0], array.shape[1], index=index, name=name)
-            pixels = torch.from_numpy(array).permute(2, 0, 1).contiguous()  # [C, H, W]
+            pixels = _chw(array)
             if self.resize == "cpu":
                 pixels = self.processor.resize_one(pixels, plan).contiguous()
             return _Ready(index, item, plan, pixels)
@@ -208,6 +209,9 @@ class Preprocessor:
                 res = pending.popleft().result()
                 if isinstance(res, LoadFailure):
                     if raise_first:
+                        if ready:  # what came before the failure is still delivered
+                            yield self._stage(ready, failures)
+                            ready = []
                         raise ImagePreprocessError(res.message.removeprefix(f"{res.name}: "), index=res.index,
                                                    name=res.name)
                     failures.append(res)
@@ -269,7 +273,7 @@ class Preprocessor:
             array = load_image(ready.item, index=ready.index, max_pixels=self.max_pixels)
         except ImageLoadError as e:
             return LoadFailure(ready.index, name, str(e))
-        return _to_device([torch.from_numpy(array).permute(2, 0, 1).contiguous()], self.device)[0]
+        return _to_device([_chw(array)], self.device)[0]
 
 
 def load_image_limit(max_pixels: int | None) -> int | None:
@@ -277,6 +281,11 @@ def load_image_limit(max_pixels: int | None) -> int | None:
     from PIL import Image
 
     return Image.MAX_IMAGE_PIXELS if max_pixels == -1 else max_pixels
+
+
+def _chw(array: np.ndarray) -> torch.Tensor:
+    """RGB uint8 [H, W, C] (read-only from PIL is fine) -> a new contiguous uint8 tensor [C, H, W]."""
+    return torch.from_numpy(array.transpose(2, 0, 1).copy())  # a copy: writable, C order
 
 
 def _to_device(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
