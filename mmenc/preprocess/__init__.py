@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image, load_images
+from mmenc.preprocess.kimi import KimiProcessor, KimiProcessorConfig, kimi_k25_from_hf
 from mmenc.preprocess.pipeline import Chunk, Preprocessed, Preprocessor
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
-from mmenc.preprocess.kimi import KimiProcessor, KimiProcessorConfig, kimi_k25_from_hf
 from mmenc.preprocess.qwen_vl import (
     QwenVLProcessor,
     QwenVLProcessorConfig,

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from mmenc.preprocess import ops
 from mmenc.preprocess.images import load_image, process_by_size
-from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, finish_by_size
+from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, finish_patches
 from mmenc.preprocess.resize_exact import resize_uint8_exact
 
 
@@ -142,15 +142,28 @@ class KimiProcessor:
             x = ops.resize_uint8(image[None], h, w, self.config.backend)[0]
         return F.pad(x, (0, pw - w, 0, ph - h))
 
+    @property
+    def row_shape(self) -> tuple[int, int, int]:
+        """Shape of one row of `patchify`'s output: (C, p, p)."""
+        return len(self.config.image_mean), self.config.patch_size, self.config.patch_size
+
+    def patchify(self, image: torch.Tensor, plan: ImagePlan) -> torch.Tensor:
+        """Padded uint8 [C, h, w] -> uint8 [gh*gw, C, p, p], patches in row-major order."""
+        p = self.config.patch_size
+        ch, h, w = image.shape
+        x = image.contiguous().view(ch, h // p, p, w // p, p).permute(1, 3, 0, 2, 4)  # gh, gw, C, p, p
+        return x.reshape((h // p) * (w // p), ch, p, p)
+
+    def normalize(self, patches: torch.Tensor) -> torch.Tensor:
+        """uint8 [P, C, p, p] -> pixel_values float32 [P, C, p, p] (the same values as `__call__`)."""
+        c = self.config
+        return ops.rescale_normalize(patches, rescale_factor=c.rescale_factor, mean=c.image_mean, std=c.image_std,
+                                     do_rescale=c.do_rescale, do_normalize=c.do_normalize, backend=c.backend)
+
     def finish(self, images: Sequence[torch.Tensor], plans: Sequence[ImagePlan]) -> tuple[torch.Tensor, torch.Tensor]:
         """Padded uint8 [C, h, w] per image -> (pixel_values float32 [P, C, p, p] on their device,
         grid_thw int64 [N, 3] on the CPU)."""
-        def process(group):
-            patches, gh, gw = self._patchify(torch.stack(list(group)))
-            return patches, (1, gh, gw)
-
-        p = self.config.patch_size
-        return finish_by_size(images, plans, process, empty_shape=(0, len(self.config.image_mean), p, p))
+        return finish_patches(self, [self.patchify(im, pl) for im, pl in zip(images, plans)], plans)
 
     def __call__(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         def process(arrays):

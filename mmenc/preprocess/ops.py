@@ -67,13 +67,14 @@ def rescale_normalize(
             s = torch.tensor(std, dtype=torch.float32, device=x.device).view(c, 1, 1)
             x = (x - m) / s
         return x
-    x = images.float()
     if do_normalize:
-        m = torch.tensor(mean, device=x.device)
-        s = torch.tensor(std, device=x.device)
+        m = torch.tensor(mean, device=images.device)
+        s = torch.tensor(std, device=images.device)
         if do_rescale:  # transformers fuses the rescale into mean/std
             m, s = m * (1.0 / rescale_factor), s * (1.0 / rescale_factor)
-        return (x - m.view(c, 1, 1)) / s.view(c, 1, 1)
+        # (float(x) - m) / s in float32, written once: uint8 - float32 promotes to float32
+        return torch.sub(images, m.view(c, 1, 1)).div_(s.view(c, 1, 1))
+    x = images.float()
     return x * rescale_factor if do_rescale else x
 
 

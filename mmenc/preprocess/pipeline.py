@@ -34,7 +34,7 @@ import torch
 
 from mmenc.preprocess import gpu_decode
 from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image
-from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, input_name
+from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, finish_patches, input_name
 
 
 def default_workers() -> int:
@@ -74,7 +74,7 @@ class _Ready:
 
 
 class Preprocessor:
-    """Runs a processor (`plan` / `resize_one` / `finish`, e.g. QwenVLProcessor, KimiProcessor)
+    """Runs a processor (`plan`, `resize_one`, `patchify`, `normalize`, `finish`: QwenVLProcessor, KimiProcessor)
     over many images in parallel. See the module docstring; close() (or `with`) stops the threads."""
 
     def __init__(self, processor: Any, *, device: str | torch.device | None = None, workers: int | None = None,
@@ -83,7 +83,7 @@ class Preprocessor:
         """workers: decode/resize threads (None: default_workers(); 0: run in the calling thread).
         max_pixels: decompression-bomb limit of `load_image`. prefetch_chunks: how many chunks
         `iter_chunks` lets the workers prepare ahead of the one being consumed (memory bound)."""
-        for name in ("plan", "resize_one", "finish"):
+        for name in ("plan", "resize_one", "patchify", "normalize", "finish"):
             if not callable(getattr(processor, name, None)):
                 raise TypeError(f"processor {type(processor).__name__} has no {name}(); expected a "
                                 f"mmenc.preprocess processor (QwenVLProcessor, KimiProcessor)")
@@ -98,6 +98,7 @@ class Preprocessor:
         self.prefetch_chunks = prefetch_chunks
         self.decode = self._choose_decode(decode)
         self.resize = self._choose_resize(resize)
+        self._patchify_in_workers = self.device.type == "cpu" and self.resize == "cpu"
         self._pool: ThreadPoolExecutor | None = None
 
     def _choose_decode(self, decode: str) -> str:
@@ -165,6 +166,8 @@ class Preprocessor:
             pixels = _chw(array)
             if self.resize == "cpu":
                 pixels = self.processor.resize_one(pixels, plan).contiguous()
+            if self._patchify_in_workers:  # nothing crosses: patchify here too, in parallel
+                pixels = self.processor.patchify(pixels, plan)
             return _Ready(index, item, plan, pixels)
         except ImageLoadError as e:  # includes ImagePreprocessError
             message = str(e) if str(e).startswith(name) else f"{name}: {e}"
@@ -246,6 +249,10 @@ class Preprocessor:
 
     def _stage(self, ready: list[_Ready], failures: list[LoadFailure]) -> Chunk:
         """Move the chunk's uint8 images to the device (one pinned buffer), finish them there."""
+        failures = sorted(failures, key=lambda f: f.index)
+        if self._patchify_in_workers:  # one normalize over the chunk (torch's intra-op threads)
+            pixel_values, grid_thw = finish_patches(self.processor, [r.pixels for r in ready], [r.plan for r in ready])
+            return Chunk(pixel_values, grid_thw, [r.index for r in ready], failures)
         images: list[torch.Tensor | None] = [None] * len(ready)
         plain = [i for i, r in enumerate(ready) if not r.encoded]
         for i, t in zip(plain, _to_device([ready[i].pixels for i in plain], self.device)):
@@ -264,7 +271,7 @@ class Preprocessor:
         resized = [images[i] if (self.resize == "cpu" and not ready[i].encoded)
                    else self.processor.resize_one(images[i], ready[i].plan) for i in keep]
         pixel_values, grid_thw = self.processor.finish(resized, plans)
-        failures = sorted(failures, key=lambda f: f.index)
+        failures = sorted(failures, key=lambda f: f.index)  # nvJPEG fallbacks may have added some
         return Chunk(pixel_values.to(self.device), grid_thw, [ready[i].index for i in keep], failures)
 
     def _prepare_cpu(self, ready: _Ready) -> torch.Tensor | LoadFailure:

@@ -8,7 +8,7 @@ failure under errors="skip" instead of failing the batch.
 """
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -47,22 +47,16 @@ class ImagePlan:
     rows: int
 
 
-def finish_by_size(images: Sequence[torch.Tensor], plans: Sequence["ImagePlan"], process: Callable[[list], Any], *,
-                   empty_shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run `process(list of same-size uint8 [C, h, w])` -> (patches [n, rows, ...], grid) once per
-    size and put the rows back in input order (shared by every family's `finish`)."""
+def finish_patches(processor: Any, patches: Sequence[torch.Tensor],
+                   plans: Sequence[ImagePlan]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per image uint8 patches [rows_i, *processor.row_shape] (one device) -> (pixel_values float32,
+    grid_thw int64 [N, 3] on the CPU): one concatenation, one `processor.normalize`."""
     grid_thw = torch.tensor([list(pl.grid) for pl in plans], dtype=torch.int64).reshape(-1, 3)
-    if not images:
-        return torch.empty(empty_shape, dtype=torch.float32), grid_thw
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i, im in enumerate(images):
-        groups.setdefault(tuple(im.shape), []).append(i)
-    out: list[Any] = [None] * len(images)
-    for idx in groups.values():
-        patches, _ = process([images[i] for i in idx])
-        for j, i in enumerate(idx):
-            out[i] = patches[j]
-    return torch.cat(out, 0), grid_thw
+    if patches:
+        u8 = torch.cat(list(patches))
+    else:
+        u8 = torch.empty((0, *processor.row_shape), dtype=torch.uint8)
+    return processor.normalize(u8), grid_thw
 
 
 def input_name(item: Any, index: int | None) -> str:

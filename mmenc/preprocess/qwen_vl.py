@@ -24,7 +24,7 @@ import torch
 
 from mmenc.preprocess import ops
 from mmenc.preprocess.images import load_image, process_by_size
-from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, finish_by_size
+from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, finish_patches
 from mmenc.preprocess.resize_exact import resize_uint8_exact
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -219,15 +219,36 @@ class QwenVLProcessor:
             return resize_uint8_exact(image, h, w)
         return ops.resize_uint8(image[None], h, w, self.config.backend)[0]
 
+    @property
+    def row_shape(self) -> tuple[int, int]:
+        """Shape of one row of `patchify`'s output: (C, tp*p*p)."""
+        c = self.config
+        return len(c.image_mean), c.temporal_patch_size * c.patch_size ** 2
+
+    def patchify(self, image: torch.Tensor, plan: ImagePlan) -> torch.Tensor:
+        """Resized uint8 [C, h, w] -> uint8 [rows, C, tp*p*p]: patches in (h/m, w/m, m, m) order, each
+        (C, tp, p, p) with the still image repeated tp times (one copy; still uint8)."""
+        c = self.config
+        p, m, tp = c.patch_size, c.merge_size, c.temporal_patch_size
+        ch, h, w = image.shape
+        gh, gw = h // p, w // p
+        x = image.contiguous().view(ch, gh // m, m, p, gw // m, m, p).permute(1, 4, 2, 5, 0, 3, 6)
+        x = x.unsqueeze(5).expand(gh // m, gw // m, m, m, ch, tp, p, p)  # h/m, w/m, m, m, C, tp, p, p
+        return x.reshape(gh * gw, ch, tp * p * p)
+
+    def normalize(self, patches: torch.Tensor) -> torch.Tensor:
+        """uint8 [P, C, tp*p*p] -> pixel_values float32 [P, C*tp*p*p] (rescale + normalize, elementwise
+        with the backend's exact arithmetic, so the same values as `__call__`)."""
+        c = self.config
+        x = ops.rescale_normalize(patches.unsqueeze(-1), rescale_factor=c.rescale_factor, mean=c.image_mean,
+                                  std=c.image_std, do_rescale=c.do_rescale, do_normalize=c.do_normalize,
+                                  backend=c.backend)
+        return x.reshape(patches.shape[0], patches.shape[1] * patches.shape[2])
+
     def finish(self, images: Sequence[torch.Tensor], plans: Sequence[ImagePlan]) -> tuple[torch.Tensor, torch.Tensor]:
         """Resized uint8 [C, h, w] per image (one device) -> (pixel_values float32 [P, C*tp*p*p] on that
-        device, grid_thw int64 [N, 3] on the CPU): rescale, normalize and patchify, as `__call__`."""
-        def process(group):
-            h, w = group[0].shape[-2:]
-            return self._to_patches(torch.stack(list(group))[:, None], h, w)
-
-        dim = len(self.config.image_mean) * self.config.temporal_patch_size * self.config.patch_size ** 2
-        return finish_by_size(images, plans, process, empty_shape=(0, dim))
+        device, grid_thw int64 [N, 3] on the CPU): patchify in uint8, then normalize once."""
+        return finish_patches(self, [self.patchify(im, pl) for im, pl in zip(images, plans)], plans)
 
     def __call__(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """images: list of inputs -> (pixel_values float32 [P, C*tp*p*p], grid_thw int64 [N, 3])."""

@@ -1,0 +1,99 @@
+"""CPU preprocessing micro-benchmark: mmenc's sequential processor vs its parallel Preprocessor
+(1, 2, ... workers) vs transformers' default image processor, on the same generated JPEG bytes.
+
+    PYTHONPATH=. python benchmarks/preprocess_cpu.py [--reps 5] [--workers 1 2] [--model qwen2_5_vl]
+
+Every column is end to end from JPEG bytes to pixel_values on the CPU (decode included; for
+transformers the decode is PIL's `Image.open(...).convert("RGB")` before its processor, as its
+`load_image` does). transformers' default processor is the torchvision class when torchvision is
+importable, else the Pil class (the column header says which). Median of --reps runs after one
+warm-up. Images are smooth random pictures (bicubic-upscaled noise plus grain) saved at quality 90.
+"""
+import argparse
+import importlib
+import importlib.util
+import io
+import os
+import statistics
+import time
+
+import numpy as np
+import torch
+from PIL import Image
+
+from mmenc.preprocess import get_processor
+from mmenc.preprocess.pipeline import Preprocessor, default_workers
+
+WORKLOADS = {  # name: (count, height, width); the first two are the issue's, the third needs a resize
+    "8x1036px": (8, 1036, 1036),
+    "32x448px": (32, 448, 448),
+    "8x1600x1200 (resized)": (8, 1200, 1600),
+}
+HF_CLASSES = {"qwen2_vl": ("qwen2_vl", "Qwen2VLImageProcessor"), "qwen2_5_vl": ("qwen2_vl", "Qwen2VLImageProcessor"),
+              "kimi_k25": ("kimi_k25", "Kimi_K25ImageProcessor")}
+
+
+def make_jpegs(count: int, height: int, width: int, seed: int = 0) -> list[bytes]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        coarse = rng.integers(0, 256, (height // 32 + 2, width // 32 + 2, 3), dtype=np.uint8)
+        a = np.asarray(Image.fromarray(coarse).resize((width, height), Image.Resampling.BICUBIC)).astype(np.int16)
+        a = np.clip(a + rng.integers(-8, 9, a.shape), 0, 255).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(a).save(buf, "JPEG", quality=90)
+        out.append(buf.getvalue())
+    return out
+
+
+def hf_processor(model: str):
+    """transformers' default image processor for `model`, built from its defaults (nothing downloaded)."""
+    module, cls = HF_CLASSES[model]
+    mod = importlib.import_module(f"transformers.models.{module}")
+    if importlib.util.find_spec("torchvision") is None and hasattr(mod, cls + "Pil"):
+        cls += "Pil"
+    return getattr(mod, cls)(), cls
+
+
+def median_ms(fn, reps: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--workers", type=int, nargs="+", default=sorted({1, 2, default_workers()}))
+    ap.add_argument("--model", default="qwen2_5_vl", choices=sorted(HF_CLASSES))
+    args = ap.parse_args()
+
+    proc = get_processor(args.model)
+    hf, hf_name = hf_processor(args.model)
+    print(f"# cores usable: {default_workers()} (os.cpu_count()={os.cpu_count()}), torch threads: "
+          f"{torch.get_num_threads()}, torch {torch.__version__}; transformers class: {hf_name}")
+    cols = ["sequential"] + [f"pipeline w={w}" for w in args.workers] + [f"transformers ({hf_name})"]
+    print("| workload | " + " | ".join(f"{c} ms" for c in cols) + " | best pipeline vs sequential |")
+    print("|---" * (len(cols) + 2) + "|")
+    for name, (count, h, w) in WORKLOADS.items():
+        datas = make_jpegs(count, h, w)
+        row = {"sequential": median_ms(lambda: proc(datas), args.reps)}
+        for n in args.workers:
+            with Preprocessor(proc, workers=n) as pre:
+                row[f"pipeline w={n}"] = median_ms(lambda: pre.run(datas), args.reps)
+
+        def hf_run():
+            ims = [Image.open(io.BytesIO(d)).convert("RGB") for d in datas]
+            return hf(images=ims, return_tensors="pt")
+
+        row[f"transformers ({hf_name})"] = median_ms(hf_run, args.reps)
+        best = min(row[f"pipeline w={n}"] for n in args.workers)
+        print(f"| {name} | " + " | ".join(f"{row[c]:.1f}" for c in cols) + f" | {row['sequential'] / best:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
