@@ -3,7 +3,8 @@
 
     PYTHONPATH=. python benchmarks/preprocess_cpu.py [--reps 5] [--workers 1 2] [--model qwen2_5_vl]
 
-Every column is end to end from JPEG bytes to pixel_values on the CPU (decode included; for
+"pipeline w=n" uses n cores in all (n worker threads, torch.set_num_threads(n)); the others run
+with torch's default threads. Every column is end to end from JPEG bytes to pixel_values on the CPU (decode included; for
 transformers the decode is PIL's `Image.open(...).convert("RGB")` before its processor, as its
 `load_image` does). transformers' default processor is the torchvision class when torchvision is
 importable, else the Pil class (the column header says which). Median of --reps runs after one
@@ -74,17 +75,22 @@ def main() -> None:
 
     proc = get_processor(args.model)
     hf, hf_name = hf_processor(args.model)
-    print(f"# cores usable: {default_workers()} (os.cpu_count()={os.cpu_count()}), torch threads: "
-          f"{torch.get_num_threads()}, torch {torch.__version__}; transformers class: {hf_name}")
+    print(f"# cores usable: {default_workers()} (os.cpu_count()={os.cpu_count()}), load average "
+          f"{os.getloadavg()[0]:.1f}, torch threads: {torch.get_num_threads()} (pipeline w=n: n), "
+          f"torch {torch.__version__}; transformers class: {hf_name}")
     cols = ["sequential"] + [f"pipeline w={w}" for w in args.workers] + [f"transformers ({hf_name})"]
-    print("| workload | " + " | ".join(f"{c} ms" for c in cols) + " | best pipeline vs sequential |")
-    print("|---" * (len(cols) + 2) + "|")
+    scale = f" | w={args.workers[-1]} vs w={args.workers[0]}" if len(args.workers) > 1 else ""
+    print("| workload | " + " | ".join(f"{c} ms" for c in cols) + " | best pipeline vs sequential" + scale + " |")
+    print("|---" * (len(cols) + 2 + bool(scale)) + "|")
     for name, (count, h, w) in WORKLOADS.items():
         datas = make_jpegs(count, h, w)
         row = {"sequential": median_ms(lambda: proc(datas), args.reps)}
-        for n in args.workers:
+        threads = torch.get_num_threads()
+        for n in args.workers:  # n cores in all: n worker threads and n torch intra-op threads
+            torch.set_num_threads(n)
             with Preprocessor(proc, workers=n) as pre:
                 row[f"pipeline w={n}"] = median_ms(lambda: pre.run(datas), args.reps)
+        torch.set_num_threads(threads)
 
         def hf_run():
             ims = [Image.open(io.BytesIO(d)).convert("RGB") for d in datas]
@@ -92,7 +98,9 @@ def main() -> None:
 
         row[f"transformers ({hf_name})"] = median_ms(hf_run, args.reps)
         best = min(row[f"pipeline w={n}"] for n in args.workers)
-        print(f"| {name} | " + " | ".join(f"{row[c]:.1f}" for c in cols) + f" | {row['sequential'] / best:.2f}x |")
+        ratio = (f" | {row[f'pipeline w={args.workers[0]}'] / row[f'pipeline w={args.workers[-1]}']:.2f}x"
+                 if scale else "")
+        print(f"| {name} | " + " | ".join(f"{row[c]:.1f}" for c in cols) + f" | {row['sequential'] / best:.2f}x{ratio} |")
 
 
 if __name__ == "__main__":

@@ -154,11 +154,16 @@ class KimiProcessor:
         x = image.contiguous().view(ch, h // p, p, w // p, p).permute(1, 3, 0, 2, 4)  # gh, gw, C, p, p
         return x.reshape((h // p) * (w // p), ch, p, p)
 
-    def normalize(self, patches: torch.Tensor) -> torch.Tensor:
-        """uint8 [P, C, p, p] -> pixel_values float32 [P, C, p, p] (the same values as `__call__`)."""
+    def normalize(self, patches: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """uint8 [P, C, p, p] -> float32 [P, C, p, p] (into `out` if given; the same values as `__call__`)."""
         c = self.config
         return ops.rescale_normalize(patches, rescale_factor=c.rescale_factor, mean=c.image_mean, std=c.image_std,
-                                     do_rescale=c.do_rescale, do_normalize=c.do_normalize, backend=c.backend)
+                                     do_rescale=c.do_rescale, do_normalize=c.do_normalize, backend=c.backend,
+                                     out=out)
+
+    def as_pixel_values(self, x: torch.Tensor) -> torch.Tensor:
+        """normalize's output is already transformers' layout [P, C, p, p]."""
+        return x
 
     def finish(self, images: Sequence[torch.Tensor], plans: Sequence[ImagePlan]) -> tuple[torch.Tensor, torch.Tensor]:
         """Padded uint8 [C, h, w] per image -> (pixel_values float32 [P, C, p, p] on their device,

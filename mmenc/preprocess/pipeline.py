@@ -74,7 +74,7 @@ class _Ready:
 
 
 class Preprocessor:
-    """Runs a processor (`plan`, `resize_one`, `patchify`, `normalize`, `finish`: QwenVLProcessor, KimiProcessor)
+    """Runs a processor (`plan`, `resize_one`, `patchify`, `normalize`, ...: QwenVLProcessor, KimiProcessor)
     over many images in parallel. See the module docstring; close() (or `with`) stops the threads."""
 
     def __init__(self, processor: Any, *, device: str | torch.device | None = None, workers: int | None = None,
@@ -83,7 +83,7 @@ class Preprocessor:
         """workers: decode/resize threads (None: default_workers(); 0: run in the calling thread).
         max_pixels: decompression-bomb limit of `load_image`. prefetch_chunks: how many chunks
         `iter_chunks` lets the workers prepare ahead of the one being consumed (memory bound)."""
-        for name in ("plan", "resize_one", "patchify", "normalize", "finish"):
+        for name in ("plan", "resize_one", "patchify", "normalize", "as_pixel_values", "finish"):
             if not callable(getattr(processor, name, None)):
                 raise TypeError(f"processor {type(processor).__name__} has no {name}(); expected a "
                                 f"mmenc.preprocess processor (QwenVLProcessor, KimiProcessor)")
@@ -251,7 +251,8 @@ class Preprocessor:
         """Move the chunk's uint8 images to the device (one pinned buffer), finish them there."""
         failures = sorted(failures, key=lambda f: f.index)
         if self._patchify_in_workers:  # one normalize over the chunk (torch's intra-op threads)
-            pixel_values, grid_thw = finish_patches(self.processor, [r.pixels for r in ready], [r.plan for r in ready])
+            pixel_values, grid_thw = finish_patches(self.processor, [r.pixels for r in ready], [r.plan for r in ready],
+                                                    normalize_parts=self._normalize_parts)
             return Chunk(pixel_values, grid_thw, [r.index for r in ready], failures)
         images: list[torch.Tensor | None] = [None] * len(ready)
         plain = [i for i, r in enumerate(ready) if not r.encoded]
@@ -273,6 +274,15 @@ class Preprocessor:
         pixel_values, grid_thw = self.processor.finish(resized, plans)
         failures = sorted(failures, key=lambda f: f.index)  # nvJPEG fallbacks may have added some
         return Chunk(pixel_values.to(self.device), grid_thw, [ready[i].index for i in keep], failures)
+
+    def _normalize_parts(self, jobs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """normalize each (patches, out rows) pair in the worker threads (CPU device)."""
+        if self.workers == 0 or self._pool is None:
+            for part, dst in jobs:
+                self.processor.normalize(part, out=dst)
+            return
+        for fut in [self._pool.submit(self.processor.normalize, part, out=dst) for part, dst in jobs]:
+            fut.result()
 
     def _prepare_cpu(self, ready: _Ready) -> torch.Tensor | LoadFailure:
         name = input_name(ready.item, ready.index)

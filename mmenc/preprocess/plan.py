@@ -8,7 +8,7 @@ failure under errors="skip" instead of failing the batch.
 """
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -47,16 +47,23 @@ class ImagePlan:
     rows: int
 
 
-def finish_patches(processor: Any, patches: Sequence[torch.Tensor],
-                   plans: Sequence[ImagePlan]) -> tuple[torch.Tensor, torch.Tensor]:
+def finish_patches(processor: Any, patches: Sequence[torch.Tensor], plans: Sequence[ImagePlan], *,
+                   normalize_parts: Callable[[list], Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per image uint8 patches [rows_i, *processor.row_shape] (one device) -> (pixel_values float32,
-    grid_thw int64 [N, 3] on the CPU): one concatenation, one `processor.normalize`."""
+    grid_thw int64 [N, 3] on the CPU). The output is allocated once and each image is normalized
+    into its rows; `normalize_parts(list of (patches_i, out_i))` may do that in parallel (default:
+    one by one), which also spreads the first writes to fresh memory (page faults) over threads."""
     grid_thw = torch.tensor([list(pl.grid) for pl in plans], dtype=torch.int64).reshape(-1, 3)
-    if patches:
-        u8 = torch.cat(list(patches))
+    sizes = [p.shape[0] for p in patches]
+    device = patches[0].device if patches else torch.device("cpu")
+    out = torch.empty((sum(sizes), *processor.row_shape), dtype=torch.float32, device=device)
+    jobs = list(zip(patches, out.split(sizes)))
+    if normalize_parts is not None and len(jobs) > 1:
+        normalize_parts(jobs)
     else:
-        u8 = torch.empty((0, *processor.row_shape), dtype=torch.uint8)
-    return processor.normalize(u8), grid_thw
+        for part, dst in jobs:
+            processor.normalize(part, out=dst)
+    return processor.as_pixel_values(out), grid_thw
 
 
 def input_name(item: Any, index: int | None) -> str:

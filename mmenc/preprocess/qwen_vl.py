@@ -236,18 +236,22 @@ class QwenVLProcessor:
         x = x.unsqueeze(5).expand(gh // m, gw // m, m, m, ch, tp, p, p)  # h/m, w/m, m, m, C, tp, p, p
         return x.reshape(gh * gw, ch, tp * p * p)
 
-    def normalize(self, patches: torch.Tensor) -> torch.Tensor:
-        """uint8 [P, C, tp*p*p] -> pixel_values float32 [P, C*tp*p*p] (rescale + normalize, elementwise
-        with the backend's exact arithmetic, so the same values as `__call__`)."""
+    def normalize(self, patches: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """uint8 [P, C, tp*p*p] -> float32 [P, C, tp*p*p] (into `out` if given): rescale + normalize,
+        elementwise with the backend's exact arithmetic, so the same values as `__call__`."""
         c = self.config
         x = ops.rescale_normalize(patches.unsqueeze(-1), rescale_factor=c.rescale_factor, mean=c.image_mean,
                                   std=c.image_std, do_rescale=c.do_rescale, do_normalize=c.do_normalize,
-                                  backend=c.backend)
-        return x.reshape(patches.shape[0], patches.shape[1] * patches.shape[2])
+                                  backend=c.backend, out=None if out is None else out.unsqueeze(-1))
+        return x.squeeze(-1)
+
+    def as_pixel_values(self, x: torch.Tensor) -> torch.Tensor:
+        """normalize's float32 [P, C, tp*p*p] -> pixel_values [P, C*tp*p*p] (a view)."""
+        return x.reshape(x.shape[0], x.shape[1] * x.shape[2])
 
     def finish(self, images: Sequence[torch.Tensor], plans: Sequence[ImagePlan]) -> tuple[torch.Tensor, torch.Tensor]:
         """Resized uint8 [C, h, w] per image (one device) -> (pixel_values float32 [P, C*tp*p*p] on that
-        device, grid_thw int64 [N, 3] on the CPU): patchify in uint8, then normalize once."""
+        device, grid_thw int64 [N, 3] on the CPU): patchify in uint8, then normalize into one output."""
         return finish_patches(self, [self.patchify(im, pl) for im, pl in zip(images, plans)], plans)
 
     def __call__(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
