@@ -16,6 +16,7 @@ import importlib.util
 import io
 import os
 import statistics
+import threading
 import time
 
 import numpy as np
@@ -66,6 +67,38 @@ def median_ms(fn, reps: int) -> float:
     return statistics.median(times)
 
 
+def thread_split(proc, datas: list[bytes], workers: int, reps: int) -> tuple[float, float]:
+    """CPU ms spent in the worker threads and in the calling thread by one pipeline run (least of
+    `reps`), with one torch thread: how much of the work can spread over cores, whatever the load."""
+    cpu: dict[str, float] = {}
+    with Preprocessor(proc, workers=workers) as pre:
+        def timed(fn):
+            def run(*a, **kw):
+                t0 = time.thread_time()
+                try:
+                    return fn(*a, **kw)
+                finally:
+                    name = threading.current_thread().name
+                    cpu[name] = cpu.get(name, 0.0) + time.thread_time() - t0
+            return run
+
+        pre._prepare = timed(pre._prepare)
+        normalize, proc.normalize = proc.normalize, timed(proc.normalize)
+        best = (float("inf"), 0.0)
+        try:
+            for _ in range(reps):
+                cpu.clear()
+                t0 = time.thread_time()
+                pre.run(datas)
+                calling = time.thread_time() - t0  # all of the calling thread's CPU time
+                in_workers = sum(v for k, v in cpu.items() if k != threading.current_thread().name)
+                if in_workers + calling < sum(best):
+                    best = (in_workers, calling)
+        finally:
+            proc.normalize = normalize
+    return best[0] * 1e3, best[1] * 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
@@ -82,6 +115,7 @@ def main() -> None:
     scale = f" | w={args.workers[-1]} vs w={args.workers[0]}" if len(args.workers) > 1 else ""
     print("| workload | " + " | ".join(f"{c} ms" for c in cols) + " | best pipeline vs sequential" + scale + " |")
     print("|---" * (len(cols) + 2 + bool(scale)) + "|")
+    splits = []
     for name, (count, h, w) in WORKLOADS.items():
         datas = make_jpegs(count, h, w)
         row = {"sequential": median_ms(lambda: proc(datas), args.reps)}
@@ -101,6 +135,16 @@ def main() -> None:
         ratio = (f" | {row[f'pipeline w={args.workers[0]}'] / row[f'pipeline w={args.workers[-1]}']:.2f}x"
                  if scale else "")
         print(f"| {name} | " + " | ".join(f"{row[c]:.1f}" for c in cols) + f" | {row['sequential'] / best:.2f}x{ratio} |")
+        torch.set_num_threads(1)
+        splits.append((name, *thread_split(proc, datas, max(args.workers), args.reps)))
+        torch.set_num_threads(threads)
+    print(f"\n| workload (w={max(args.workers)}, 1 torch thread) | CPU ms in workers | CPU ms in calling thread | "
+          f"parallel fraction | Amdahl bound on {max(args.workers)} cores |")
+    print("|---|---|---|---|---|")
+    for name, in_workers, calling in splits:
+        frac = in_workers / (in_workers + calling)
+        bound = 1 / ((1 - frac) + frac / max(args.workers))
+        print(f"| {name} | {in_workers:.0f} | {calling:.0f} | {frac:.2f} | {bound:.2f}x |")
 
 
 if __name__ == "__main__":
