@@ -183,7 +183,7 @@ class Preprocessor:
             data = bytes(item)
         else:
             return None
-        limit = load_image_limit(self.max_pixels)
+        limit = _pixel_limit(self.max_pixels)
         if (size := gpu_decode.probe_jpeg(data, limit)) is None:
             return None
         plan = self.processor.plan(size[0], size[1], index=index, name=name)
@@ -250,7 +250,7 @@ class Preprocessor:
     def _stage(self, ready: list[_Ready], failures: list[LoadFailure]) -> Chunk:
         """Move the chunk's uint8 images to the device (one pinned buffer), finish them there."""
         failures = sorted(failures, key=lambda f: f.index)
-        if self._patchify_in_workers:  # one normalize over the chunk (torch's intra-op threads)
+        if self._patchify_in_workers:  # the workers normalize each image into its rows of one output
             pixel_values, grid_thw = finish_patches(self.processor, [r.pixels for r in ready], [r.plan for r in ready],
                                                     normalize_parts=self._normalize_parts)
             return Chunk(pixel_values, grid_thw, [r.index for r in ready], failures)
@@ -293,7 +293,7 @@ class Preprocessor:
         return _to_device([_chw(array)], self.device)[0]
 
 
-def load_image_limit(max_pixels: int | None) -> int | None:
+def _pixel_limit(max_pixels: int | None) -> int | None:
     """The pixel limit `load_image(max_pixels=...)` applies (-1: PIL's MAX_IMAGE_PIXELS now)."""
     from PIL import Image
 
