@@ -160,3 +160,43 @@ def test_from_hf_and_registry_errors():
         get_processor("qwen2_vl", backend="cuda")
     with pytest.raises(ValueError, match="patch_size=0"):
         get_processor("glm4v", {"patch_size": 0})
+
+
+# -- the parallel pipeline (mmenc.preprocess.pipeline) against transformers ---------------------------
+def _pipeline(kind, cfg, device="cpu", **overrides):
+    from mmenc.preprocess.pipeline import Preprocessor
+
+    with Preprocessor(get_processor(kind, cfg, **overrides), device=device, workers=2) as pre:
+        pv, grid, failures = pre.run(_images())
+    assert failures == []
+    return pv.cpu(), grid
+
+
+def _report(kind, hf_out, ours, std):
+    """Compare like _compare and print the max difference, also in uint8 levels (diff * 255 * std)."""
+    _compare(hf_out, ours)
+    err = (ours[0] - hf_out["pixel_values"]).abs().max().item()
+    print(f"{kind}: pipeline vs transformers max abs diff {err} ({err * 255 * max(std):.3f} uint8 levels)")
+
+
+@pytest.mark.parametrize("kind,module,cls,cfg", PIL_CASES, ids=[c[0] for c in PIL_CASES])
+def test_pipeline_matches_transformers_pil(kind, module, cls, cfg):
+    hf = _hf(module, cls)(**cfg)
+    _report(kind, hf(images=_images(), return_tensors="pt"), _pipeline(kind, cfg, backend="pil"), hf.image_std)
+
+
+@needs_tv
+@pytest.mark.parametrize("kind,module,cls,cfg", TV_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(TV_CASES)])
+def test_pipeline_matches_transformers_default(kind, module, cls, cfg):
+    hf = _hf(module, cls)(**cfg)
+    _report(kind, hf(images=_images(), return_tensors="pt"), _pipeline(kind, cfg), hf.image_std)
+
+
+@pytest.mark.gpu
+@needs_tv
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind,module,cls,cfg", TV_CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(TV_CASES)])
+def test_pipeline_on_cuda_matches_transformers_default_on_cpu(kind, module, cls, cfg):
+    """Resize (exact uint8 kernel) and normalize on the GPU: still transformers' CPU output, bit for bit."""
+    hf = _hf(module, cls)(**cfg)
+    _report(kind, hf(images=_images(), return_tensors="pt"), _pipeline(kind, cfg, device="cuda"), hf.image_std)

@@ -4,6 +4,9 @@ A processor is built from a preprocessor_config.json dict ({} or None for transf
     proc = get_processor("qwen2_5_vl", config_dict)      # or qwen2_5_vl_from_hf(config_dict)
     pixel_values, grid_thw = proc(images)                # paths, bytes, PIL or numpy
     pixel_values, grid_thw = proc.preprocess_video(frames)
+Many images, in parallel, per image (a bad one fails alone), finished on the tower's device:
+    pre = Preprocessor(proc, device="cuda")              # mmenc.preprocess.pipeline
+    pixel_values, grid_thw, failures = pre.run(images, errors="skip")
 Each family's `*_from_hf` is a `dict -> processor` callable for ModelSpec.processor_from_hf.
 """
 from collections.abc import Callable, Mapping
@@ -11,6 +14,8 @@ from typing import Any
 
 from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image, load_images
 from mmenc.preprocess.kimi import KimiProcessor, KimiProcessorConfig, kimi_k25_from_hf
+from mmenc.preprocess.pipeline import Chunk, Preprocessed, Preprocessor
+from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
 from mmenc.preprocess.qwen_vl import (
     QwenVLProcessor,
     QwenVLProcessorConfig,
@@ -42,6 +47,7 @@ def get_processor(kind: str, config: Mapping[str, Any] | None = None,
 
 __all__ = [
     "ImageLoadError", "LoadFailure", "load_image", "load_images",
+    "ImagePlan", "ImagePreprocessError", "Preprocessor", "Preprocessed", "Chunk",
     "QwenVLProcessor", "QwenVLProcessorConfig", "KimiProcessor", "KimiProcessorConfig",
     "qwen2_vl_from_hf", "qwen2_5_vl_from_hf", "qwen3_vl_from_hf", "glm4v_from_hf", "kimi_k25_from_hf",
     "PROCESSORS", "get_processor",

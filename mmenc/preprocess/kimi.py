@@ -20,6 +20,8 @@ import torch.nn.functional as F
 
 from mmenc.preprocess import ops
 from mmenc.preprocess.images import load_image, process_by_size
+from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, finish_patches
+from mmenc.preprocess.resize_exact import resize_uint8_exact
 
 
 def navit_resize(height: int, width: int, patch_size: int, merge_size: int, max_patches: int,
@@ -94,12 +96,17 @@ class KimiProcessor:
 
     def _process(self, x: torch.Tensor, max_patches: int) -> tuple[torch.Tensor, int, int]:
         """uint8 [B, C, H, W] (same size) -> float32 [B, gh*gw, C, p, p], gh, gw."""
-        c, p = self.config, self.config.patch_size
+        c = self.config
         if c.do_resize:
-            (h, w), (ph, pw) = navit_resize(x.shape[-2], x.shape[-1], p, c.merge_size, max_patches,
+            (h, w), (ph, pw) = navit_resize(x.shape[-2], x.shape[-1], c.patch_size, c.merge_size, max_patches,
                                             c.max_size_per_side)
             x = ops.resize_uint8(x, h, w, c.backend)
             x = F.pad(x, (0, pw - w, 0, ph - h))  # zeros, bottom/right
+        return self._patchify(x)
+
+    def _patchify(self, x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+        """uint8 [B, C, H, W] (padded) -> float32 [B, gh*gw, C, p, p], gh, gw."""
+        c, p = self.config, self.config.patch_size
         x = ops.rescale_normalize(x, rescale_factor=c.rescale_factor, mean=c.image_mean, std=c.image_std,
                                   do_rescale=c.do_rescale, do_normalize=c.do_normalize, backend=c.backend)
         b, ch, h, w = x.shape
@@ -108,6 +115,60 @@ class KimiProcessor:
         gh, gw = h // p, w // p
         x = x.view(b, ch, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5)  # b, gh, gw, C, p, p
         return x.reshape(b, gh * gw, ch, p, p), gh, gw
+
+    # -- per image: plan (size only) -> resize_one (a worker thread or the GPU) -> finish (device) --
+    def plan(self, height: int, width: int, *, index: int | None = None, name: str | None = None) -> ImagePlan:
+        """What preprocessing does to one image of height x width, or ImagePreprocessError naming it."""
+        c, p = self.config, self.config.patch_size
+        if c.do_resize:
+            (h, w), (ph, pw) = navit_resize(height, width, p, c.merge_size, c.max_patches, c.max_size_per_side)
+        else:
+            (h, w), (ph, pw) = (height, width), (height, width)
+            if h % p or w % p:
+                raise ImagePreprocessError(f"size {h}x{w} is not a multiple of patch_size={p}; keep "
+                                           f"do_resize=True", index=index, name=name)
+        return ImagePlan(size=(height, width), resize=(h, w), padded=(ph, pw), grid=(1, ph // p, pw // p),
+                         rows=(ph // p) * (pw // p))
+
+    def resize_one(self, image: torch.Tensor, plan: ImagePlan) -> torch.Tensor:
+        """uint8 [C, H, W] -> uint8 [C, *plan.padded] (resized, then zero-padded bottom/right); off
+        the CPU the resize is `resize_uint8_exact` (the CPU kernel's bytes)."""
+        if not self.config.do_resize:
+            return image
+        (h, w), (ph, pw) = plan.resize, plan.padded
+        if image.device.type != "cpu" and self.config.backend == "torchvision":
+            x = resize_uint8_exact(image, h, w)
+        else:
+            x = ops.resize_uint8(image[None], h, w, self.config.backend)[0]
+        return F.pad(x, (0, pw - w, 0, ph - h))
+
+    @property
+    def row_shape(self) -> tuple[int, int, int]:
+        """Shape of one row of `patchify`'s output: (C, p, p)."""
+        return len(self.config.image_mean), self.config.patch_size, self.config.patch_size
+
+    def patchify(self, image: torch.Tensor, plan: ImagePlan) -> torch.Tensor:
+        """Padded uint8 [C, h, w] -> uint8 [gh*gw, C, p, p], patches in row-major order."""
+        p = self.config.patch_size
+        ch, h, w = image.shape
+        x = image.contiguous().view(ch, h // p, p, w // p, p).permute(1, 3, 0, 2, 4)  # gh, gw, C, p, p
+        return x.reshape((h // p) * (w // p), ch, p, p)
+
+    def normalize(self, patches: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """uint8 [P, C, p, p] -> float32 [P, C, p, p] (into `out` if given; the same values as `__call__`)."""
+        c = self.config
+        return ops.rescale_normalize(patches, rescale_factor=c.rescale_factor, mean=c.image_mean, std=c.image_std,
+                                     do_rescale=c.do_rescale, do_normalize=c.do_normalize, backend=c.backend,
+                                     out=out)
+
+    def as_pixel_values(self, x: torch.Tensor) -> torch.Tensor:
+        """normalize's output is already transformers' layout [P, C, p, p]."""
+        return x
+
+    def finish(self, images: Sequence[torch.Tensor], plans: Sequence[ImagePlan]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Padded uint8 [C, h, w] per image -> (pixel_values float32 [P, C, p, p] on their device,
+        grid_thw int64 [N, 3] on the CPU)."""
+        return finish_patches(self, [self.patchify(im, pl) for im, pl in zip(images, plans)], plans)
 
     def __call__(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         def process(arrays):

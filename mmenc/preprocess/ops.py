@@ -56,8 +56,10 @@ def rescale_normalize(
     do_rescale: bool,
     do_normalize: bool,
     backend: str,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """uint8 [..., C, H, W] -> float32 [..., C, H, W] with the backend's exact arithmetic."""
+    """uint8 [..., C, H, W] -> float32 [..., C, H, W] with the backend's exact arithmetic.
+    out: a float32 tensor of the same shape to write into (returned)."""
     c = images.shape[-3]
     if backend == "pil":
         x = images.double() * rescale_factor if do_rescale else images
@@ -66,15 +68,17 @@ def rescale_normalize(
             m = torch.tensor(mean, dtype=torch.float32, device=x.device).view(c, 1, 1)
             s = torch.tensor(std, dtype=torch.float32, device=x.device).view(c, 1, 1)
             x = (x - m) / s
-        return x
-    x = images.float()
+        return x if out is None else out.copy_(x)
     if do_normalize:
-        m = torch.tensor(mean, device=x.device)
-        s = torch.tensor(std, device=x.device)
+        m = torch.tensor(mean, device=images.device)
+        s = torch.tensor(std, device=images.device)
         if do_rescale:  # transformers fuses the rescale into mean/std
             m, s = m * (1.0 / rescale_factor), s * (1.0 / rescale_factor)
-        return (x - m.view(c, 1, 1)) / s.view(c, 1, 1)
-    return x * rescale_factor if do_rescale else x
+        # (float(x) - m) / s in float32, written once: uint8 - float32 promotes to float32
+        return torch.sub(images, m.view(c, 1, 1), out=out).div_(s.view(c, 1, 1))
+    x = images.float()
+    x = x * rescale_factor if do_rescale else x
+    return x if out is None else out.copy_(x)
 
 
 def stack_hwc(images: Sequence[np.ndarray], device: torch.device | str | None = None) -> torch.Tensor:

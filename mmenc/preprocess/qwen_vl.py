@@ -12,6 +12,7 @@ Qwen2VL / Qwen3VL / Glm4v video processors) and differ only in constants:
   4. patches in (t, h/m, w/m, m, m) order, each flattened as (C, tp, p, p).
 
 Output: pixel_values float32 [sum_i t_i*h_i*w_i, C*tp*p*p], grid_thw int64 [N, 3], input order.
+Per image (what mmenc.preprocess.pipeline uses): `plan` -> `resize_one` -> `finish`.
 """
 import dataclasses
 import math
@@ -23,6 +24,8 @@ import torch
 
 from mmenc.preprocess import ops
 from mmenc.preprocess.images import load_image, process_by_size
+from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, finish_patches
+from mmenc.preprocess.resize_exact import resize_uint8_exact
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -188,6 +191,68 @@ class QwenVLProcessor:
         x = x.view(b, gt, tp, ch, gh // m, m, p, gw // m, m, p)
         x = x.permute(0, 1, 4, 7, 5, 8, 3, 2, 6, 9)  # b, t, h/m, w/m, m, m, C, tp, p, p
         return x.reshape(b, gt * gh * gw, ch * tp * p * p), [gt, gh, gw]
+
+    # -- per image: plan (size only) -> resize_one (a worker thread or the GPU) -> finish (device) --
+    def plan(self, height: int, width: int, *, index: int | None = None, name: str | None = None) -> ImagePlan:
+        """What preprocessing does to one still image of height x width; raises ImagePreprocessError
+        (naming `name` / image #index) if it cannot be preprocessed (e.g. aspect ratio over 200)."""
+        c = self.config
+        try:
+            h, w = self.target_size(height, width) if c.do_resize else (height, width)
+        except ValueError as e:
+            raise ImagePreprocessError(str(e), index=index, name=name) from e
+        if h % c.factor or w % c.factor:
+            raise ImagePreprocessError(f"size {h}x{w} is not a multiple of patch_size*merge_size={c.factor}; "
+                                       f"keep do_resize=True or pass images of such sizes", index=index, name=name)
+        p = c.patch_size
+        return ImagePlan(size=(height, width), resize=(h, w), padded=(h, w), grid=(1, h // p, w // p),
+                         rows=(h // p) * (w // p))
+
+    def resize_one(self, image: torch.Tensor, plan: ImagePlan) -> torch.Tensor:
+        """uint8 [C, H, W] -> uint8 [C, *plan.padded]. On the CPU: the processor's backend, as
+        `__call__` does; on another device (backend "torchvision"): `resize_uint8_exact`, the same
+        bytes as torch's CPU kernel (so the same result as on the CPU, not torch's float GPU path)."""
+        h, w = plan.resize
+        if not self.config.do_resize:
+            return image
+        if image.device.type != "cpu" and self.config.backend == "torchvision":
+            return resize_uint8_exact(image, h, w)
+        return ops.resize_uint8(image[None], h, w, self.config.backend)[0]
+
+    @property
+    def row_shape(self) -> tuple[int, int]:
+        """Shape of one row of `patchify`'s output: (C, tp*p*p)."""
+        c = self.config
+        return len(c.image_mean), c.temporal_patch_size * c.patch_size ** 2
+
+    def patchify(self, image: torch.Tensor, plan: ImagePlan) -> torch.Tensor:
+        """Resized uint8 [C, h, w] -> uint8 [rows, C, tp*p*p]: patches in (h/m, w/m, m, m) order, each
+        (C, tp, p, p) with the still image repeated tp times (one copy; still uint8)."""
+        c = self.config
+        p, m, tp = c.patch_size, c.merge_size, c.temporal_patch_size
+        ch, h, w = image.shape
+        gh, gw = h // p, w // p
+        x = image.contiguous().view(ch, gh // m, m, p, gw // m, m, p).permute(1, 4, 2, 5, 0, 3, 6)
+        x = x.unsqueeze(5).expand(gh // m, gw // m, m, m, ch, tp, p, p)  # h/m, w/m, m, m, C, tp, p, p
+        return x.reshape(gh * gw, ch, tp * p * p)
+
+    def normalize(self, patches: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """uint8 [P, C, tp*p*p] -> float32 [P, C, tp*p*p] (into `out` if given): rescale + normalize,
+        elementwise with the backend's exact arithmetic, so the same values as `__call__`."""
+        c = self.config
+        x = ops.rescale_normalize(patches.unsqueeze(-1), rescale_factor=c.rescale_factor, mean=c.image_mean,
+                                  std=c.image_std, do_rescale=c.do_rescale, do_normalize=c.do_normalize,
+                                  backend=c.backend, out=None if out is None else out.unsqueeze(-1))
+        return x.squeeze(-1)
+
+    def as_pixel_values(self, x: torch.Tensor) -> torch.Tensor:
+        """normalize's float32 [P, C, tp*p*p] -> pixel_values [P, C*tp*p*p] (a view)."""
+        return x.reshape(x.shape[0], x.shape[1] * x.shape[2])
+
+    def finish(self, images: Sequence[torch.Tensor], plans: Sequence[ImagePlan]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Resized uint8 [C, h, w] per image (one device) -> (pixel_values float32 [P, C*tp*p*p] on that
+        device, grid_thw int64 [N, 3] on the CPU): patchify in uint8, then normalize into one output."""
+        return finish_patches(self, [self.patchify(im, pl) for im, pl in zip(images, plans)], plans)
 
     def __call__(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """images: list of inputs -> (pixel_values float32 [P, C*tp*p*p], grid_thw int64 [N, 3])."""

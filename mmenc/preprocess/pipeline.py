@@ -1,0 +1,321 @@
+"""Preprocessing that keeps up: images decoded and resized in parallel, per image, beside the tower.
+
+    pre = Preprocessor(processor, device="cuda")          # workers: one thread per usable core
+    out = pre.run(images, errors="skip")                   # (pixel_values, grid_thw, failures)
+    for chunk in pre.iter_chunks(images, max_batch_patches=1 << 16):   # streaming, bounded memory
+        tower(chunk.pixel_values, chunk.grid_thw)          # chunk.indices: their input positions
+
+Per image, in a thread pool (PIL's decoder and torch's resize release the GIL): load/decode
+(`load_image`), `processor.plan` (size rules; a bad size fails that image only), and the bicubic
+resize on the CPU. Per chunk, in the calling thread: the resized uint8 images cross to `device`
+through one pinned buffer (a quarter of the bytes float32 would take) and `processor.finish`
+rescales, normalizes and patchifies them there. Output order is input order.
+
+Where the work runs (`resize`, `decode`; "auto" picks):
+  resize="cpu": in the workers. resize="device": on `device` with `resize_uint8_exact` (the CPU
+    kernel's bytes; float32 would drift); the original uint8 image crosses instead.
+    auto: "device" on CUDA when the backend is "torchvision", else "cpu".
+  decode="gpu": colour JPEGs are decoded by nvJPEG on `device` (needs torchvision; implies
+    resize="device"); other inputs, and any JPEG nvJPEG refuses, are decoded on the CPU.
+    auto: "cpu", because nvJPEG's pixels are not libjpeg-turbo's (docs/preprocessing.md).
+With resize="cpu" the result is bitwise the processor's own `__call__` on the CPU; with
+resize="device" likewise for the "torchvision" backend (tests/test_preprocess_pipeline.py).
+"""
+import collections
+import dataclasses
+import os
+import pathlib
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+import torch
+
+from mmenc.preprocess import gpu_decode
+from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image
+from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, finish_patches, input_name
+
+
+def default_workers() -> int:
+    """Threads for decode+resize: the cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+class Preprocessed(NamedTuple):
+    """`Preprocessor.run`'s result. pixel_values: float32 on the device ([P, D], Kimi [P, C, p, p]);
+    grid_thw: int64 [n, 3] on the CPU; failures: LoadFailure per input that failed (errors="skip")."""
+
+    pixel_values: torch.Tensor
+    grid_thw: torch.Tensor
+    failures: list[LoadFailure]
+
+
+class Chunk(NamedTuple):
+    """One ready batch of `iter_chunks`: as Preprocessed, plus indices (the input positions of its n
+    images, ascending). failures: inputs skipped since the previous chunk. n may be 0."""
+
+    pixel_values: torch.Tensor
+    grid_thw: torch.Tensor
+    indices: list[int]
+    failures: list[LoadFailure]
+
+
+@dataclasses.dataclass
+class _Ready:
+    index: int
+    item: Any
+    plan: ImagePlan
+    pixels: torch.Tensor  # uint8 [C, h, w]: resized (resize="cpu") or as decoded; or encoded JPEG bytes [n]
+    encoded: bool = False
+
+
+class Preprocessor:
+    """Runs a processor (`plan`, `resize_one`, `patchify`, `normalize`, ...: QwenVLProcessor, KimiProcessor)
+    over many images in parallel. See the module docstring; close() (or `with`) stops the threads."""
+
+    def __init__(self, processor: Any, *, device: str | torch.device | None = None, workers: int | None = None,
+                 resize: Literal["auto", "cpu", "device"] = "auto", decode: Literal["auto", "cpu", "gpu"] = "auto",
+                 max_pixels: int | None = -1, prefetch_chunks: int = 2):
+        """workers: decode/resize threads (None: default_workers(); 0: run in the calling thread).
+        max_pixels: decompression-bomb limit of `load_image`. prefetch_chunks: how many chunks
+        `iter_chunks` lets the workers prepare ahead of the one being consumed (memory bound)."""
+        for name in ("plan", "resize_one", "patchify", "normalize", "as_pixel_values", "finish"):
+            if not callable(getattr(processor, name, None)):
+                raise TypeError(f"processor {type(processor).__name__} has no {name}(); expected a "
+                                f"mmenc.preprocess processor (QwenVLProcessor, KimiProcessor)")
+        if workers is not None and workers < 0:
+            raise ValueError(f"workers={workers} must be >= 0 (0: no threads) or None (one per core)")
+        if prefetch_chunks < 1:
+            raise ValueError(f"prefetch_chunks={prefetch_chunks} must be >= 1")
+        self.processor = processor
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.workers = default_workers() if workers is None else workers
+        self.max_pixels = max_pixels
+        self.prefetch_chunks = prefetch_chunks
+        self.decode = self._choose_decode(decode)
+        self.resize = self._choose_resize(resize)
+        self._patchify_in_workers = self.device.type == "cpu" and self.resize == "cpu"
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _choose_decode(self, decode: str) -> str:
+        if decode not in ("auto", "cpu", "gpu"):
+            raise ValueError(f"decode={decode!r}; expected 'auto', 'cpu' or 'gpu'")
+        if decode == "gpu" and (reason := gpu_decode.unavailable_reason(self.device)):
+            raise ValueError(f"decode='gpu' cannot run: {reason}; use decode='cpu'")
+        return "cpu" if decode == "auto" else decode
+
+    def _choose_resize(self, resize: str) -> str:
+        if resize not in ("auto", "cpu", "device"):
+            raise ValueError(f"resize={resize!r}; expected 'auto', 'cpu' or 'device'")
+        backend = getattr(getattr(self.processor, "config", None), "backend", "torchvision")
+        if self.decode == "gpu" or (resize == "auto" and self.device.type == "cuda" and backend == "torchvision"):
+            return "device"
+        return "cpu" if resize == "auto" else resize
+
+    # -- public ------------------------------------------------------------------------------
+    def run(self, items: Iterable[Any], errors: Literal["raise", "skip"] = "raise") -> Preprocessed:
+        """All images -> (pixel_values on the device, grid_thw int64 [n, 3], failures).
+
+        errors="raise": every input is tried, then one ImageLoadError lists every failure (index,
+        name, reason). errors="skip": failures (LoadFailure) are returned; the n images that
+        worked are the inputs whose index is not among them, in input order."""
+        _check_errors(errors)
+        chunks = list(self._chunks(items, max_batch_patches=None))
+        failures = [f for c in chunks for f in c.failures]
+        if failures and errors == "raise":
+            lines = "\n".join(f"  [{f.index}] {f.message}" for f in failures)
+            total = sum(len(c.indices) for c in chunks) + len(failures)
+            raise ImageLoadError(f"{len(failures)} of {total} images failed to preprocess:\n{lines}")
+        return Preprocessed(chunks[0].pixel_values, chunks[0].grid_thw, failures)
+
+    def iter_chunks(self, items: Iterable[Any], *, max_batch_patches: int,
+                    errors: Literal["raise", "skip"] = "raise") -> Iterator[Chunk]:
+        """Chunks of whole images of at most max_batch_patches rows each (an image larger than that
+        is a chunk alone), in input order, prepared by the workers while the caller uses the
+        previous one. errors="raise" raises ImagePreprocessError at the first failing input (after
+        the chunks before it were yielded); "skip" reports failures in the chunks."""
+        _check_errors(errors)
+        if max_batch_patches < 1:
+            raise ValueError(f"max_batch_patches={max_batch_patches} must be >= 1")
+        for chunk in self._chunks(items, max_batch_patches=max_batch_patches, raise_first=errors == "raise"):
+            yield chunk
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- per image (worker threads) ----------------------------------------------------------
+    def _prepare(self, index: int, item: Any) -> _Ready | LoadFailure:
+        name = input_name(item, index)
+        try:
+            if self.decode == "gpu" and (ready := self._prepare_jpeg(index, item, name)) is not None:
+                return ready
+            array = load_image(item, index=index, max_pixels=self.max_pixels)  # RGB uint8 [H, W, 3]
+            plan = self.processor.plan(array.shape[0], array.shape[1], index=index, name=name)
+            pixels = _chw(array)
+            if self.resize == "cpu":
+                pixels = self.processor.resize_one(pixels, plan).contiguous()
+            if self._patchify_in_workers:  # nothing crosses: patchify here too, in parallel
+                pixels = self.processor.patchify(pixels, plan)
+            return _Ready(index, item, plan, pixels)
+        except ImageLoadError as e:  # includes ImagePreprocessError
+            message = str(e) if str(e).startswith(name) else f"{name}: {e}"
+            return LoadFailure(index, name, message)
+
+    def _prepare_jpeg(self, index: int, item: Any, name: str) -> _Ready | None:
+        if isinstance(item, (str, pathlib.Path)):
+            try:
+                data = pathlib.Path(item).read_bytes()
+            except OSError:
+                return None  # load_image reports it
+        elif isinstance(item, (bytes, bytearray, memoryview)):
+            data = bytes(item)
+        else:
+            return None
+        limit = _pixel_limit(self.max_pixels)
+        if (size := gpu_decode.probe_jpeg(data, limit)) is None:
+            return None
+        plan = self.processor.plan(size[0], size[1], index=index, name=name)
+        return _Ready(index, item, plan, torch.frombuffer(bytearray(data), dtype=torch.uint8), encoded=True)
+
+    # -- ordering, chunking, staging (calling thread) ---------------------------------------------
+    def _chunks(self, items: Iterable[Any], *, max_batch_patches: int | None,
+                raise_first: bool = False) -> Iterator[Chunk]:
+        source = enumerate(items)
+        pending: collections.deque[Future] = collections.deque()
+        ready: list[_Ready] = []
+        failures: list[LoadFailure] = []
+        rows, done_rows, done = 0, 0, 0
+        exhausted = False
+        try:
+            while True:
+                mean_rows = done_rows / done if done else 0.0
+                while not exhausted and self._want_more(len(pending), mean_rows, max_batch_patches):
+                    nxt = next(source, None)
+                    if nxt is None:
+                        exhausted = True
+                    else:
+                        pending.append(self._submit(*nxt))
+                if not pending:
+                    break
+                res = pending.popleft().result()
+                if isinstance(res, LoadFailure):
+                    if raise_first:
+                        if ready:  # what came before the failure is still delivered
+                            yield self._stage(ready, failures)
+                            ready = []
+                        raise ImagePreprocessError(res.message.removeprefix(f"{res.name}: "), index=res.index,
+                                                   name=res.name)
+                    failures.append(res)
+                    continue
+                done, done_rows = done + 1, done_rows + res.plan.rows
+                if ready and max_batch_patches is not None and rows + res.plan.rows > max_batch_patches:
+                    yield self._stage(ready, failures)
+                    ready, failures, rows = [], [], 0
+                ready.append(res)
+                rows += res.plan.rows
+            if ready or failures or max_batch_patches is None:
+                yield self._stage(ready, failures)
+        finally:
+            for f in pending:
+                f.cancel()
+
+    def _want_more(self, n_pending: int, mean_rows: float, max_batch_patches: int | None) -> bool:
+        """Submit another image? Always for run(); else keep every worker busy (2 images each) and
+        stay under prefetch_chunks chunks in flight, estimated from the images seen so far."""
+        if max_batch_patches is None or n_pending < 2 * max(self.workers, 1):
+            return True
+        return 0 < mean_rows and n_pending * mean_rows < self.prefetch_chunks * max_batch_patches
+
+    def _submit(self, index: int, item: Any) -> Future:
+        if self.workers == 0:
+            fut: Future = Future()
+            fut.set_result(self._prepare(index, item))
+            return fut
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="mmenc-preprocess")
+        return self._pool.submit(self._prepare, index, item)
+
+    def _stage(self, ready: list[_Ready], failures: list[LoadFailure]) -> Chunk:
+        """Move the chunk's uint8 images to the device (one pinned buffer), finish them there."""
+        failures = sorted(failures, key=lambda f: f.index)
+        if self._patchify_in_workers:  # the workers normalize each image into its rows of one output
+            pixel_values, grid_thw = finish_patches(self.processor, [r.pixels for r in ready], [r.plan for r in ready],
+                                                    normalize_parts=self._normalize_parts)
+            return Chunk(pixel_values, grid_thw, [r.index for r in ready], failures)
+        images: list[torch.Tensor | None] = [None] * len(ready)
+        plain = [i for i, r in enumerate(ready) if not r.encoded]
+        for i, t in zip(plain, _to_device([ready[i].pixels for i in plain], self.device)):
+            images[i] = t
+        jpegs = [i for i, r in enumerate(ready) if r.encoded]
+        for i, t in zip(jpegs, gpu_decode.decode_jpegs([ready[i].pixels for i in jpegs], self.device)):
+            if t is None:  # nvJPEG refused it: the CPU path decodes it (or names the failure)
+                res = self._prepare_cpu(ready[i])
+                if isinstance(res, LoadFailure):
+                    failures.append(res)
+                    continue
+                t = res
+            images[i] = t
+        keep = [i for i, t in enumerate(images) if t is not None]
+        plans = [ready[i].plan for i in keep]
+        resized = [images[i] if (self.resize == "cpu" and not ready[i].encoded)
+                   else self.processor.resize_one(images[i], ready[i].plan) for i in keep]
+        pixel_values, grid_thw = self.processor.finish(resized, plans)
+        failures = sorted(failures, key=lambda f: f.index)  # nvJPEG fallbacks may have added some
+        return Chunk(pixel_values.to(self.device), grid_thw, [ready[i].index for i in keep], failures)
+
+    def _normalize_parts(self, jobs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """normalize each (patches, out rows) pair in the worker threads (CPU device)."""
+        if self.workers == 0 or self._pool is None:
+            for part, dst in jobs:
+                self.processor.normalize(part, out=dst)
+            return
+        for fut in [self._pool.submit(self.processor.normalize, part, out=dst) for part, dst in jobs]:
+            fut.result()
+
+    def _prepare_cpu(self, ready: _Ready) -> torch.Tensor | LoadFailure:
+        name = input_name(ready.item, ready.index)
+        try:
+            array = load_image(ready.item, index=ready.index, max_pixels=self.max_pixels)
+        except ImageLoadError as e:
+            return LoadFailure(ready.index, name, str(e))
+        return _to_device([_chw(array)], self.device)[0]
+
+
+def _pixel_limit(max_pixels: int | None) -> int | None:
+    """The pixel limit `load_image(max_pixels=...)` applies (-1: PIL's MAX_IMAGE_PIXELS now)."""
+    from PIL import Image
+
+    return Image.MAX_IMAGE_PIXELS if max_pixels == -1 else max_pixels
+
+
+def _chw(array: np.ndarray) -> torch.Tensor:
+    """RGB uint8 [H, W, C] (read-only from PIL is fine) -> a new contiguous uint8 tensor [C, H, W]."""
+    return torch.from_numpy(array.transpose(2, 0, 1).copy())  # a copy: writable, C order
+
+
+def _to_device(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """CPU uint8 tensors -> the same on `device`; through one pinned buffer and one copy on CUDA."""
+    if device.type == "cpu" or not tensors:
+        return tensors
+    sizes = [t.numel() for t in tensors]
+    staging = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=device.type == "cuda")
+    torch.cat([t.reshape(-1) for t in tensors], out=staging)
+    flat = staging.to(device, non_blocking=True)
+    return [piece.view(t.shape) for piece, t in zip(flat.split(sizes), tensors)]
+
+
+def _check_errors(errors: str) -> None:
+    if errors not in ("raise", "skip"):
+        raise ValueError(f"errors={errors!r} not supported; expected 'raise' or 'skip'")

@@ -1,0 +1,281 @@
+"""Parallel per-image preprocessing (mmenc.preprocess.pipeline): bitwise the sequential processor,
+input order, per-image failures, chunking with bounded look-ahead; the exact uint8 resize; GPU paths."""
+import importlib.util
+import io
+import threading
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from mmenc.preprocess import ImageLoadError, get_processor
+from mmenc.preprocess.pipeline import Preprocessor, default_workers
+from mmenc.preprocess.plan import ImagePreprocessError
+from mmenc.preprocess.resize_exact import resize_uint8_exact
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+needs_tv = pytest.mark.skipif(importlib.util.find_spec("torchvision") is None, reason="needs torchvision")
+
+FAMILIES = [("qwen2_vl", {}, {}), ("qwen3_vl", {}, {}), ("glm4v", {}, {}), ("kimi_k25", {}, {}),
+            ("qwen2_vl", {}, {"backend": "pil"}),
+            ("kimi_k25", {"max_patches": 300, "size": {"max_height": 20, "max_width": 20}}, {})]
+FAMILY_IDS = ["qwen2_vl", "qwen3_vl", "glm4v", "kimi_k25", "qwen2_vl-pil", "kimi_k25-small"]
+
+
+def _jpeg(a: np.ndarray, quality: int = 90) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def _smooth(rng, h: int, w: int) -> np.ndarray:
+    """Photo-like: bicubic-upscaled noise plus a little grain."""
+    coarse = rng.integers(0, 256, (h // 16 + 2, w // 16 + 2, 3), dtype=np.uint8)
+    a = np.asarray(Image.fromarray(coarse).resize((w, h), Image.Resampling.BICUBIC)).astype(np.int16)
+    return np.clip(a + rng.integers(-6, 7, a.shape), 0, 255).astype(np.uint8)
+
+
+def _inputs(tmp_path):
+    """Mixed inputs: PIL, numpy, PNG path, JPEG bytes, sizes needing up/down-scaling, a repeated size."""
+    rng = np.random.default_rng(0)
+    sizes = [(33, 97), (97, 33), (224, 224), (500, 301), (1, 1), (28, 28), (12, 700), (640, 480)]
+    ims = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
+    ims[2].save(tmp_path / "c.png")
+    return ims + [tmp_path / "c.png", _jpeg(_smooth(rng, 300, 200)), np.asarray(ims[0]), ims[3]]
+
+
+# -- the exact resize ----------------------------------------------------------------------------
+RESIZES = [((1036, 1036), (448, 448)), ((333, 517), (812, 812)), ((97, 33), (28, 56)), ((1, 1), (28, 28)),
+           ((12, 700), (28, 1400)), ((500, 301), (500, 280)), ((300, 300), (301, 299)), ((2000, 1500), (100, 75))]
+
+
+@pytest.mark.parametrize("src,dst", RESIZES, ids=[f"{s[0]}x{s[1]}-{d[0]}x{d[1]}" for s, d in RESIZES])
+def test_exact_resize_is_torch_cpu_uint8_kernel(src, dst):
+    x = torch.randint(0, 256, (2, 3, *src), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    ref = F.interpolate(x, size=dst, mode="bicubic", antialias=True, align_corners=False)
+    out = resize_uint8_exact(x, *dst)
+    assert out.dtype == torch.uint8 and out.shape == ref.shape
+    assert torch.equal(out, ref), f"max diff {(out.int() - ref.int()).abs().max().item()} levels, expected 0"
+
+
+def test_exact_resize_needs_uint8():
+    with pytest.raises(ValueError, match="needs uint8 images, got torch.float32"):
+        resize_uint8_exact(torch.zeros(3, 4, 4), 2, 2)
+
+
+# -- bitwise the sequential processor ----------------------------------------------------------------
+@pytest.mark.parametrize("kind,cfg,overrides", FAMILIES, ids=FAMILY_IDS)
+def test_pipeline_bitwise_equals_sequential(tmp_path, kind, cfg, overrides):
+    ims = _inputs(tmp_path)
+    proc = get_processor(kind, cfg, **overrides)
+    ref_pv, ref_grid = proc(ims)
+    for workers in (0, 1, 2):
+        for resize in ("cpu", "device"):  # "device" is the CPU here: same code path as on a GPU but the kernel
+            with Preprocessor(proc, workers=workers, resize=resize) as pre:
+                pv, grid, failures = pre.run(ims)
+            assert failures == [] and torch.equal(grid, ref_grid)
+            assert pv.dtype == torch.float32 and pv.shape == ref_pv.shape
+            assert torch.equal(pv, ref_pv), f"workers={workers} resize={resize}: max diff {(pv - ref_pv).abs().max()}"
+
+
+def test_per_image_resize_equals_batched():
+    """The sequential processor resizes same-size images in one call; per image gives the same bytes."""
+    x = torch.randint(0, 256, (5, 3, 333, 517), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    batched = F.interpolate(x, size=(812, 812), mode="bicubic", antialias=True)
+    for i in range(5):
+        assert torch.equal(F.interpolate(x[i:i + 1], size=(812, 812), mode="bicubic", antialias=True)[0], batched[i])
+
+
+def test_workers_run_in_threads_and_keep_input_order():
+    proc = get_processor("qwen2_vl")
+    threads = set()
+    plan = proc.plan
+
+    def spy(*a, **kw):
+        threads.add(threading.current_thread().name)
+        return plan(*a, **kw)
+
+    proc.plan = spy
+    sizes = [56 * (1 + i % 5) for i in range(20)]
+    ims = [np.full((s, 56, 3), i, np.uint8) for i, s in enumerate(sizes)]
+    with Preprocessor(proc, workers=3) as pre:
+        pv, grid, _ = pre.run(ims)
+    assert all(t.startswith("mmenc-preprocess") for t in threads), threads
+    assert grid[:, 1].tolist() == [s // 14 for s in sizes]  # input order
+    ref, _ = get_processor("qwen2_vl")(ims)
+    assert torch.equal(pv, ref)
+    assert default_workers() >= 1
+
+
+# -- per-image failures --------------------------------------------------------------------------------
+def _mixed(tmp_path):
+    rng = np.random.default_rng(2)
+    good = [rng.integers(0, 256, (56 * k, 56, 3), dtype=np.uint8) for k in range(1, 5)]
+    data = _jpeg(good[1])
+    thin = tmp_path / "thin.png"
+    Image.fromarray(np.zeros((2, 500, 3), np.uint8)).save(thin)
+    big = tmp_path / "big.png"
+    Image.fromarray(np.zeros((300, 300, 3), np.uint8)).save(big)
+    items = [good[0], thin, b"not an image", good[1], tmp_path / "missing.jpg", data[:len(data) // 3], good[2],
+             big, good[3]]
+    return items, {1: "aspect ratio must be at most 200", 2: "not an image", 4: "cannot read file",
+                   5: "truncated", 7: "decompression bomb"}
+
+
+def test_skip_reports_each_failure_and_encodes_the_rest(tmp_path):
+    items, bad = _mixed(tmp_path)
+    proc = get_processor("qwen2_vl")
+    with Preprocessor(proc, workers=2, max_pixels=200 * 200) as pre:
+        pv, grid, failures = pre.run(items, errors="skip")
+    assert [f.index for f in failures] == sorted(bad)
+    for f in failures:
+        assert bad[f.index] in f.message and f.message.startswith(f.name), f
+    assert failures[0].name == f"'{tmp_path / 'thin.png'}'"  # paths are named by their path
+    ref, ref_grid = proc([items[i] for i in range(len(items)) if i not in bad])
+    assert torch.equal(grid, ref_grid) and torch.equal(pv, ref)
+
+
+def test_raise_lists_every_failure(tmp_path):
+    items, bad = _mixed(tmp_path)
+    with Preprocessor(get_processor("glm4v"), workers=2, max_pixels=200 * 200) as pre:
+        with pytest.raises(ImageLoadError) as e:
+            pre.run(items)
+    msg = str(e.value)
+    assert msg.startswith(f"{len(bad)} of {len(items)} images failed")
+    for i, reason in bad.items():
+        assert f"[{i}]" in msg and reason in msg
+
+
+def test_plan_names_the_image():
+    proc = get_processor("qwen2_vl")
+    with pytest.raises(ImagePreprocessError, match=r"^'x.png': image 1x300: aspect ratio") as e:
+        proc.plan(1, 300, index=4, name="'x.png'")
+    assert (e.value.index, e.value.name) == (4, "'x.png'") and e.value.failure().index == 4
+    p = proc.plan(100, 50)
+    assert p.resize == (112, 56) and p.grid == (1, 8, 4) and p.rows == 32
+    with pytest.raises(ImagePreprocessError, match=r"image #2: size 30x30 is not a multiple of patch_size\*merge"):
+        get_processor("qwen2_vl", {"do_resize": False}).plan(30, 30, index=2)
+    with pytest.raises(ImagePreprocessError, match="size 30x30 is not a multiple of patch_size=14"):
+        get_processor("kimi_k25", {"do_resize": False}).plan(30, 30)
+    k = get_processor("kimi_k25").plan(30, 50)
+    assert k.resize == (30, 50) and k.padded == (56, 56) and k.grid == (1, 4, 4) and k.rows == 16
+
+
+def test_empty_and_all_failed():
+    pre = Preprocessor(get_processor("qwen2_vl"), workers=0)
+    pv, grid, failures = pre.run([])
+    assert pv.shape == (0, 1176) and grid.shape == (0, 3) and failures == []
+    pv, grid, failures = pre.run([b"x", b""], errors="skip")
+    assert pv.shape == (0, 1176) and [f.index for f in failures] == [0, 1]
+    pv, _, _ = Preprocessor(get_processor("kimi_k25"), workers=0).run([])
+    assert pv.shape == (0, 3, 14, 14)
+
+
+# -- streaming -----------------------------------------------------------------------------------------
+def test_iter_chunks_whole_images_in_order(tmp_path):
+    items, bad = _mixed(tmp_path)
+    items = items + [np.zeros((560, 560, 3), np.uint8)]  # 1600 patches: alone in its chunk
+    proc = get_processor("qwen2_vl")
+    pre = Preprocessor(proc, workers=2, max_pixels=200 * 200)
+    chunks = list(pre.iter_chunks(items, max_batch_patches=40, errors="skip"))
+    pre.close()
+    indices = [i for c in chunks for i in c.indices]
+    assert indices == [i for i in range(len(items)) if i not in bad]
+    assert sorted(f.index for c in chunks for f in c.failures) == sorted(bad)
+    for c in chunks:
+        rows = c.grid_thw.prod(-1)
+        assert c.pixel_values.shape[0] == int(rows.sum()) and len(c.indices) == len(rows)
+        assert rows.sum() <= 40 or len(rows) == 1
+    assert chunks[-1].grid_thw.tolist() == [[1, 40, 40]]
+    whole, _, _ = Preprocessor(proc, workers=0, max_pixels=200 * 200).run(items, errors="skip")
+    assert torch.equal(torch.cat([c.pixel_values for c in chunks]), whole)
+
+
+def test_iter_chunks_raise_stops_at_first_failure(tmp_path):
+    items, _ = _mixed(tmp_path)
+    seen = []
+    with Preprocessor(get_processor("qwen2_vl"), workers=2) as pre:
+        with pytest.raises(ImagePreprocessError, match="aspect ratio") as e:
+            for chunk in pre.iter_chunks(items, max_batch_patches=16):
+                seen += chunk.indices
+    assert seen == [0] and (e.value.index, e.value.name) == (1, f"'{items[1]}'")
+
+
+def test_iter_chunks_looks_ahead_a_bounded_amount():
+    taken = []
+
+    def images():
+        for i in range(400):
+            taken.append(i)
+            yield np.zeros((56, 56, 3), np.uint8)  # 16 patches each
+
+    with Preprocessor(get_processor("qwen2_vl"), workers=2, prefetch_chunks=2) as pre:
+        it = pre.iter_chunks(images(), max_batch_patches=64)  # 4 images per chunk
+        first = next(it)
+        assert first.indices == [0, 1, 2, 3]
+        assert len(taken) <= 4 + 1 + 2 * 4 + 4, f"{len(taken)} images pulled for the first chunk"
+        assert sum(len(c.indices) for c in it) == 396
+
+
+def test_settings_are_checked():
+    proc = get_processor("qwen2_vl")
+    with pytest.raises(ValueError, match="workers=-1 must be >= 0"):
+        Preprocessor(proc, workers=-1)
+    with pytest.raises(ValueError, match="decode='gpu' cannot run: device=cpu is not a CUDA device"):
+        Preprocessor(proc, decode="gpu")
+    with pytest.raises(ValueError, match="resize='gpu'; expected 'auto', 'cpu' or 'device'"):
+        Preprocessor(proc, resize="gpu")
+    with pytest.raises(ValueError, match="prefetch_chunks=0"):
+        Preprocessor(proc, prefetch_chunks=0)
+    with pytest.raises(TypeError, match="has no plan"):
+        Preprocessor(object())
+    pre = Preprocessor(proc, workers=0)
+    assert (pre.resize, pre.decode) == ("cpu", "cpu")
+    with pytest.raises(ValueError, match="errors='ignore' not supported"):
+        pre.run([], errors="ignore")
+    with pytest.raises(ValueError, match="max_batch_patches=0 must be >= 1"):
+        next(pre.iter_chunks([], max_batch_patches=0))
+
+
+# -- GPU -------------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("src,dst", RESIZES[:4], ids=[f"{s[0]}x{s[1]}-{d[0]}x{d[1]}" for s, d in RESIZES[:4]])
+def test_exact_resize_on_cuda_is_the_cpu_kernel(src, dst):
+    x = torch.randint(0, 256, (2, 3, *src), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    ref = F.interpolate(x, size=dst, mode="bicubic", antialias=True)
+    assert torch.equal(resize_uint8_exact(x.cuda(), *dst).cpu(), ref)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("kind,cfg,overrides", FAMILIES, ids=FAMILY_IDS)
+def test_pipeline_on_cuda_bitwise_equals_cpu_sequential(tmp_path, kind, cfg, overrides):
+    ims = _inputs(tmp_path)
+    proc = get_processor(kind, cfg, **overrides)
+    ref_pv, ref_grid = proc(ims)
+    with Preprocessor(proc, device="cuda", workers=2) as pre:
+        assert pre.resize == ("device" if overrides.get("backend", "torchvision") == "torchvision" else "cpu")
+        pv, grid, _ = pre.run(ims)
+    assert pv.device.type == "cuda" and torch.equal(grid, ref_grid)
+    assert torch.equal(pv.cpu(), ref_pv), f"max diff {(pv.cpu() - ref_pv).abs().max()}"
+
+
+@pytest.mark.gpu
+@needs_cuda
+@needs_tv
+def test_gpu_jpeg_decode_close_to_cpu_decode():
+    """nvJPEG vs libjpeg-turbo: prints the max difference; bounded like torchvision's own test (mean < 2)."""
+    rng = np.random.default_rng(3)
+    datas = [_jpeg(_smooth(rng, h, w)) for h, w in [(1036, 1036), (448, 448), (300, 517), (97, 33)]]
+    proc = get_processor("qwen2_vl")
+    ref_pv, ref_grid = proc(datas)
+    with Preprocessor(proc, device="cuda", decode="gpu") as pre:
+        pv, grid, _ = pre.run(datas)
+    assert torch.equal(grid, ref_grid)
+    levels = (pv.cpu() - ref_pv).abs() * 255 * max(proc.config.image_std)  # uint8 levels (upper bound)
+    print(f"nvJPEG vs PIL decode, after preprocessing: max {levels.max().item():.2f} levels, "
+          f"mean {levels.mean().item():.4f}")
+    assert levels.mean() < 2
