@@ -72,8 +72,7 @@ class Encoder:
                                       device_type=self.device.type, output_device=self.device)
             self.loaded = self._group.describe()
             # the workers hold the weights; a tower on the meta device (no memory) answers shape questions
-            self.loaded.tower = build_tower(**{**tower_args, "dtype": self.loaded.dtype}, device="meta",
-                                            tp_size=1).tower
+            self.loaded.tower = build_tower(**{**tower_args, "dtype": self.loaded.dtype}, device="meta").tower
         else:
             self.loaded = build_tower(**tower_args, device=self.device)
         self.processor = self.loaded.processor

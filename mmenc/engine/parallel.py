@@ -42,7 +42,7 @@ def resolve_tower_tp_mode(mode: str, tower_args: Mapping, world: int) -> tuple[s
     from mmenc.engine.runner import build_tower
     from mmenc.layers.linear import tp_sharded_sizes
 
-    loaded = build_tower(**{**tower_args, "device": "meta"}, tp_size=1)
+    loaded = build_tower(**{**tower_args, "device": "meta"})
     return resolve_tp_mode(mode, getattr(loaded.config, "num_heads", None), world, tp_sharded_sizes(loaded.tower))
 
 
@@ -210,7 +210,7 @@ def build_rank_tower(tower_args: Mapping, mode: str, device: torch.device | str)
 
     world = dist.get_world_size()
     parallel_state.set_tp_group(dist.group.WORLD if mode == "weights" and world > 1 else None)
-    return build_tower(**{**tower_args, "device": device}, tp_size=world if mode == "weights" else 1)
+    return build_tower(**{**tower_args, "device": device})
 
 
 def run_rank_tower(loaded, pixel_values: torch.Tensor, grid_thw: torch.Tensor, mode: str) -> TowerOutput:
