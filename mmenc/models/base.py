@@ -145,7 +145,7 @@ class VisionTower(nn.Module):
         super().__init__()
         self.config = config
         self.multimodal_config = multimodal_config
-        self.factory_kwargs = {"device": device, "dtype": dtype}
+        self.factory_kwargs = {"device": device, "dtype": dtype}  # for building modules; not updated by .to()
         self.merge = config.spatial_merge_size
         self._plans = LRUCache(self.plan_cache_size)  # (grid, device) -> plan (device tensors)
 

@@ -5,6 +5,7 @@ calls `register_model(ModelSpec(...))` at import, and the first lookup imports e
 package. Adding a tower family is adding its file; nothing here names one.
 """
 import importlib
+import pathlib
 import pkgutil
 
 from mmenc.models.base import ModelSpec
@@ -24,11 +25,10 @@ def _discover_families() -> None:
     global _discovered
     if _discovered:
         return
-    import mmenc.models as package
-
-    for module in pkgutil.iter_modules(package.__path__):
+    package = __name__.rpartition(".")[0]  # mmenc.models: this file's folder
+    for module in pkgutil.iter_modules([str(pathlib.Path(__file__).parent)]):
         if not module.name.startswith("_"):
-            importlib.import_module(f"{package.__name__}.{module.name}")
+            importlib.import_module(f"{package}.{module.name}")
     _discovered = True  # only once all imported: a family that fails to import fails every lookup, loudly
 
 
