@@ -10,8 +10,8 @@ import torch
 
 from mmenc.engine.runner import build_tower, run_tower
 from mmenc.loader import iter_tower_tensors
-from mmenc.models.kimi_vit import (KIMI_K25_WEIGHT_MAP, KIMI_VL_WEIGHT_MAP, KimiVisionConfig, KimiVLVisionTower,
-                                   frame_sincos)
+from mmenc.models.kimi_vit import (KIMI_K25_WEIGHT_MAP, KIMI_VL_WEIGHT_MAP, KimiVisionConfig, KimiVLVisionConfig,
+                                   KimiVLVisionTower, frame_sincos)
 from mmenc.models.registry import get_builtin_config, get_model_spec
 from mmenc.testing import checkpoints as ck
 from mmenc.testing.compare import relative_error
@@ -101,7 +101,7 @@ def test_kimi_vl_is_the_image_member_of_the_family(k25):
     and its projector renamed: with the same weights under Kimi-VL's names, images match exactly."""
     loaded, _, folder = k25
     config = dataclasses.replace(loaded.config, pos_emb_time=0)
-    vl = KimiVLVisionTower(config, tp_size=1).eval()
+    vl = KimiVLVisionTower(config).eval()
     names = {}
     for name, tensor in iter_tower_tensors(folder, get_model_spec("KimiK25ForConditionalGeneration").weight_prefixes):
         vl_name = {"proj.0.weight": "linear_1.weight", "proj.0.bias": "linear_1.bias", "proj.2.weight": "linear_2.weight",
@@ -145,7 +145,7 @@ def test_configs_from_hf_dialects_and_unsupported_variants():
                                                                       "pos_emb_width": 6},
                                                    "text_config": {"hidden_size": 24}})
     assert (transformers_style.depth, transformers_style.out_hidden_size, transformers_style.pos_emb_height) == (3, 24, 6)
-    vl = KimiVisionConfig.from_kimi_vl(get_builtin_config("moonshotai/Kimi-VL-A3B-Instruct")[1])
+    vl = KimiVLVisionConfig.from_hf(get_builtin_config("moonshotai/Kimi-VL-A3B-Instruct")[1])
     assert (vl.depth, vl.hidden_size, vl.out_hidden_size, vl.pos_emb_time) == (27, 1152, 2048, 0)
     with pytest.raises(ValueError, match=r"mm_projector_type='patchmergerv2'"):
         KimiVisionConfig.from_hf({"vision_config": {"mm_projector_type": "patchmergerv2"}})

@@ -157,15 +157,16 @@ def test_sharded_layers_match_unsharded(tmp_path):
 def test_tp1_layers_are_plain_linears():
     torch.manual_seed(0)
     x, w, b = torch.randn(3, 8), torch.randn(6, 8), torch.randn(6)
-    for layer in (ReplicatedLinear(8, 6), ColumnParallelLinear(8, 6), RowParallelLinear(8, 6),
-                  ColumnParallelLinear(8, 6, tp_size=1)):
+    for layer in (ReplicatedLinear(8, 6), ColumnParallelLinear(8, 6), RowParallelLinear(8, 6)):
         _load(layer, weight=w, bias=b)
         _close(layer(x), F.linear(x, w, b), type(layer).__name__)
 
 
-def test_explicit_tp_size_without_group_raises():
-    with pytest.raises(ValueError, match=r"tp_size=2 .*group has size 1.*set_tp_group"):
-        ColumnParallelLinear(8, 6, tp_size=2)
+def test_layers_take_no_tp_size_argument():
+    """The tensor-parallel size comes from the parallel state only (set_tp_group), never a parameter."""
+    for cls in (ColumnParallelLinear, RowParallelLinear):
+        with pytest.raises(TypeError, match="tp_size"):
+            cls(8, 6, tp_size=1)
 
 
 def test_shape_and_shard_errors_name_the_value():

@@ -2,6 +2,9 @@
 
 With no group set (one process) the size is 1 and the collectives are no-ops.
 """
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.distributed as dist
 
@@ -12,6 +15,17 @@ def set_tp_group(group: "dist.ProcessGroup | None") -> None:
     """Set the group the tower's weights are sharded over (None: unsharded)."""
     global _TP_GROUP
     _TP_GROUP = group
+
+
+@contextlib.contextmanager
+def tp_group(group: "dist.ProcessGroup | None") -> Iterator[None]:
+    """Within the block the tower shards over `group` (None: unsharded); the group before is restored."""
+    before = _TP_GROUP
+    set_tp_group(group)
+    try:
+        yield
+    finally:
+        set_tp_group(before)
 
 
 def get_tp_group() -> "dist.ProcessGroup | None":

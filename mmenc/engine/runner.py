@@ -4,8 +4,8 @@
     loaded = build_tower("Qwen/Qwen2.5-VL-7B-Instruct", load_format="dummy")  # random weights, no files
     out = run_tower(loaded, pixel_values, grid_thw)                     # TowerOutput
 
-`tp_size`: None shards the tower over the current tensor-parallel group (unsharded without one);
-1 builds it whole on this rank (data-parallel mode, one replica per rank).
+The tower shards over the tensor-parallel group set in mmenc.distributed.parallel_state (unsharded
+without one, as in data-parallel mode); `tp_size`, if given, must equal that group's size.
 """
 import dataclasses
 import functools
@@ -131,6 +131,15 @@ def init_dummy_weights(tower: nn.Module, seed: int = DUMMY_SEED) -> None:
             p.normal_(0.0, 0.02, generator=g)
 
 
+def _check_tp_size(tp_size: int | None) -> None:
+    from mmenc.distributed.parallel_state import get_tp_size
+
+    if tp_size is not None and tp_size != get_tp_size():
+        raise ValueError(f"tp_size={tp_size} but the tensor-parallel group set now has size {get_tp_size()}; the tower "
+                         f"shards over that group: call mmenc.distributed.parallel_state.set_tp_group first (None "
+                         f"for an unsharded tower), and leave tp_size out")
+
+
 def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype" = "auto",
                 device: "str | torch.device | None" = None, multimodal_config: MultiModalConfig | None = None,
                 tp_size: int | None = None) -> LoadedTower:
@@ -148,8 +157,9 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
     device = torch.device(device) if device is not None else default_device()
     dtype = resolve_dtype(dtype, hf_config, device)
     config = spec.config_from_hf(hf_config)
+    _check_tp_size(tp_size)  # the tower shards over the parallel state's group; tp_size only double-checks it
     tower = spec.tower_cls(config, multimodal_config=multimodal_config or MultiModalConfig(), device=device,
-                           dtype=dtype, tp_size=tp_size)
+                           dtype=dtype)
     if device.type != "meta":
         if load_format == "dummy":
             logger.warning("%s: load_format='dummy': the tower has RANDOM weights (seed %d); its embeddings "
@@ -191,8 +201,12 @@ class TowerRecipe:
     tower_args: dict[str, Any]
 
     def meta_tower(self) -> LoadedTower:
-        """The tower on the meta device, unsharded: shapes without memory or weights read."""
-        return build_tower(**{**self.tower_args, "device": "meta"}, tp_size=1)
+        """The tower on the meta device, unsharded (also where a TP group is set, as under torchrun):
+        shapes without memory or weights read."""
+        from mmenc.distributed.parallel_state import tp_group
+
+        with tp_group(None):
+            return build_tower(**{**self.tower_args, "device": "meta"})
 
     def tp_mode(self, mode: str, world: int) -> tuple[str, str | None]:
         """`resolve_tp_mode` for this tower: its heads and every size its parallel linears split."""

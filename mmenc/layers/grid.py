@@ -30,11 +30,6 @@ def read_grid(grid_thw: torch.Tensor, merge_size: int = 1) -> Grid:
     return grid
 
 
-def merged_tokens(grid_thw: torch.Tensor, merge_size: int) -> list[int]:
-    """Output rows per image after the merge_size x merge_size patch merger: t * h * w / merge^2."""
-    return [t * h * w // merge_size ** 2 for t, h, w in read_grid(grid_thw, merge_size)]
-
-
 def num_patches(grid: Grid) -> int:
     return sum(t * h * w for t, h, w in grid)
 

@@ -4,7 +4,9 @@ Every parameter carries `weight_loader(param, loaded, shard_id=None)`, which cop
 slice of a full checkpoint tensor: the loader only takes views (`narrow`, `split`) of `loaded` and
 copies the slice into the parameter, so a rank never materialises the unsharded weight on device
 (`loaded` may be a memory-mapped CPU tensor; only this rank's rows are read).
-With tp_size 1 (no group set, or `tp_size=1` passed, as in data mode) they are plain linears.
+The tensor-parallel size and rank are read from `mmenc.distributed.parallel_state` when a layer is
+built: set the group first (`set_tp_group`); with no group set (one process, or data mode) they are
+plain linears.
 
   ReplicatedLinear       y = x W^T + b, full weight on every rank
   ColumnParallelLinear   output features split; y is this rank's slice (or gathered: gather_output)
@@ -36,15 +38,9 @@ def _check_shape(param: torch.Tensor, loaded: torch.Tensor, name: str = "") -> N
         raise ValueError(f"weight {name or 'tensor'} has shape {tuple(loaded.shape)}; expected {tuple(param.shape)}")
 
 
-def _resolve_tp(tp_size: int | None) -> tuple[int, int]:
-    """(tp_size, tp_rank): None means the current group; an explicit size > 1 must match it."""
-    group_size = get_tp_size()
-    tp = group_size if tp_size is None else tp_size
-    if tp < 1:
-        raise ValueError(f"tp_size={tp} must be >= 1")
-    if tp > 1 and tp != group_size:
-        raise ValueError(f"tp_size={tp} but the tensor-parallel group has size {group_size}; "
-                         f"call mmenc.distributed.parallel_state.set_tp_group first (or pass tp_size=1)")
+def _current_tp() -> tuple[int, int]:
+    """(tp_size, tp_rank) of the tensor-parallel group set now; (1, 0) without one."""
+    tp = get_tp_size()
     return tp, (get_tp_rank() if tp > 1 else 0)
 
 
@@ -55,7 +51,7 @@ def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id=No
 
 
 class _LinearBase(nn.Module):
-    """A linear over this rank's [out_features, in_features] weight; `tp_size`/`tp_rank` already resolved."""
+    """A linear over this rank's [out_features, in_features] weight; `tp` is (tp_size, tp_rank)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool, tp: tuple[int, int],
                  prefix: str = "", device=None, dtype=None):
@@ -96,8 +92,8 @@ class ColumnParallelLinear(_LinearBase):
     [.., out_features] with `gather_output=True` (an all-gather)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, gather_output: bool = False,
-                 tp_size: int | None = None, prefix: str = "", device=None, dtype=None):
-        tp = _resolve_tp(tp_size)
+                 prefix: str = "", device=None, dtype=None):
+        tp = _current_tp()
         self.out_per_rank = _divide(out_features, tp[0], f"{prefix or 'ColumnParallelLinear'}: out_features")
         super().__init__(in_features, self.out_per_rank, bias, tp, prefix, device, dtype)
         self.gather_output = gather_output
@@ -119,9 +115,9 @@ class MergedColumnParallelLinear(_LinearBase):
     [its slice of projection 0 | its slice of projection 1 | ...].
     Checkpoint tensors load by index: `weight_loader(param, loaded, shard_id=i)`."""
 
-    def __init__(self, in_features: int, output_sizes: Sequence[int], bias: bool = True,
-                 tp_size: int | None = None, prefix: str = "", device=None, dtype=None):
-        tp = _resolve_tp(tp_size)
+    def __init__(self, in_features: int, output_sizes: Sequence[int], bias: bool = True, prefix: str = "",
+                 device=None, dtype=None):
+        tp = _current_tp()
         self.full_sizes = list(output_sizes)
         # this rank's rows of each projection, and which slice (index into the projection) they are
         self.sizes_per_rank, self.shard_index = self._plan(self.full_sizes, *tp, prefix or type(self).__name__)
@@ -158,9 +154,9 @@ class QKVParallelLinear(MergedColumnParallelLinear):
     tp / num_kv_heads ranks. Per-rank head counts: `num_heads_per_rank`, `num_kv_heads_per_rank`."""
 
     def __init__(self, hidden_size: int, head_size: int, num_heads: int, num_kv_heads: int | None = None,
-                 bias: bool = True, tp_size: int | None = None, prefix: str = "", device=None, dtype=None):
+                 bias: bool = True, prefix: str = "", device=None, dtype=None):
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        tp, _ = _resolve_tp(tp_size)
+        tp, _ = _current_tp()
         name = prefix or "QKVParallelLinear"
         self.num_heads_per_rank = _divide(num_heads, tp, f"{name}: num_heads")
         if num_kv_heads >= tp:
@@ -172,7 +168,7 @@ class QKVParallelLinear(MergedColumnParallelLinear):
             self.num_kv_heads_per_rank = 1
         self.head_size, self.num_heads, self.num_kv_heads = head_size, num_heads, num_kv_heads
         sizes = [num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size]
-        super().__init__(hidden_size, sizes, bias, tp_size, prefix, device, dtype)
+        super().__init__(hidden_size, sizes, bias, prefix, device, dtype)
 
     def _plan(self, full_sizes, tp, rank, name):
         # kv heads shared by tp / num_kv_heads ranks when there are fewer of them than ranks
@@ -199,9 +195,9 @@ class RowParallelLinear(_LinearBase):
     """Splits the input features; each rank's partial product is summed over the group.
     The input is this rank's slice (as a ColumnParallelLinear produces); the bias is added once."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, tp_size: int | None = None,
-                 prefix: str = "", device=None, dtype=None):
-        tp = _resolve_tp(tp_size)
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, prefix: str = "",
+                 device=None, dtype=None):
+        tp = _current_tp()
         self.in_per_rank = _divide(in_features, tp[0], f"{prefix or 'RowParallelLinear'}: in_features")
         super().__init__(self.in_per_rank, out_features, bias, tp, prefix, device, dtype)
 
@@ -225,7 +221,7 @@ class RowParallelLinear(_LinearBase):
 def tp_sharded_sizes(module: nn.Module) -> dict[str, int]:
     """Every size the tensor-parallel linears in `module` split over ranks, keyed by layer name
     (e.g. "blocks.0.attn.qkv.num_heads", "blocks.0.mlp.fc1.out_features"). Weights mode over N ranks
-    needs each divisible by N. Build the module with tp_size=1 (device="meta" costs nothing)."""
+    needs each divisible by N. Build the module with no tensor-parallel group set (device="meta" costs nothing)."""
     sizes = {}
     for name, m in module.named_modules():
         if isinstance(m, QKVParallelLinear):

@@ -1,7 +1,7 @@
 """Building blocks shared by vision towers, all on the parallel linears and MMEncoderAttention.
 
-Every block takes `tp_size=None` (None: the tensor-parallel group's size; 1: unsharded, as in data
-mode) and passes it to each of its parallel linears, and `device=None, dtype=None`.
+Every block takes `device=None, dtype=None`. Its parallel linears shard over the tensor-parallel group
+set when the block is built (`mmenc.distributed.parallel_state`; none set: unsharded, as in data mode).
 
   PatchEmbed       Conv3d/Conv2d with stride == kernel, as one matmul over flattened patches
   VisionAttention  QKVParallelLinear -> rotary -> MMEncoderAttention -> RowParallelLinear
@@ -22,16 +22,10 @@ from mmenc.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinea
                                  ReplicatedLinear, RowParallelLinear)
 from mmenc.layers.norm import make_norm
 from mmenc.layers.rotary import apply_rotary
-from mmenc.distributed.parallel_state import get_tp_size
 
 
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
-
-
-def resolve_tp_size(tp_size: int | None) -> int:
-    """None -> the tensor-parallel group's size (1 without a group); an int is kept (1: unsharded)."""
-    return get_tp_size() if tp_size is None else tp_size
 
 
 class PatchEmbed(nn.Module):
@@ -73,22 +67,18 @@ class VisionAttention(nn.Module):
     """
 
     def __init__(self, dim: int, num_heads: int, head_dim: int | None = None, qkv_bias: bool = True,
-                 proj_bias: bool = True, rotary_interleaved: bool = False, tp_size: int | None = None,
+                 proj_bias: bool = True, rotary_interleaved: bool = False,
                  multimodal_config: MultiModalConfig | None = None, prefix: str = "", device=None, dtype=None):
         super().__init__()
-        tp = resolve_tp_size(tp_size)
         head_dim = dim // num_heads if head_dim is None else head_dim
-        if num_heads % tp:
-            raise ValueError(f"{prefix or 'VisionAttention'}: num_heads={num_heads} is not divisible by the "
-                             f"tensor-parallel size {tp}")
-        self.num_heads, self.head_dim, self.local_heads = num_heads, head_dim, num_heads // tp
         self.rotary_interleaved = rotary_interleaved
-        self.qkv = QKVParallelLinear(dim, head_dim, num_heads, bias=qkv_bias, tp_size=tp,
-                                     prefix=_join(prefix, "qkv"), device=device, dtype=dtype)
+        self.qkv = QKVParallelLinear(dim, head_dim, num_heads, bias=qkv_bias, prefix=_join(prefix, "qkv"),
+                                     device=device, dtype=dtype)
+        self.num_heads, self.head_dim, self.local_heads = num_heads, head_dim, self.qkv.num_heads_per_rank
         self.attn = MMEncoderAttention(self.local_heads, head_dim, prefix=_join(prefix, "attn"),
-                                       multimodal_config=multimodal_config, dtype=dtype)
-        self.proj = RowParallelLinear(num_heads * head_dim, dim, bias=proj_bias, tp_size=tp,
-                                      prefix=_join(prefix, "proj"), device=device, dtype=dtype)
+                                       multimodal_config=multimodal_config, dtype=dtype, device=device)
+        self.proj = RowParallelLinear(num_heads * head_dim, dim, bias=proj_bias, prefix=_join(prefix, "proj"),
+                                      device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -107,15 +97,13 @@ class VisionAttention(nn.Module):
 class VisionMLP(nn.Module):
     """fc1 -> act -> fc2; x [T, dim] -> [T, dim]."""
 
-    def __init__(self, dim: int, hidden: int, act: str = "gelu", bias: bool = True, tp_size: int | None = None,
-                 prefix: str = "", device=None, dtype=None):
+    def __init__(self, dim: int, hidden: int, act: str = "gelu", bias: bool = True, prefix: str = "",
+                 device=None, dtype=None):
         super().__init__()
-        tp = resolve_tp_size(tp_size)
-        self.fc1 = ColumnParallelLinear(dim, hidden, bias=bias, tp_size=tp, prefix=_join(prefix, "fc1"),
-                                        device=device, dtype=dtype)
+        self.fc1 = ColumnParallelLinear(dim, hidden, bias=bias, prefix=_join(prefix, "fc1"), device=device,
+                                        dtype=dtype)
         self.act = get_act_fn(act)
-        self.fc2 = RowParallelLinear(hidden, dim, bias=bias, tp_size=tp, prefix=_join(prefix, "fc2"),
-                                     device=device, dtype=dtype)
+        self.fc2 = RowParallelLinear(hidden, dim, bias=bias, prefix=_join(prefix, "fc2"), device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
@@ -125,16 +113,15 @@ class GatedVisionMLP(nn.Module):
     """down_proj(act(gate_proj(x)) * up_proj(x)) with gate and up in one merged matmul (gate_up_proj,
     shards 0 and 1); x [T, dim] -> [T, dim]."""
 
-    def __init__(self, dim: int, hidden: int, act: str = "silu", bias: bool = True, tp_size: int | None = None,
-                 prefix: str = "", device=None, dtype=None):
+    def __init__(self, dim: int, hidden: int, act: str = "silu", bias: bool = True, prefix: str = "",
+                 device=None, dtype=None):
         super().__init__()
-        tp = resolve_tp_size(tp_size)
-        self.gate_up_proj = MergedColumnParallelLinear(dim, [hidden, hidden], bias=bias, tp_size=tp,
+        self.gate_up_proj = MergedColumnParallelLinear(dim, [hidden, hidden], bias=bias,
                                                        prefix=_join(prefix, "gate_up_proj"), device=device,
                                                        dtype=dtype)
         self.act_and_mul = ActAndMul(act)
-        self.down_proj = RowParallelLinear(hidden, dim, bias=bias, tp_size=tp, prefix=_join(prefix, "down_proj"),
-                                           device=device, dtype=dtype)
+        self.down_proj = RowParallelLinear(hidden, dim, bias=bias, prefix=_join(prefix, "down_proj"), device=device,
+                                           dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
@@ -149,22 +136,19 @@ class VisionBlock(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, mlp_hidden: int, *, norm: str = "rms", norm_eps: float = 1e-6,
                  mlp: str = "gated", act: str = "silu", qkv_bias: bool = True, mlp_bias: bool = True,
-                 head_dim: int | None = None, rotary_interleaved: bool = False, tp_size: int | None = None,
+                 head_dim: int | None = None, rotary_interleaved: bool = False,
                  multimodal_config: MultiModalConfig | None = None, prefix: str = "", device=None, dtype=None):
         super().__init__()
-        tp = resolve_tp_size(tp_size)
         self.norm1 = make_norm(norm, dim, norm_eps, device=device, dtype=dtype)
         self.norm2 = make_norm(norm, dim, norm_eps, device=device, dtype=dtype)
         self.attn = VisionAttention(dim, num_heads, head_dim, qkv_bias=qkv_bias, proj_bias=qkv_bias,
-                                    rotary_interleaved=rotary_interleaved, tp_size=tp,
-                                    multimodal_config=multimodal_config, prefix=_join(prefix, "attn"),
-                                    device=device, dtype=dtype)
-        if mlp == "gated":
-            self.mlp = GatedVisionMLP(dim, mlp_hidden, act, mlp_bias, tp, _join(prefix, "mlp"), device, dtype)
-        elif mlp == "plain":
-            self.mlp = VisionMLP(dim, mlp_hidden, act, mlp_bias, tp, _join(prefix, "mlp"), device, dtype)
-        else:
+                                    rotary_interleaved=rotary_interleaved, multimodal_config=multimodal_config,
+                                    prefix=_join(prefix, "attn"), device=device, dtype=dtype)
+        mlps = {"gated": GatedVisionMLP, "plain": VisionMLP}
+        if mlp not in mlps:
             raise ValueError(f"mlp kind {mlp!r} is not known; expected 'gated' or 'plain'")
+        self.mlp = mlps[mlp](dim, mlp_hidden, act=act, bias=mlp_bias, prefix=_join(prefix, "mlp"), device=device,
+                             dtype=dtype)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -183,18 +167,17 @@ class PatchMerger(nn.Module):
 
     def __init__(self, out_dim: int, context_dim: int, merge_size: int = 2, *, norm: str = "rms",
                  norm_eps: float = 1e-6, act: str = "gelu", norm_after_merge: bool = False,
-                 tp_size: int | None = None, prefix: str = "merger", device=None, dtype=None):
+                 prefix: str = "merger", device=None, dtype=None):
         super().__init__()
-        tp = resolve_tp_size(tp_size)
         self.hidden = context_dim * merge_size ** 2
         self.norm_after_merge = norm_after_merge
         self.ln_q = make_norm(norm, self.hidden if norm_after_merge else context_dim, norm_eps,
                               device=device, dtype=dtype)
-        self.fc1 = ColumnParallelLinear(self.hidden, self.hidden, bias=True, tp_size=tp, prefix=_join(prefix, "fc1"),
+        self.fc1 = ColumnParallelLinear(self.hidden, self.hidden, bias=True, prefix=_join(prefix, "fc1"),
                                         device=device, dtype=dtype)
         self.act = get_act_fn(act)
-        self.fc2 = RowParallelLinear(self.hidden, out_dim, bias=True, tp_size=tp, prefix=_join(prefix, "fc2"),
-                                     device=device, dtype=dtype)
+        self.fc2 = RowParallelLinear(self.hidden, out_dim, bias=True, prefix=_join(prefix, "fc2"), device=device,
+                                     dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.norm_after_merge:

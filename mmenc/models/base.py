@@ -1,24 +1,90 @@
-"""What every vision tower exposes, and how a tower family is registered.
+"""The tower base: what every vision tower shares, written once; and how a family is registered.
 
-A tower is an nn.Module built from a typed config:
+A family file holds only its own math: a typed config (a frozen dataclass on `TowerConfigBase`,
+with an alias table for its checkpoints' key names), the modules its tower builds, `make_plan`
+(what a forward derives from the grid) and `forward`. `VisionTower` owns the rest:
     Tower(config, multimodal_config=None, device=None, dtype=None)
     forward(pixel_values [T, C*tp*p*p] float, grid_thw int64 [N, 3] on CPU) -> TowerOutput
+    plan(grid_thw, device) -> the family's plan, cached per (grid, device)
+    output_tokens(grid_thw) -> embedding rows per image
     load_weights(weights: Iterable[(name, tensor)]) -> set of loaded parameter names
 Tensor names in `load_weights` are the checkpoint's, with the family's tower prefix removed.
-Model files name no platform and no backend: MMEncoderAttention decides.
+Tensor parallelism is read from mmenc.distributed.parallel_state by the parallel linears when a
+tower is built; no tower or block takes a tp size. Model files name no platform and no backend.
 """
 import dataclasses
+import functools
+import importlib
+import typing
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import torch
+import torch.nn as nn
+
+from mmenc.config import MultiModalConfig
+from mmenc.layers.grid import Grid, LRUCache, read_grid
+from mmenc.layers.weights import WeightMap, load_named_weights
+
+
+def vision_config_dict(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The `vision_config` of a full config.json dict, or the dict itself when it is a vision config
+    (it has neither `architectures` nor `text_config`)."""
+    if "vision_config" not in config:
+        if "architectures" in config or "text_config" in config:
+            archs = ", ".join(config.get("architectures") or []) or "(no architectures listed)"
+            raise ValueError(f"config.json of {archs} has no 'vision_config'; expected the config.json of a "
+                             f"vision-language checkpoint, whose 'vision_config' describes the tower (or that "
+                             f"vision config alone)")
+        return dict(config)
+    vision = config["vision_config"]
+    if not isinstance(vision, Mapping):
+        raise ValueError(f"config.json 'vision_config' is {type(vision).__name__}; expected a mapping")
+    return dict(vision)
+
+
+def _as_field_type(field: dataclasses.Field, value: Any) -> Any:
+    """JSON value -> the field's type where JSON cannot say it: lists -> tuples, ints -> floats, bools."""
+    if typing.get_origin(field.type) is tuple or field.type is tuple:
+        return tuple(value)
+    if field.type is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if field.type is bool:
+        return bool(value)
+    return value
 
 
 class TowerConfigBase:
-    """Derived sizes and checks shared by the towers' typed configs (frozen dataclasses with
-    num_heads, in_channels, temporal_patch_size, patch_size and a width field)."""
+    """Checkpoint reading, derived sizes and checks shared by the towers' typed configs (frozen
+    dataclasses with num_heads, in_channels, temporal_patch_size, patch_size and a width field).
+
+    hf_aliases: field -> the vision_config keys that may hold it, first present wins (a field without
+    an entry is read under its own name; an empty tuple: never read from the checkpoint).
+    """
 
     width_field: ClassVar[str] = "hidden_size"  # the tower's width (Qwen2-VL calls it embed_dim)
+    hf_aliases: ClassVar[Mapping[str, tuple[str, ...]]] = {}
+
+    @classmethod
+    def from_hf(cls, config: Mapping[str, Any]):
+        """The typed config of a config.json dict (or its vision_config alone): every field from the
+        first of its keys present (not null) in the vision config, else its default; rope_theta from
+        `rope_parameters` when there; then the values `hf_computed` derives."""
+        vision = vision_config_dict(config)
+        values = {}
+        for field in dataclasses.fields(cls):
+            key = next((k for k in cls.hf_aliases.get(field.name, (field.name,)) if vision.get(k) is not None), None)
+            if key is not None:
+                values[field.name] = _as_field_type(field, vision[key])
+        rope = vision.get("rope_parameters") or {}
+        if "rope_theta" in rope and "rope_theta" in {f.name for f in dataclasses.fields(cls)}:
+            values["rope_theta"] = float(rope["rope_theta"])
+        return cls(**{**values, **cls.hf_computed(vision, config)})
+
+    @classmethod
+    def hf_computed(cls, vision: dict[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+        """Fields a family computes from several keys (or from outside vision_config); none by default."""
+        return {}
 
     @property
     def head_dim(self) -> int:
@@ -63,14 +129,55 @@ class TowerOutput:
         return TowerOutput(embeddings=fn(self.embeddings), extras={k: apply(v) for k, v in self.extras.items()})
 
 
-class VisionTower(Protocol):
-    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput: ...
+class VisionTower(nn.Module):
+    """The base of every tower (see the module docstring). A family calls `super().__init__(config,
+    multimodal_config, device, dtype)` first, builds its modules with `**self.factory_kwargs`, and
+    implements `make_plan(grid, device)` and `forward`, which starts with `plan = self.plan_for(...)`.
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]: ...
+    weight_map: the family's checkpoint -> parameter renames; plan_cache_size: plans kept (LRU).
+    """
+
+    weight_map: ClassVar[WeightMap] = WeightMap()
+    plan_cache_size: ClassVar[int] = 8
+
+    def __init__(self, config: TowerConfigBase, multimodal_config: MultiModalConfig | None = None,
+                 device=None, dtype=None):
+        super().__init__()
+        self.config = config
+        self.multimodal_config = multimodal_config
+        self.factory_kwargs = {"device": device, "dtype": dtype}  # for building modules; not updated by .to()
+        self.merge = config.spatial_merge_size
+        self._plans = LRUCache(self.plan_cache_size)  # (grid, device) -> plan (device tensors)
+
+    def read_grid(self, grid_thw: torch.Tensor) -> Grid:
+        """grid_thw int64 [N, 3] (CPU) -> ((t, h, w), ...), checked (h, w multiples of the merge size)."""
+        return read_grid(grid_thw, self.merge)
 
     def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
-        """Embedding rows each image yields (after merging)."""
-        ...
+        """Embedding rows each image yields: t * h * w / merge^2."""
+        return [t * h * w // self.merge ** 2 for t, h, w in self.read_grid(grid_thw)]
+
+    def plan(self, grid_thw: torch.Tensor, device):
+        """The family's plan for this grid on `device`, built once by `make_plan` and cached."""
+        grid = self.read_grid(grid_thw)
+        return self._plans.get((grid, str(device)), lambda: self.make_plan(grid, device))
+
+    def make_plan(self, grid: Grid, device):
+        raise NotImplementedError(f"{type(self).__name__} must implement make_plan(grid, device)")
+
+    def plan_for(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor):
+        """The plan for a forward's inputs, after checking that they describe the same patches."""
+        plan = self.plan(grid_thw, pixel_values.device)
+        self.check_pixels(pixel_values, plan)
+        return plan
+
+    def check_pixels(self, pixel_values: torch.Tensor, plan) -> None:
+        if pixel_values.shape[0] != plan.num_patches:
+            raise ValueError(f"pixel_values has {pixel_values.shape[0]} rows but grid_thw describes {plan.num_patches} "
+                             f"patches (sum of t*h*w); pass the grid_thw that came with these pixel_values")
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return load_named_weights(self, weights, self.weight_map)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,3 +199,20 @@ class ModelSpec:
     weight_prefixes: tuple[str, ...]
     processor_from_hf: Callable[[Mapping[str, Any]], Any]
     builtin_configs: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+
+
+def _import_and_call(target: str, preprocessor_config: Mapping[str, Any]):
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)(preprocessor_config)
+
+
+def lazy_processor(target: str) -> Callable[[Mapping[str, Any]], Any]:
+    """"module:function" -> a `processor_from_hf` that imports the module when first called (importing
+    a tower does not import the image stack)."""
+    return functools.partial(_import_and_call, target)
+
+
+def builtin_config(architecture: str, model_type: str, vision: Mapping[str, Any], **top: Any) -> dict[str, Any]:
+    """A built-in model's config.json dict (bfloat16): its vision_config and top-level keys such as text_config."""
+    return {"architectures": [architecture], "model_type": model_type, "torch_dtype": "bfloat16", **top,
+            "vision_config": dict(vision)}

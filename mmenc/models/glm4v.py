@@ -14,28 +14,23 @@ Tokens stay in merge-block order, so each merge x merge block is contiguous for 
 Each frame's position table uses its own item's (h, w); transformers' model feeds videos to the
 tower as t rows of (1, h, w), which is the same computation.
 
-Tensor parallelism: `tp_size=None` shards heads and MLP features over the current tensor-parallel
-group; `tp_size=1` builds the tower unsharded (data-parallel mode). The downsample is replicated.
+The downsample is replicated over tensor-parallel ranks; everything else is sharded like the other towers.
 """
 import dataclasses
-import importlib
-from collections.abc import Iterable, Mapping
-from typing import Any
 
 import torch
 import torch.nn as nn
 
 from mmenc.config import MultiModalConfig
-from mmenc.layers.grid import LRUCache, merged_tokens, read_grid
+from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ColumnParallelLinear, ReplicatedLinear
 from mmenc.layers.norm import LayerNorm, RMSNorm
+from mmenc.layers.plan import PackPlan, frame_plan
 from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.layers.rotary import VisionRotary2D
-from mmenc.layers.vision_blocks import GatedVisionMLP, PatchEmbed, VisionAttention, resolve_tp_size
-from mmenc.layers.weights import WeightMap, load_named_weights
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput
-from mmenc.models.qwen2_vl import check_patch_count, rope_theta, vision_config_dict
-from mmenc.models.qwen3_vl import PosPackPlan, make_pos_plan
+from mmenc.layers.vision_blocks import GatedVisionMLP, PatchEmbed, VisionAttention
+from mmenc.layers.weights import WeightMap
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
 from mmenc.models.registry import register_model
 
 
@@ -74,45 +69,20 @@ class Glm4vVisionConfig(TowerConfigBase):
     def num_positions(self) -> int:
         return (self.image_size // self.patch_size) ** 2
 
-    @classmethod
-    def from_hf(cls, config: Mapping[str, Any]) -> "Glm4vVisionConfig":
-        v = vision_config_dict(config)
-        d = cls()
-        return cls(depth=v.get("depth", d.depth), hidden_size=v.get("hidden_size", d.hidden_size),
-                   num_heads=v.get("num_heads", d.num_heads),
-                   intermediate_size=v.get("intermediate_size", d.intermediate_size),
-                   out_hidden_size=v.get("out_hidden_size", d.out_hidden_size),
-                   hidden_act=v.get("hidden_act", d.hidden_act),
-                   attention_bias=bool(v.get("attention_bias", d.attention_bias)),
-                   in_channels=v.get("in_channels", d.in_channels), image_size=v.get("image_size", d.image_size),
-                   patch_size=v.get("patch_size", d.patch_size),
-                   temporal_patch_size=v.get("temporal_patch_size", d.temporal_patch_size),
-                   spatial_merge_size=v.get("spatial_merge_size", d.spatial_merge_size),
-                   rms_norm_eps=v.get("rms_norm_eps", d.rms_norm_eps), rope_theta=rope_theta(v))
-
-
-# Checkpoint name -> parameter name: separate gate/up projections (blocks and merger) land in one
-# merged parameter; the position table is a top-level module here.
-GLM4V_WEIGHT_MAP = WeightMap([
-    (".gate_proj.", ".gate_up_proj.", 0),
-    (".up_proj.", ".gate_up_proj.", 1),
-    ("embeddings.position_embedding.", "pos_embed.", None),
-])
-
 
 class Glm4vBlock(nn.Module):
     """x + attn(norm1(x)), then x + mlp(norm2(x)); RMSNorm, SwiGLU, no biases but the optional qkv one."""
 
-    def __init__(self, config: Glm4vVisionConfig, tp_size: int, multimodal_config: MultiModalConfig | None,
-                 prefix: str, device=None, dtype=None):
+    def __init__(self, config: Glm4vVisionConfig, multimodal_config: MultiModalConfig | None, prefix: str,
+                 device=None, dtype=None):
         super().__init__()
         dim, eps = config.hidden_size, config.rms_norm_eps
         self.norm1 = RMSNorm(dim, eps, device=device, dtype=dtype)
         self.norm2 = RMSNorm(dim, eps, device=device, dtype=dtype)
         self.attn = VisionAttention(dim, config.num_heads, qkv_bias=config.attention_bias, proj_bias=False,
-                                    tp_size=tp_size, multimodal_config=multimodal_config, prefix=f"{prefix}.attn",
-                                    device=device, dtype=dtype)
-        self.mlp = GatedVisionMLP(dim, config.out_hidden_size, act=config.hidden_act, bias=False, tp_size=tp_size,
+                                    multimodal_config=multimodal_config, prefix=f"{prefix}.attn", device=device,
+                                    dtype=dtype)
+        self.mlp = GatedVisionMLP(dim, config.out_hidden_size, act=config.hidden_act, bias=False,
                                   prefix=f"{prefix}.mlp", device=device, dtype=dtype)
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
@@ -125,11 +95,10 @@ class Glm4vMerger(GatedVisionMLP):
     """x [N, dim] -> SwiGLU(GELU(LayerNorm(proj(x)))) [N, dim]. proj is column-parallel with its
     output gathered (the LayerNorm needs the whole vector); gate_up / down split as in GatedVisionMLP."""
 
-    def __init__(self, dim: int, context_dim: int, act: str, tp_size: int, device=None, dtype=None):
-        super().__init__(dim, context_dim, act=act, bias=False, tp_size=tp_size, prefix="merger", device=device,
-                         dtype=dtype)
-        self.proj = ColumnParallelLinear(dim, dim, bias=False, gather_output=True, tp_size=tp_size,
-                                         prefix="merger.proj", device=device, dtype=dtype)
+    def __init__(self, dim: int, context_dim: int, act: str, device=None, dtype=None):
+        super().__init__(dim, context_dim, act=act, bias=False, prefix="merger", device=device, dtype=dtype)
+        self.proj = ColumnParallelLinear(dim, dim, bias=False, gather_output=True, prefix="merger.proj",
+                                         device=device, dtype=dtype)
         self.post_projection_norm = LayerNorm(dim, eps=1e-5, device=device, dtype=dtype)
         self.act1 = nn.GELU()
 
@@ -137,35 +106,35 @@ class Glm4vMerger(GatedVisionMLP):
         return super().forward(self.act1(self.post_projection_norm(self.proj(x))))
 
 
-class Glm4vVisionTower(nn.Module):
+class Glm4vVisionTower(VisionTower):
     """forward(pixel_values [T, C*tp*p*p], grid_thw int64 [N, 3] on CPU) -> TowerOutput with
     embeddings [T / merge^2, out_hidden_size], images in grid order."""
 
-    weight_map = GLM4V_WEIGHT_MAP
+    # separate gate/up projections (blocks and merger) land in one merged parameter; the position
+    # table is a top-level module here
+    weight_map = WeightMap([
+        (".gate_proj.", ".gate_up_proj.", 0),
+        (".up_proj.", ".gate_up_proj.", 1),
+        ("embeddings.position_embedding.", "pos_embed.", None),
+    ])
+    plan_cache_size = 32
 
     def __init__(self, config: Glm4vVisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None, tp_size: int | None = None):
-        super().__init__()
-        self.config = config
-        tp = resolve_tp_size(tp_size)
-        self.tp_size = tp
-        self.merge = m = config.spatial_merge_size
-        dim, eps = config.hidden_size, config.rms_norm_eps
-        self.patch_embed = PatchEmbed(config.patch_features, dim, bias=True, device=device, dtype=dtype)
-        self.post_conv_layernorm = RMSNorm(dim, eps, device=device, dtype=dtype)
+                 device=None, dtype=None):
+        super().__init__(config, multimodal_config, device, dtype)
+        dim, eps, m, dd = config.hidden_size, config.rms_norm_eps, self.merge, self.factory_kwargs
+        self.patch_embed = PatchEmbed(config.patch_features, dim, bias=True, **dd)
+        self.post_conv_layernorm = RMSNorm(dim, eps, **dd)
         self.pos_embed = InterpolatedPosEmbed(config.num_positions, dim, mode="bicubic", align_corners=False,
-                                              merge_size=m, device=device, dtype=dtype)
+                                              merge_size=m, **dd)
         self.rotary = VisionRotary2D(config.head_dim, config.rope_theta, merge_size=m)
-        self.blocks = nn.ModuleList([Glm4vBlock(config, tp, multimodal_config, f"blocks.{i}", device, dtype)
+        self.blocks = nn.ModuleList([Glm4vBlock(config, multimodal_config, f"blocks.{i}", **dd)
                                      for i in range(config.depth)])
-        self.post_layernorm = RMSNorm(dim, eps, device=device, dtype=dtype)
+        self.post_layernorm = RMSNorm(dim, eps, **dd)
         # merge x merge conv, stride merge: one matmul over a block's m*m contiguous patches
-        self.downsample = ReplicatedLinear(m * m * dim, config.out_hidden_size, bias=True, prefix="downsample",
-                                           device=device, dtype=dtype)
+        self.downsample = ReplicatedLinear(m * m * dim, config.out_hidden_size, bias=True, prefix="downsample", **dd)
         self.downsample.weight.weight_loader = self._load_downsample_weight
-        self.merger = Glm4vMerger(config.out_hidden_size, config.intermediate_size, config.hidden_act, tp,
-                                  device=device, dtype=dtype)
-        self._plans = LRUCache(32)
+        self.merger = Glm4vMerger(config.out_hidden_size, config.intermediate_size, config.hidden_act, **dd)
 
     def _load_downsample_weight(self, param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
         out, dim, m = self.config.out_hidden_size, self.config.hidden_size, self.merge
@@ -175,16 +144,11 @@ class Glm4vVisionTower(nn.Module):
         # [out, C, m, m] -> [out, m, m, C]: input rows are m*m patches of C features each
         param.data.copy_(loaded.permute(0, 2, 3, 1).reshape(param.shape))
 
-    def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
-        return merged_tokens(grid_thw, self.merge)
-
-    def plan(self, grid_thw: torch.Tensor, device) -> PosPackPlan:
-        grid = read_grid(grid_thw, self.merge)
-        return self._plans.get((grid, str(device)), lambda: make_pos_plan(grid, device, self.rotary, self.pos_embed))
+    def make_plan(self, grid: Grid, device) -> PackPlan:
+        return frame_plan(grid, device, self.rotary, self.pos_embed)
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
-        plan = self.plan(grid_thw, pixel_values.device)
-        check_patch_count(pixel_values, plan)
+        plan = self.plan_for(pixel_values, grid_thw)
         x = self.post_conv_layernorm(self.patch_embed(pixel_values))  # [T, hidden]
         x = x + self.pos_embed(plan.pos_index, plan.pos_weight).to(x.dtype)
         rotary = (plan.cos, plan.sin)
@@ -194,22 +158,13 @@ class Glm4vVisionTower(nn.Module):
         x = self.downsample(x.reshape(-1, self.merge ** 2 * x.shape[-1]))  # [T / m^2, out_hidden]
         return TowerOutput(self.merger(x))
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return load_named_weights(self, weights, self.weight_map)
 
-
-def glm4v_processor(preprocessor_config: Mapping[str, Any]):
-    """The GLM-4.1V image processor (mmenc.preprocess.qwen_vl), imported when first needed."""
-    return importlib.import_module("mmenc.preprocess.qwen_vl").glm4v_from_hf(preprocessor_config)
-
-
-def _builtin(arch: str, model_type: str, intermediate: int) -> dict[str, Any]:
+def _builtin(arch: str, model_type: str, intermediate: int) -> dict:
     vision = {"depth": 24, "hidden_size": 1536, "num_heads": 12, "intermediate_size": intermediate,
               "out_hidden_size": 4096, "hidden_act": "silu", "attention_bias": False, "in_channels": 3,
               "image_size": 336, "patch_size": 14, "temporal_patch_size": 2, "spatial_merge_size": 2,
               "rms_norm_eps": 1e-5}
-    return {"architectures": [arch], "model_type": model_type, "torch_dtype": "bfloat16",
-            "text_config": {"hidden_size": 4096}, "vision_config": vision}
+    return builtin_config(arch, model_type, vision, text_config={"hidden_size": 4096})
 
 
 GLM4V_SPEC = register_model(ModelSpec(
@@ -217,7 +172,7 @@ GLM4V_SPEC = register_model(ModelSpec(
     tower_cls=Glm4vVisionTower,
     config_from_hf=Glm4vVisionConfig.from_hf,
     weight_prefixes=("model.visual.", "visual."),
-    processor_from_hf=glm4v_processor,
+    processor_from_hf=lazy_processor("mmenc.preprocess.qwen_vl:glm4v_from_hf"),
     builtin_configs={
         "zai-org/GLM-4.1V-9B-Thinking": _builtin("Glm4vForConditionalGeneration", "glm4v", 13696),
         "zai-org/GLM-4.5V": _builtin("Glm4vMoeForConditionalGeneration", "glm4v_moe", 10944),

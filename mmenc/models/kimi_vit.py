@@ -21,28 +21,23 @@ ones, which transformers' save_pretrained writes back too: vision_tower.patch_em
 vision_tower.encoder.blocks.N.{norm0,norm1,wqkv,wo,mlp.fc0,mlp.fc1}, vision_tower.encoder.final_layernorm,
 and mm_projector.{pre_norm,proj.0,proj.2} (K2.5) or multi_modal_projector.{pre_norm,linear_1,linear_2}
 (Kimi-VL). wqkv keeps the complex rotary layout, which is the one this tower applies.
-
-Tensor parallelism: `tp_size=None` shards heads, MLP and projector over the current tensor-parallel
-group; `tp_size=1` builds the tower unsharded (data-parallel mode).
 """
 import dataclasses
-import importlib
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
 from mmenc.config import MultiModalConfig
-from mmenc.layers.grid import Grid, LRUCache, num_patches, read_grid
+from mmenc.layers.grid import Grid, num_patches
 from mmenc.layers.norm import LayerNorm
 from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.layers.rotary import VisionRotary2D, grid_positions
-from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock, resolve_tp_size
-from mmenc.layers.weights import WeightMap, load_named_weights
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput
-from mmenc.models.qwen2_vl import vision_config_dict
+from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock
+from mmenc.layers.weights import WeightMap
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
 from mmenc.models.registry import register_model
 
 
@@ -52,7 +47,21 @@ class KimiVisionConfig(TowerConfigBase):
 
     hidden_size: the tower's width; out_hidden_size: the projector's output (the language model's width).
     pos_emb_time: frames a video chunk may have (K2.5: 4); 0 for an image-only tower (Kimi-VL).
+    Reads transformers' Kimi_K25Config and the published remote-code config.json alike.
     """
+
+    hf_aliases: ClassVar = {
+        "depth": ("vt_num_hidden_layers", "num_hidden_layers"),
+        "hidden_size": ("vt_hidden_size", "hidden_size"),
+        "num_heads": ("vt_num_attention_heads", "num_attention_heads"),
+        "intermediate_size": ("vt_intermediate_size", "intermediate_size"),
+        "hidden_act": ("activation_func", "hidden_act"),
+        "pos_emb_height": ("init_pos_emb_height", "pos_emb_height"),
+        "pos_emb_width": ("init_pos_emb_width", "pos_emb_width"),
+        "pos_emb_time": ("init_pos_emb_time", "pos_emb_time"),
+        "in_channels": (), "norm_eps": (), "out_hidden_size": (), "spatial_merge_size": (),
+        "projector_norm_eps": (),
+    }
 
     depth: int = 27
     hidden_size: int = 1152
@@ -86,14 +95,43 @@ class KimiVisionConfig(TowerConfigBase):
         return 1
 
     @classmethod
-    def from_hf(cls, config: Mapping[str, Any]) -> "KimiVisionConfig":
-        """Kimi-K2.5's config.json: transformers' Kimi_K25Config or the published remote-code one."""
-        return _from_hf(config, video=True)
+    def hf_computed(cls, vision: dict[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+        """Computed, not read: the merge size from merge_kernel_size, the output width and the projector's
+        eps from outside vision_config (text_config, top-level keys); variants this tower does not
+        implement raise ValueError."""
+        for key, value in _IMPLEMENTED.items():
+            if key in vision and vision[key] != value:
+                raise ValueError(f"vision_config.{key}={vision[key]!r} is not supported; mmenc's MoonViT implements "
+                                 f"{key}={value!r}")
+        hidden = int(_first(vision, *cls.hf_aliases["hidden_size"], default=cls.hidden_size))
+        qkv = _first(vision, "qkv_hidden_size")
+        if qkv is not None and int(qkv) != hidden:
+            raise ValueError(f"vision_config.qkv_hidden_size={qkv} differs from the tower width {hidden}; not supported")
+        projection = config.get("projection_hidden_size")
+        if projection is not None and int(projection) != hidden:
+            raise ValueError(f"projection_hidden_size={projection} differs from the tower width {hidden}; expected equal")
+        merge = tuple(vision.get("merge_kernel_size") or (2, 2))
+        if len(merge) != 2 or merge[0] != merge[1]:
+            raise ValueError(f"vision_config.merge_kernel_size={list(merge)} is not supported; expected a square "
+                             f"kernel")
+        values = {"spatial_merge_size": int(merge[0])}
+        out = _first(config.get("text_config") or {}, "hidden_size") or _first(vision, "text_hidden_size")
+        if out:
+            values["out_hidden_size"] = int(out)
+        eps = _first(config, "projection_layer_norm_eps") or _first(vision, "projector_ln_eps")
+        if eps:
+            values["projector_norm_eps"] = float(eps)
+        return values
 
-    @classmethod
-    def from_kimi_vl(cls, config: Mapping[str, Any]) -> "KimiVisionConfig":
-        """Kimi-VL's config.json (remote code: vision_config of model_type "moonvit")."""
-        return _from_hf(config, video=False)
+
+@dataclasses.dataclass(frozen=True)
+class KimiVLVisionConfig(KimiVisionConfig):
+    """Kimi-VL's MoonViT (remote code: vision_config of model_type "moonvit"): images only, and a
+    2048-wide language model unless the config says otherwise."""
+
+    hf_aliases: ClassVar = {**KimiVisionConfig.hf_aliases, "pos_emb_time": ()}
+    out_hidden_size: int = 2048
+    pos_emb_time: int = 0
 
 
 # Published variants this tower does not implement: key -> the value it implements.
@@ -105,42 +143,6 @@ _IMPLEMENTED = {"pos_emb_type": "divided_fixed", "merge_type": "sd2_tpool", "vid
 
 def _first(d: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
     return next((d[k] for k in keys if d.get(k) is not None), default)
-
-
-def _from_hf(config: Mapping[str, Any], video: bool) -> KimiVisionConfig:
-    v, d = vision_config_dict(config), KimiVisionConfig()
-    for key, value in _IMPLEMENTED.items():
-        if key in v and v[key] != value:
-            raise ValueError(f"vision_config.{key}={v[key]!r} is not supported; mmenc's MoonViT implements "
-                             f"{key}={value!r}")
-    hidden = int(_first(v, "vt_hidden_size", "hidden_size", default=d.hidden_size))
-    qkv = _first(v, "qkv_hidden_size")
-    if qkv is not None and int(qkv) != hidden:
-        raise ValueError(f"vision_config.qkv_hidden_size={qkv} differs from the tower width {hidden}; not supported")
-    merge = tuple(v.get("merge_kernel_size") or (2, 2))
-    if len(merge) != 2 or merge[0] != merge[1]:
-        raise ValueError(f"vision_config.merge_kernel_size={list(merge)} is not supported; expected a square kernel")
-    text = config.get("text_config") or {}
-    out = _first(text, "hidden_size", default=None) or _first(v, "text_hidden_size", default=None)
-    projection = config.get("projection_hidden_size")
-    if projection is not None and int(projection) != hidden:
-        raise ValueError(f"projection_hidden_size={projection} differs from the tower width {hidden}; expected equal")
-    rope = v.get("rope_parameters") or {}
-    return KimiVisionConfig(
-        depth=int(_first(v, "vt_num_hidden_layers", "num_hidden_layers", default=d.depth)),
-        hidden_size=hidden,
-        num_heads=int(_first(v, "vt_num_attention_heads", "num_attention_heads", default=d.num_heads)),
-        intermediate_size=int(_first(v, "vt_intermediate_size", "intermediate_size", default=d.intermediate_size)),
-        out_hidden_size=int(out or (d.out_hidden_size if video else 2048)),
-        hidden_act=str(_first(v, "activation_func", "hidden_act", default=d.hidden_act)),
-        patch_size=int(v.get("patch_size", d.patch_size)),
-        spatial_merge_size=int(merge[0]),
-        pos_emb_height=int(_first(v, "init_pos_emb_height", "pos_emb_height", default=d.pos_emb_height)),
-        pos_emb_width=int(_first(v, "init_pos_emb_width", "pos_emb_width", default=d.pos_emb_width)),
-        pos_emb_time=int(_first(v, "init_pos_emb_time", "pos_emb_time", default=d.pos_emb_time)) if video else 0,
-        rope_theta=float(rope.get("rope_theta", 10000.0)),
-        projector_norm_eps=float(_first(config, "projection_layer_norm_eps", default=None)
-                                 or _first(v, "projector_ln_eps", default=d.projector_norm_eps)))
 
 
 # Checkpoint name (tower group prefix removed) -> parameter name. Block renames are substrings of
@@ -216,43 +218,38 @@ class KimiPlan:
     pooled_rows: int  # sum(h * w)
 
 
-class KimiVisionTower(nn.Module):
+class KimiVisionTower(VisionTower):
     """forward(pixel_values [T, C, p, p] or [T, C*p*p] (rows in the processor's raster order per frame),
     grid_thw int64 [N, 3] on CPU) -> TowerOutput with embeddings [sum(h*w) / merge^2, out_hidden_size],
     grid rows in order."""
 
     weight_map = KIMI_K25_WEIGHT_MAP
+    plan_cache_size = 32
 
     def __init__(self, config: KimiVisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None, tp_size: int | None = None):
-        super().__init__()
-        self.config = config
-        tp = resolve_tp_size(tp_size)
-        self.tp_size = tp
-        self.merge = config.spatial_merge_size
-        self.patch_embed = KimiPatchEmbed(config, device=device, dtype=dtype)
+                 device=None, dtype=None):
+        super().__init__(config, multimodal_config, device, dtype)
+        dim, dd = config.hidden_size, self.factory_kwargs
+        self.patch_embed = KimiPatchEmbed(config, **dd)
         self.rotary = VisionRotary2D(config.head_dim, config.rope_theta, merge_size=self.merge, interleaved=True,
                                      col_first=True)
         self.encoder = nn.Module()
         self.encoder.blocks = nn.ModuleList([
-            VisionBlock(config.hidden_size, config.num_heads, config.intermediate_size, norm="layer",
-                        norm_eps=config.norm_eps, mlp="plain", act=config.hidden_act, rotary_interleaved=True,
-                        tp_size=tp, multimodal_config=multimodal_config, prefix=f"encoder.blocks.{i}",
-                        device=device, dtype=dtype)
+            VisionBlock(dim, config.num_heads, config.intermediate_size, norm="layer", norm_eps=config.norm_eps,
+                        mlp="plain", act=config.hidden_act, rotary_interleaved=True,
+                        multimodal_config=multimodal_config, prefix=f"encoder.blocks.{i}", **dd)
             for i in range(config.depth)])
-        self.encoder.final_layernorm = LayerNorm(config.hidden_size, config.norm_eps, device=device, dtype=dtype)
-        self.merger = PatchMerger(config.out_hidden_size, config.hidden_size, self.merge, norm="layer",
-                                  norm_eps=config.projector_norm_eps, act="gelu", tp_size=tp, device=device,
-                                  dtype=dtype)
-        self.register_buffer("frame_table", frame_sincos(config.pos_emb_time, config.hidden_size).to(device),
-                             persistent=False)
-        self._plans = LRUCache(32)
+        self.encoder.final_layernorm = LayerNorm(dim, config.norm_eps, **dd)
+        self.merger = PatchMerger(config.out_hidden_size, dim, self.merge, norm="layer",
+                                  norm_eps=config.projector_norm_eps, act="gelu", **dd)
+        self.register_buffer("frame_table", frame_sincos(config.pos_emb_time, dim).to(device), persistent=False)
 
     def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
-        return [h * w // self.merge ** 2 for _, h, w in self._grid(grid_thw)]
+        """h * w / merge^2 per grid row: a video chunk's frames are pooled into one."""
+        return [h * w // self.merge ** 2 for _, h, w in self.read_grid(grid_thw)]
 
-    def _grid(self, grid_thw: torch.Tensor) -> Grid:
-        grid = read_grid(grid_thw, self.merge)
+    def read_grid(self, grid_thw: torch.Tensor) -> Grid:
+        grid = super().read_grid(grid_thw)
         limit = max(self.config.pos_emb_time, 1)
         for i, (t, h, w) in enumerate(grid):
             if t > limit:
@@ -261,11 +258,7 @@ class KimiVisionTower(nn.Module):
                                  f"{limit} frame(s) per grid row (split longer videos into chunks)")
         return grid
 
-    def plan(self, grid_thw: torch.Tensor, device) -> KimiPlan:
-        grid = self._grid(grid_thw)
-        return self._plans.get((grid, str(device)), lambda: self._make_plan(grid, device))
-
-    def _make_plan(self, grid: Grid, device) -> KimiPlan:
+    def make_plan(self, grid: Grid, device) -> KimiPlan:
         orders, frames, pool, weights, offset, pooled = [], [], [], [], 0, 0
         for t, h, w in grid:
             pos = grid_positions(h, w, self.merge)  # [h*w, 2] (row, col) in merge-block order
@@ -283,12 +276,14 @@ class KimiVisionTower(nn.Module):
         return KimiPlan(num_patches(grid), torch.cat(orders).to(device), cu, max_len, cos, sin, pos_index, pos_weight,
                         to(frames), to(pool), to(weights), pooled)
 
-    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
-        plan = self.plan(grid_thw, pixel_values.device)
+    def check_pixels(self, pixel_values: torch.Tensor, plan: KimiPlan) -> None:
         if pixel_values.shape[0] != plan.num_patches or pixel_values[0].numel() != self.config.patch_features:
             raise ValueError(f"pixel_values has shape {tuple(pixel_values.shape)} but grid_thw describes "
                              f"{plan.num_patches} patches of {self.config.patch_features} values "
                              f"([patches, C, p, p] or [patches, C*p*p]); pass the grid_thw that came with them")
+
+    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
+        plan = self.plan_for(pixel_values, grid_thw)
         x = self.patch_embed(pixel_values.reshape(plan.num_patches, -1)[plan.order])  # [T, D], merge-block order
         pos = self.patch_embed.pos_emb(plan.pos_index, plan.pos_weight)  # float32 [T, D]
         if plan.frame_index is not None:
@@ -303,19 +298,11 @@ class KimiVisionTower(nn.Module):
             x = pooled.index_add_(0, plan.pool_index, x.float() * plan.pool_weight[:, None]).to(x.dtype)
         return TowerOutput(self.merger(x))  # [sum(h*w) / m^2, out_hidden]
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return load_named_weights(self, weights, self.weight_map)
-
 
 class KimiVLVisionTower(KimiVisionTower):
     """Kimi-VL's MoonViT: the K2.5 tower without video, its projector named multi_modal_projector."""
 
     weight_map = KIMI_VL_WEIGHT_MAP
-
-
-def kimi_processor(preprocessor_config: Mapping[str, Any]):
-    """Kimi-K2.5's image processor (mmenc.preprocess.kimi), imported when first needed."""
-    return importlib.import_module("mmenc.preprocess.kimi").kimi_k25_from_hf(preprocessor_config)
 
 
 def kimi_vl_processor(preprocessor_config: Mapping[str, Any]):
@@ -338,8 +325,7 @@ _KIMI_VL_VISION = {"model_type": "moonvit", "patch_size": 14, "init_pos_emb_heig
 
 
 def _builtin(arch: str, model_type: str, vision: dict[str, Any], text_hidden: int) -> dict[str, Any]:
-    return {"architectures": [arch], "model_type": model_type, "torch_dtype": "bfloat16",
-            "vision_config": dict(vision), "text_config": {"hidden_size": text_hidden}}
+    return builtin_config(arch, model_type, vision, text_config={"hidden_size": text_hidden})
 
 
 KIMI_K25_SPEC = register_model(ModelSpec(
@@ -349,7 +335,7 @@ KIMI_K25_SPEC = register_model(ModelSpec(
     # one group: the tower and its projector sit side by side; transformers' save_pretrained writes the
     # projector's norm as model.mm_projector.pre_norm
     weight_prefixes=(("vision_tower.", "mm_projector.", "model.mm_projector."),),
-    processor_from_hf=kimi_processor,
+    processor_from_hf=lazy_processor("mmenc.preprocess.kimi:kimi_k25_from_hf"),
     builtin_configs={"moonshotai/Kimi-K2.5": _builtin("KimiK25ForConditionalGeneration", "kimi_k25", _K25_VISION,
                                                       7168)},
 ))
@@ -357,7 +343,7 @@ KIMI_K25_SPEC = register_model(ModelSpec(
 KIMI_VL_SPEC = register_model(ModelSpec(
     architectures=("KimiVLForConditionalGeneration",),
     tower_cls=KimiVLVisionTower,
-    config_from_hf=KimiVisionConfig.from_kimi_vl,
+    config_from_hf=KimiVLVisionConfig.from_hf,
     weight_prefixes=(("vision_tower.", "multi_modal_projector."),),
     processor_from_hf=kimi_vl_processor,
     builtin_configs={name: _builtin("KimiVLForConditionalGeneration", "kimi_vl", _KIMI_VL_VISION, 2048)

@@ -7,26 +7,21 @@ fullatt_block_indexes attend over whole frames (still contiguous: windows never 
 others within windows. The merger's output is put back into image order with the inverse
 permutation. Permutations, rotary tables and both cu_seqlens are computed on the host from the CPU
 grid_thw once per forward and cached per (t, h, w) and per grid.
-
-Tensor parallelism: `tp_size=None` shards over the current tensor-parallel group; `tp_size=1`
-builds the tower unsharded (data-parallel mode).
 """
 import dataclasses
-from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
 from mmenc.config import MultiModalConfig
-from mmenc.layers.grid import Grid, LRUCache, frame_lengths, merged_tokens, read_grid
+from mmenc.layers.grid import Grid, LRUCache, frame_lengths
+from mmenc.layers.plan import PackPlan
 from mmenc.layers.rotary import VisionRotary2D
-from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock, resolve_tp_size
-from mmenc.layers.weights import WeightMap, load_named_weights
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput
-from mmenc.models.qwen2_vl import (PackPlan, _builtin, check_patch_count, qwen_vl_processor, rope_theta,
-                                   vision_config_dict)
+from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock
+from mmenc.layers.weights import WeightMap
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
 from mmenc.models.registry import register_model
 
 
@@ -38,6 +33,7 @@ class Qwen2_5_VisionConfig(TowerConfigBase):
     window_size: a window's side in pixels; fullatt_block_indexes: layers attending whole frames.
     """
 
+    hf_aliases: ClassVar = {"in_channels": ("in_channels", "in_chans"), "patch_size": ("patch_size", "spatial_patch_size")}
     depth: int = 32
     hidden_size: int = 3584
     num_heads: int = 16
@@ -71,31 +67,6 @@ class Qwen2_5_VisionConfig(TowerConfigBase):
         """A window's side in merged tokens."""
         return self.window_size // (self.patch_size * self.spatial_merge_size)
 
-    @classmethod
-    def from_hf(cls, config: Mapping[str, Any]) -> "Qwen2_5_VisionConfig":
-        v = vision_config_dict(config)
-        d = cls()
-        return cls(depth=v.get("depth", d.depth), hidden_size=v.get("hidden_size", d.hidden_size),
-                   num_heads=v.get("num_heads", d.num_heads),
-                   intermediate_size=v.get("intermediate_size", d.intermediate_size),
-                   out_hidden_size=v.get("out_hidden_size", d.out_hidden_size),
-                   hidden_act=v.get("hidden_act", d.hidden_act),
-                   in_channels=v.get("in_channels", v.get("in_chans", d.in_channels)),
-                   patch_size=v.get("patch_size", v.get("spatial_patch_size", d.patch_size)),
-                   temporal_patch_size=v.get("temporal_patch_size", d.temporal_patch_size),
-                   spatial_merge_size=v.get("spatial_merge_size", d.spatial_merge_size),
-                   window_size=v.get("window_size", d.window_size),
-                   fullatt_block_indexes=tuple(v.get("fullatt_block_indexes", d.fullatt_block_indexes)),
-                   rope_theta=rope_theta(v))
-
-
-QWEN2_5_VL_WEIGHT_MAP = WeightMap([
-    (".mlp.gate_proj.", ".mlp.gate_up_proj.", 0),
-    (".mlp.up_proj.", ".mlp.gate_up_proj.", 1),
-    ("merger.mlp.0.", "merger.fc1.", None),
-    ("merger.mlp.2.", "merger.fc2.", None),
-])
-
 
 def window_order(t: int, h: int, w: int, merge: int, window: int) -> tuple[torch.Tensor, list[int]]:
     """Windows of one (t, h, w) item, over its merged-token grid [t, h/merge, w/merge].
@@ -117,35 +88,31 @@ def window_order(t: int, h: int, w: int, merge: int, window: int) -> tuple[torch
     return order, [n for n in lengths.tolist() if n > 0]
 
 
-class Qwen2_5_VisionTower(nn.Module):
+class Qwen2_5_VisionTower(VisionTower):
     """forward(pixel_values [T, C*tp*p*p], grid_thw int64 [N, 3] on CPU) -> TowerOutput with
     embeddings [T / merge^2, out_hidden_size], images in grid order."""
 
-    weight_map = QWEN2_5_VL_WEIGHT_MAP
+    weight_map = WeightMap([
+        (".mlp.gate_proj.", ".mlp.gate_up_proj.", 0),
+        (".mlp.up_proj.", ".mlp.gate_up_proj.", 1),
+        ("merger.mlp.0.", "merger.fc1.", None),
+        ("merger.mlp.2.", "merger.fc2.", None),
+    ])
 
     def __init__(self, config: Qwen2_5_VisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None, tp_size: int | None = None):
-        super().__init__()
-        self.config = config
-        tp = resolve_tp_size(tp_size)
-        self.tp_size = tp
-        self.merge = config.spatial_merge_size
+                 device=None, dtype=None):
+        super().__init__(config, multimodal_config, device, dtype)
+        dim, dd = config.hidden_size, self.factory_kwargs
         self.full_attention = frozenset(config.fullatt_block_indexes)
-        self.patch_embed = PatchEmbed(config.patch_features, config.hidden_size, bias=False, device=device,
-                                      dtype=dtype)
+        self.patch_embed = PatchEmbed(config.patch_features, dim, bias=False, **dd)
         self.rotary = VisionRotary2D(config.head_dim, config.rope_theta, merge_size=self.merge)
         self.blocks = nn.ModuleList([
-            VisionBlock(config.hidden_size, config.num_heads, config.intermediate_size, norm="rms",
-                        norm_eps=config.norm_eps, mlp="gated", act=config.hidden_act, tp_size=tp,
-                        multimodal_config=multimodal_config, prefix=f"blocks.{i}", device=device, dtype=dtype)
+            VisionBlock(dim, config.num_heads, config.intermediate_size, norm="rms", norm_eps=config.norm_eps,
+                        mlp="gated", act=config.hidden_act, multimodal_config=multimodal_config,
+                        prefix=f"blocks.{i}", **dd)
             for i in range(config.depth)])
-        self.merger = PatchMerger(config.out_hidden_size, config.hidden_size, self.merge, norm="rms",
-                                  norm_eps=config.norm_eps, tp_size=tp, device=device, dtype=dtype)
+        self.merger = PatchMerger(config.out_hidden_size, dim, self.merge, norm="rms", norm_eps=config.norm_eps, **dd)
         self._items = LRUCache(256)  # (t, h, w) -> window order, window lengths, positions (host)
-        self._plans = LRUCache(8)  # (grid, device) -> PackPlan (device tensors)
-
-    def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
-        return merged_tokens(grid_thw, self.merge)
 
     def _item(self, t: int, h: int, w: int):
         """One item's window order over merged tokens, window lengths (patches) and the patches'
@@ -158,11 +125,7 @@ class Qwen2_5_VisionTower(nn.Module):
             return order, [n * unit for n in lengths], positions
         return self._items.get((t, h, w), make)
 
-    def plan(self, grid_thw: torch.Tensor, device) -> PackPlan:
-        grid = read_grid(grid_thw, self.merge)
-        return self._plans.get((grid, str(device)), lambda: self._make_plan(grid, device))
-
-    def _make_plan(self, grid: Grid, device) -> PackPlan:
+    def make_plan(self, grid: Grid, device) -> PackPlan:
         unit = self.merge ** 2
         orders, positions, window_lengths, offset = [], [], [], 0
         for t, h, w in grid:
@@ -184,8 +147,7 @@ class Qwen2_5_VisionTower(nn.Module):
                         token_order=token_order, merged_inverse=merged_inverse)
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
-        plan = self.plan(grid_thw, pixel_values.device)
-        check_patch_count(pixel_values, plan)
+        plan = self.plan_for(pixel_values, grid_thw)
         x = self.patch_embed(pixel_values)[plan.token_order]  # [T, hidden], window order
         rotary = (plan.cos, plan.sin)
         for i, block in enumerate(self.blocks):
@@ -195,16 +157,13 @@ class Qwen2_5_VisionTower(nn.Module):
                 x = block(x, plan.cu_window_seqlens, plan.max_window_seqlen, rotary)
         return TowerOutput(self.merger(x)[plan.merged_inverse])  # [T / unit, out_hidden], image order
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return load_named_weights(self, weights, self.weight_map)
 
-
-def _qwen2_5_vl_builtin(out_hidden: int) -> dict[str, Any]:
+def _qwen2_5_vl_builtin(out_hidden: int) -> dict:
     vision = {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
               "in_chans": 3, "out_hidden_size": out_hidden, "patch_size": 14, "spatial_merge_size": 2,
               "spatial_patch_size": 14, "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31],
               "tokens_per_second": 2, "temporal_patch_size": 2}
-    return _builtin("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", vision, out_hidden)
+    return builtin_config("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", vision, hidden_size=out_hidden)
 
 
 QWEN2_5_VL_SPEC = register_model(ModelSpec(
@@ -212,7 +171,7 @@ QWEN2_5_VL_SPEC = register_model(ModelSpec(
     tower_cls=Qwen2_5_VisionTower,
     config_from_hf=Qwen2_5_VisionConfig.from_hf,
     weight_prefixes=("model.visual.", "visual."),
-    processor_from_hf=qwen_vl_processor,
+    processor_from_hf=lazy_processor("mmenc.preprocess.qwen_vl:qwen2_vl_from_hf"),
     builtin_configs={
         "Qwen/Qwen2.5-VL-3B-Instruct": _qwen2_5_vl_builtin(2048),
         "Qwen/Qwen2.5-VL-7B-Instruct": _qwen2_5_vl_builtin(3584),

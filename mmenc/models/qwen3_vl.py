@@ -15,27 +15,21 @@ through their own merger (`deepstack_merger_list[k]`, LayerNorm over the merged 
 instead of per patch). `TowerOutput.extras["deepstack"]` is the list of those outputs in layer
 order, each [T / merge^2, out_hidden_size] with rows in the same token order as `embeddings`
 (images in grid order); the language model adds feature k to its hidden states after layer k.
-
-Tensor parallelism: `tp_size=None` shards heads and MLP features over the current tensor-parallel
-group; `tp_size=1` builds the tower unsharded (data-parallel mode).
 """
 import dataclasses
-import importlib
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from mmenc.attention import make_cu_seqlens
 from mmenc.config import MultiModalConfig
-from mmenc.layers.grid import LRUCache, frame_lengths, merged_tokens, num_patches, read_grid
+from mmenc.layers.grid import Grid
+from mmenc.layers.plan import PackPlan, frame_plan
 from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.layers.rotary import VisionRotary2D
-from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock, resolve_tp_size
-from mmenc.layers.weights import WeightMap, load_named_weights
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput
-from mmenc.models.qwen2_vl import PackPlan, check_patch_count, rope_theta, vision_config_dict
+from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock
+from mmenc.layers.weights import WeightMap
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
 from mmenc.models.registry import register_model
 
 
@@ -78,89 +72,41 @@ class Qwen3VisionConfig(TowerConfigBase):
             raise ValueError(f"Qwen3VisionConfig.deepstack_visual_indexes={list(self.deepstack_visual_indexes)} "
                              f"must be distinct layers in 0..{self.depth - 1}")
 
-    @classmethod
-    def from_hf(cls, config: Mapping[str, Any]) -> "Qwen3VisionConfig":
-        v = vision_config_dict(config)
-        d = cls()
-        return cls(depth=v.get("depth", d.depth), hidden_size=v.get("hidden_size", d.hidden_size),
-                   num_heads=v.get("num_heads", d.num_heads),
-                   intermediate_size=v.get("intermediate_size", d.intermediate_size),
-                   out_hidden_size=v.get("out_hidden_size", d.out_hidden_size),
-                   hidden_act=v.get("hidden_act", d.hidden_act), in_channels=v.get("in_channels", d.in_channels),
-                   patch_size=v.get("patch_size", d.patch_size),
-                   temporal_patch_size=v.get("temporal_patch_size", d.temporal_patch_size),
-                   spatial_merge_size=v.get("spatial_merge_size", d.spatial_merge_size),
-                   num_position_embeddings=v.get("num_position_embeddings", d.num_position_embeddings),
-                   deepstack_visual_indexes=tuple(v.get("deepstack_visual_indexes", d.deepstack_visual_indexes)),
-                   rope_theta=rope_theta(v))
 
-
-# Checkpoint name -> parameter name: linear_fc1/2 (blocks and mergers) -> fc1/2, the mergers' norm -> ln_q.
-QWEN3_VL_WEIGHT_MAP = WeightMap([
-    ("linear_fc1.", "fc1.", None),
-    ("linear_fc2.", "fc2.", None),
-    (".norm.", ".ln_q.", None),
-])
-
-
-@dataclasses.dataclass
-class PosPackPlan(PackPlan):
-    """PackPlan plus the learned position table's taps for the pack (int64 / float32 [T, taps])."""
-
-    pos_index: torch.Tensor | None = None
-    pos_weight: torch.Tensor | None = None
-
-
-def make_pos_plan(grid, device, rotary: VisionRotary2D, pos_embed: InterpolatedPosEmbed) -> PosPackPlan:
-    """Per-frame attention segments, rotary tables and position-table taps of a pack, on `device`."""
-    cu, max_len = make_cu_seqlens(frame_lengths(grid), device)
-    cos, sin = rotary.tables(grid, device)
-    index, weight = pos_embed.taps(grid, device)
-    return PosPackPlan(num_patches(grid), cu, max_len, cos, sin, pos_index=index, pos_weight=weight)
-
-
-class Qwen3VisionTower(nn.Module):
+class Qwen3VisionTower(VisionTower):
     """forward(pixel_values [T, C*tp*p*p], grid_thw int64 [N, 3] on CPU) -> TowerOutput with
     embeddings [T / merge^2, out_hidden_size] (images in grid order) and extras["deepstack"], a list
     of len(deepstack_visual_indexes) tensors of the same shape and token order."""
 
-    weight_map = QWEN3_VL_WEIGHT_MAP
+    # linear_fc1/2 (blocks and mergers) -> fc1/2, the mergers' norm -> ln_q
+    weight_map = WeightMap([("linear_fc1.", "fc1.", None), ("linear_fc2.", "fc2.", None), (".norm.", ".ln_q.", None)])
+    plan_cache_size = 32
 
     def __init__(self, config: Qwen3VisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None, tp_size: int | None = None):
-        super().__init__()
-        self.config = config
-        tp = resolve_tp_size(tp_size)
-        self.tp_size = tp
-        self.merge = m = config.spatial_merge_size
-        dim = config.hidden_size
-        self.patch_embed = PatchEmbed(config.patch_features, dim, bias=True, device=device, dtype=dtype)
+                 device=None, dtype=None):
+        super().__init__(config, multimodal_config, device, dtype)
+        dim, m, dd = config.hidden_size, self.merge, self.factory_kwargs
+        self.patch_embed = PatchEmbed(config.patch_features, dim, bias=True, **dd)
         self.pos_embed = InterpolatedPosEmbed(config.num_position_embeddings, dim, mode="bilinear",
-                                              align_corners=True, merge_size=m, device=device, dtype=dtype)
+                                              align_corners=True, merge_size=m, **dd)
         self.rotary = VisionRotary2D(config.head_dim, config.rope_theta, merge_size=m)
         self.blocks = nn.ModuleList([
             VisionBlock(dim, config.num_heads, config.intermediate_size, norm="layer", norm_eps=config.norm_eps,
-                        mlp="plain", act=config.hidden_act, tp_size=tp, multimodal_config=multimodal_config,
-                        prefix=f"blocks.{i}", device=device, dtype=dtype)
+                        mlp="plain", act=config.hidden_act, multimodal_config=multimodal_config,
+                        prefix=f"blocks.{i}", **dd)
             for i in range(config.depth)])
-        merger = dict(norm="layer", norm_eps=config.norm_eps, act="gelu", tp_size=tp, device=device, dtype=dtype)
+        merger = dict(norm="layer", norm_eps=config.norm_eps, act="gelu", **dd)
         self.merger = PatchMerger(config.out_hidden_size, dim, m, **merger)
         self.deepstack_merger_list = nn.ModuleList([
             PatchMerger(config.out_hidden_size, dim, m, norm_after_merge=True, **merger)
             for _ in config.deepstack_visual_indexes])
         self.deepstack_layers = {layer: k for k, layer in enumerate(config.deepstack_visual_indexes)}
-        self._plans = LRUCache(32)
 
-    def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
-        return merged_tokens(grid_thw, self.merge)
-
-    def plan(self, grid_thw: torch.Tensor, device) -> PosPackPlan:
-        grid = read_grid(grid_thw, self.merge)
-        return self._plans.get((grid, str(device)), lambda: make_pos_plan(grid, device, self.rotary, self.pos_embed))
+    def make_plan(self, grid: Grid, device) -> PackPlan:
+        return frame_plan(grid, device, self.rotary, self.pos_embed)
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
-        plan = self.plan(grid_thw, pixel_values.device)
-        check_patch_count(pixel_values, plan)
+        plan = self.plan_for(pixel_values, grid_thw)
         x = self.patch_embed(pixel_values)  # [T, hidden]
         x = x + self.pos_embed(plan.pos_index, plan.pos_weight).to(x.dtype)
         rotary = (plan.cos, plan.sin)
@@ -172,14 +118,6 @@ class Qwen3VisionTower(nn.Module):
                 deepstack.append(self.deepstack_merger_list[k](x))  # [T / m^2, out_hidden]
         return TowerOutput(self.merger(x), {"deepstack": deepstack})
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        return load_named_weights(self, weights, self.weight_map)
-
-
-def qwen3_vl_processor(preprocessor_config: Mapping[str, Any]):
-    """The Qwen3-VL image processor (mmenc.preprocess.qwen_vl), imported when first needed."""
-    return importlib.import_module("mmenc.preprocess.qwen_vl").qwen3_vl_from_hf(preprocessor_config)
-
 
 def _builtin(arch: str, model_type: str, depth: int, hidden: int, intermediate: int, out_hidden: int,
              deepstack: list[int]) -> dict[str, Any]:
@@ -187,8 +125,7 @@ def _builtin(arch: str, model_type: str, depth: int, hidden: int, intermediate: 
               "out_hidden_size": out_hidden, "deepstack_visual_indexes": deepstack, "hidden_act": "gelu_pytorch_tanh",
               "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
               "num_position_embeddings": 2304}
-    return {"architectures": [arch], "model_type": model_type, "torch_dtype": "bfloat16",
-            "text_config": {"hidden_size": out_hidden}, "vision_config": vision}
+    return builtin_config(arch, model_type, vision, text_config={"hidden_size": out_hidden})
 
 
 _DENSE, _MOE = ("Qwen3VLForConditionalGeneration", "qwen3_vl"), ("Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe")
@@ -209,6 +146,6 @@ QWEN3_VL_SPEC = register_model(ModelSpec(
     tower_cls=Qwen3VisionTower,
     config_from_hf=Qwen3VisionConfig.from_hf,
     weight_prefixes=("model.visual.", "visual."),
-    processor_from_hf=qwen3_vl_processor,
+    processor_from_hf=lazy_processor("mmenc.preprocess.qwen_vl:qwen3_vl_from_hf"),
     builtin_configs=QWEN3_VL_BUILTINS,
 ))
