@@ -34,8 +34,12 @@ logger = init_logger(__name__)
 
 
 class _Graph:
-    def __init__(self, graph: torch.cuda.CUDAGraph, static_in: torch.Tensor, static_out: TowerOutput):
-        self.graph, self.static_in, self.static_out = graph, static_in, static_out
+    """A captured forward. `plan`: the tower's per-grid plan the capture read (rotary tables,
+    cu_seqlens, ...): the graph replays reads of those very tensors, so it holds them alive even after
+    the tower's own plan cache has dropped them."""
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, static_in: torch.Tensor, static_out: TowerOutput, plan=None):
+        self.graph, self.static_in, self.static_out, self.plan = graph, static_in, static_out, plan
 
 
 class CudaGraphCache:
@@ -100,7 +104,8 @@ class CudaGraphCache:
             logger.warning("CUDA graph capture failed for grid %s (%s: %s); this packing runs without a graph",
                            [list(g) for g in key[0]], type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             return None
-        entry = self._graphs[key] = _Graph(graph, static_in, static_out)
+        plan = self.tower.plan(grid_thw, self.device) if hasattr(self.tower, "plan") else None  # the cached one
+        entry = self._graphs[key] = _Graph(graph, static_in, static_out, plan)
         self.stats["captures"] += 1
         if len(self._graphs) > self.max_graphs:
             self._graphs.popitem(last=False)
