@@ -104,7 +104,7 @@ class CudaGraphCache:
             logger.warning("CUDA graph capture failed for grid %s (%s: %s); this packing runs without a graph",
                            [list(g) for g in key[0]], type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             return None
-        plan = self.tower.plan(grid_thw, self.device) if hasattr(self.tower, "plan") else None  # the cached one
+        plan = self.tower.plan(grid_thw, static_in.device) if hasattr(self.tower, "plan") else None  # the cached one
         entry = self._graphs[key] = _Graph(graph, static_in, static_out, plan)
         self.stats["captures"] += 1
         if len(self._graphs) > self.max_graphs:
