@@ -16,6 +16,15 @@ def _restore_platform():
     platforms.set_current_platform(before)
 
 
+@pytest.fixture(autouse=True)
+def _keep_log_level():
+    """CLI runs set the `mmenc` logger's level (--quiet, --log-level); the next test sees the level from before."""
+    logger = logging.getLogger("mmenc")
+    level = logger.level
+    yield
+    logger.setLevel(level)
+
+
 @pytest.fixture
 def use_platform():
     """use_platform(platform) makes `platform` the current one for this test; returns it."""

@@ -1,7 +1,6 @@
 """`mmenc bench` on a CPU: a small default workload, a warning before long ones, progress, arguments
 checked before any work, and the JSON written atomically."""
 import json
-import logging
 
 import pytest
 
@@ -14,14 +13,6 @@ from mmenc.bench.measure import WORKLOADS
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     return str(save_qwen2_5_vl(tmp_path_factory.mktemp("cli_bench"))[0])
-
-
-@pytest.fixture(autouse=True)
-def _keep_log_level():
-    logger = logging.getLogger("mmenc")
-    level = logger.level
-    yield
-    logger.setLevel(level)
 
 
 def _bench(capsys, *argv):

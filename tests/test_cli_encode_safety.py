@@ -27,14 +27,6 @@ def folder(tmp_path_factory):
     return str(save_qwen2_5_vl(tmp_path_factory.mktemp("cli_safety"))[0])
 
 
-@pytest.fixture(autouse=True)
-def _keep_log_level():
-    logger = logging.getLogger("mmenc")
-    level = logger.level
-    yield
-    logger.setLevel(level)
-
-
 def _image(path, h, w, seed=0):
     rng = np.random.default_rng(seed)
     Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(path)
