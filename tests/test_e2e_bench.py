@@ -117,7 +117,9 @@ def test_other_threads_interleave_between_stream_chunks(encoder):
     assert not errors and len(results) == 3, errors
     for k, got in results.items():
         for j, emb in enumerate(got):
-            assert torch.equal(emb, want[(j + k) % 12]), f"thread {k}, image {j}: results crossed"
+            ref = want[(j + k) % 12]
+            err = float((emb - ref).norm() / ref.norm())
+            assert err < 1e-5, f"thread {k}, image {j}: differs from its sequential result by {err:.2e} (crossed?)"
 
 
 def test_e2e_bench_runs_on_cpu(folder, tmp_path, capsys):
