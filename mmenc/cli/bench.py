@@ -44,6 +44,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "the tower-only rate; a stream through encode_iter; a batch-invariance probe")
     p.add_argument("--stream-images", type=int, default=None, metavar="N",
                    help="with --e2e: images in the stream case (default: 2000 on a GPU, 12 on a CPU; 0: skip)")
+    p.add_argument("--preprocess-workers", type=int, default=None, metavar="N",
+                   help="with --e2e: decode/resize threads (default: one per usable core)")
+    p.add_argument("--preprocess-decode", choices=["auto", "cpu", "gpu"], default="auto",
+                   help="with --e2e: where JPEGs are decoded (gpu: nvJPEG, needs torchvision; default: %(default)s)")
     return p
 
 
@@ -148,8 +152,14 @@ def run_e2e(args, encoder, workloads: dict, hf, json_path) -> int:
     import tempfile
 
     from mmenc.bench import e2e
+    from mmenc.preprocess.pipeline import Preprocessor
 
     loaded, device = encoder.loaded, encoder.device
+    if args.preprocess_workers is not None or args.preprocess_decode != "auto":
+        old = encoder.preprocessor
+        encoder.preprocessor = Preprocessor(encoder.processor, device=old.device, workers=args.preprocess_workers,
+                                            decode=args.preprocess_decode)
+        old.close()
     patch = getattr(encoder.processor.config, "patch_size", 14)
     gpu = device.type == "cuda"
     stream_n = args.stream_images if args.stream_images is not None else (2000 if gpu else 12)
@@ -184,6 +194,7 @@ def run_e2e(args, encoder, workloads: dict, hf, json_path) -> int:
     invariance = e2e.invariance_probe(encoder, small, large)
     print(f"model={encoder.model_name} dtype={str(loaded.dtype).removeprefix('torch.')} device={device} "
           f"torch={torch.__version__} preprocess_workers={encoder.preprocessor.workers} "
+          f"decode={encoder.preprocessor.decode} resize={encoder.preprocessor.resize} "
           f"hf_processor={type(hf_proc).__name__ if hf_proc is not None else None}"
           + (f" gpu={torch.cuda.get_device_name(device)}" if gpu else ""))
     print(e2e.format_rows(rows))
@@ -203,7 +214,8 @@ def run_e2e(args, encoder, workloads: dict, hf, json_path) -> int:
         payload = {"model": encoder.model_name, "dtype": str(loaded.dtype), "device": str(device),
                    "torch": torch.__version__, "gpu": torch.cuda.get_device_name(device) if gpu else None,
                    "compile": encoder.mm_config.compile, "cuda_graphs": encoder.mm_config.cuda_graphs,
-                   "preprocess_workers": encoder.preprocessor.workers,
+                   "preprocess_workers": encoder.preprocessor.workers, "decode": encoder.preprocessor.decode,
+                   "resize": encoder.preprocessor.resize,
                    "hf_processor": type(hf_proc).__name__ if hf_proc is not None else None,
                    "rows": [dict(vars(r), images_per_s=r.images_per_s) for r in rows], "workloads": summaries,
                    "stream": stream, "invariance": invariance}
