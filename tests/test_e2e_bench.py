@@ -158,4 +158,4 @@ def test_stream_on_cuda_matches_encode_and_stays_on_the_device(folder):
     for (i, emb), ref, host in zip(got, want, cpu):
         assert emb.device.type == "cuda" and torch.equal(emb, ref), f"image {i}: stream differs from encode"
         err = float((emb.cpu() - host).norm() / host.norm())
-        assert err < 1e-4, f"image {i}: CUDA differs from CPU by {err:.2e} (tolerance 1e-4, fp32/TF32)"
+        assert err < 5e-3, f"image {i}: CUDA differs from CPU by {err:.2e} (tolerance 5e-3, TF32 matmuls)"
