@@ -5,9 +5,11 @@ this CPU is long is announced before it starts, and every workload reports progr
 """
 import argparse
 import json
+import pathlib
 import sys
 import time
 
+import numpy as np
 import torch
 
 from mmenc.bench.measure import WORKLOADS, format_table, matmul_tflops, measure, parse_grid_spec, random_pixels
@@ -36,6 +38,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--no-hf", action="store_true", help="skip transformers' tower")
     p.add_argument("--hf-attn", default="sdpa", help="transformers attn_implementation (default: %(default)s)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--e2e", action="store_true",
+                   help="end to end instead: each workload as JPEG files (grid x patch size pixels), Encoder.encode("
+                        "paths) vs transformers' default image processor + its tower, with the preprocessing share and "
+                        "the tower-only rate; a stream through encode_iter; a batch-invariance probe")
+    p.add_argument("--stream-images", type=int, default=None, metavar="N",
+                   help="with --e2e: images in the stream case (default: 2000 on a GPU, 12 on a CPU; 0: skip)")
+    p.add_argument("--preprocess-workers", type=int, default=None, metavar="N",
+                   help="with --e2e: decode/resize threads (default: one per usable core)")
+    p.add_argument("--preprocess-decode", choices=["auto", "cpu", "gpu"], default="auto",
+                   help="with --e2e: where JPEGs are decoded (gpu: nvJPEG, needs torchvision; default: %(default)s)")
     return p
 
 
@@ -70,6 +82,8 @@ def run(args) -> int:
             hf = build_hf_tower(loaded, args.hf_attn)  # dummy weights: mmenc takes transformers' weights
         else:
             print(f"mmenc bench: transformers side skipped: {why}", file=sys.stderr)
+    if args.e2e:
+        return run_e2e(args, encoder, workloads, hf, json_path)
     ceiling = matmul_tflops(device, dtype) if device.type == "cuda" else None
     calls = 2 + args.warmup + args.iters + (1 + args.warmup + args.iters if hf is not None else 0)  # per workload
     if device.type == "cpu":
@@ -128,6 +142,83 @@ def run(args) -> int:
                    "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                    "matmul_tflops": ceiling, "workloads": results,
                    "rows": [dict(vars(r), images_per_s=r.images_per_s, patches_per_s=r.patches_per_s) for r in rows]}
+        write_atomically(json_path, lambda tmp: _dump(payload, tmp))
+    encoder.close()
+    return 0
+
+
+def run_e2e(args, encoder, workloads: dict, hf, json_path) -> int:
+    """`mmenc bench --e2e` (mmenc.bench.e2e): the table, the stream, the invariance probe."""
+    import tempfile
+
+    from mmenc.bench import e2e
+    from mmenc.preprocess.pipeline import Preprocessor
+
+    loaded, device = encoder.loaded, encoder.device
+    if args.preprocess_workers is not None or args.preprocess_decode != "auto":
+        old = encoder.preprocessor
+        encoder.preprocessor = Preprocessor(encoder.processor, device=old.device, workers=args.preprocess_workers,
+                                            decode=args.preprocess_decode)
+        old.close()
+    patch = getattr(encoder.processor.config, "patch_size", 14)
+    gpu = device.type == "cuda"
+    stream_n = args.stream_images if args.stream_images is not None else (2000 if gpu else 12)
+    if stream_n < 0:
+        raise ValueError(f"--stream-images={stream_n} must be >= 0 (0: no stream case)")
+    rows, summaries, stream = [], [], None
+    with tempfile.TemporaryDirectory(prefix="mmenc-e2e-") as tmp:
+        folder = pathlib.Path(tmp)
+        hf_proc = None
+        if not args.no_hf:
+            model_type = loaded.hf_config.get("model_type", "?")
+            try:
+                hf_proc = e2e.hf_image_processor(model_type, loaded.preprocessor_config, folder / "hf")
+            except (ValueError, OSError, ImportError, KeyError) as err:
+                print(f"mmenc bench: transformers' image processor for {model_type!r} skipped: {err}", file=sys.stderr)
+        for i, (name, grids) in enumerate(workloads.items()):
+            paths = e2e.write_jpegs(folder / f"w{i}", e2e.image_sizes(grids, patch), seed=i)
+            print(f"mmenc bench: e2e {name}: {len(paths)} JPEG files ...", file=sys.stderr, flush=True)
+            got, summary = e2e.run_workload(name, encoder, paths, hf_proc, hf, args.warmup, args.iters)
+            rows += got
+            summaries.append(summary)
+        if stream_n:
+            side = max(max(h, w) for grids in workloads.values() for _, h, w in grids) * patch
+            rng = np.random.default_rng(7)
+            sizes = [tuple(int(x) for x in rng.integers(max(side // 4, 2 * patch), side + 1, 2))
+                     for _ in range(min(stream_n, 64))]
+            pool = e2e.write_jpegs(folder / "stream", sizes, seed=99)
+            print(f"mmenc bench: e2e stream: {stream_n} images over {len(pool)} mixed-size files ...",
+                  file=sys.stderr, flush=True)
+            stream = e2e.run_stream(encoder, pool, stream_n)
+    small, large = ((1, 16, 16), (1, 74, 74)) if gpu else ((1, 8, 8), (1, 24, 24))
+    invariance = e2e.invariance_probe(encoder, small, large)
+    print(f"model={encoder.model_name} dtype={str(loaded.dtype).removeprefix('torch.')} device={device} "
+          f"torch={torch.__version__} preprocess_workers={encoder.preprocessor.workers} "
+          f"decode={encoder.preprocessor.decode} resize={encoder.preprocessor.resize} "
+          f"hf_processor={type(hf_proc).__name__ if hf_proc is not None else None}"
+          + (f" gpu={torch.cuda.get_device_name(device)}" if gpu else ""))
+    print(e2e.format_rows(rows))
+    for s in summaries:
+        print(f"{s['workload']}: preprocessing share {100 * s['preprocess_share']:.0f}%" + (
+            f"; grids equal to transformers: {s['grids_equal_transformers']}" if "grids_equal_transformers" in s else "")
+            + (f"; pixel max diff vs transformers {s['pixels_max_diff_vs_transformers']:.3g}"
+               if "pixels_max_diff_vs_transformers" in s else ""))
+    if stream is not None:
+        print(f"stream: {stream['images']} images ({stream['failed']} failed) in {stream['wall_s']:.2f} s = "
+              f"{stream['images_per_s']:.1f} img/s; tower {stream['tower_s']:.2f} s = "
+              f"{stream['tower_only_images_per_s']:.1f} img/s; GPU busy {100 * stream['gpu_busy_fraction']:.0f}%")
+    print("invariance (an image of grid {} alone vs in mixed batches, max |diff|): {} (largest |value| {:.3g})".format(
+        "x".join(map(str, small)), ", ".join(f"{k}: {v:.3g}" for k, v in invariance["max_abs_diff"].items()),
+        invariance["max_abs_value"]))
+    if json_path is not None:
+        payload = {"model": encoder.model_name, "dtype": str(loaded.dtype), "device": str(device),
+                   "torch": torch.__version__, "gpu": torch.cuda.get_device_name(device) if gpu else None,
+                   "compile": encoder.mm_config.compile, "cuda_graphs": encoder.mm_config.cuda_graphs,
+                   "preprocess_workers": encoder.preprocessor.workers, "decode": encoder.preprocessor.decode,
+                   "resize": encoder.preprocessor.resize,
+                   "hf_processor": type(hf_proc).__name__ if hf_proc is not None else None,
+                   "rows": [dict(vars(r), images_per_s=r.images_per_s) for r in rows], "workloads": summaries,
+                   "stream": stream, "invariance": invariance}
         write_atomically(json_path, lambda tmp: _dump(payload, tmp))
     encoder.close()
     return 0

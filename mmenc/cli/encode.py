@@ -34,8 +34,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_encoder_args(p, f"default: {DEFAULT_MODEL} with random weights")
     p.add_argument("--output", "-o", default="embeddings.safetensors", help="output file (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=16,
-                   help="images loaded together and most images per tower call (default: %(default)s); calls are "
-                        f"made smaller while one would take over {CALL_SECONDS:.0f} s, so progress keeps moving")
+                   help="most images per tower call (default: %(default)s); calls are made smaller while one would "
+                        f"take over {CALL_SECONDS:.0f} s, so progress keeps moving. Images are decoded and resized "
+                        "in parallel threads, ahead of the tower")
     add_image_args(p)
     return p
 
@@ -101,14 +102,14 @@ def run(args) -> int:
     results = Results()
     if not args.quiet:
         print(f"mmenc encode: loading {kwargs['model']} ...", file=sys.stderr, flush=True)
-    with image_pixel_limit(args.max_image_pixels) as max_pixels:
+    with image_pixel_limit(args.max_image_pixels):  # PIL's limit, which the encoder's Preprocessor follows
         try:
             encoder = Encoder(**kwargs)
         except KeyboardInterrupt:
             print("\nmmenc encode: interrupted while loading the model; nothing was written", file=sys.stderr)
             return EXIT_INTERRUPTED
         with encoder:
-            written, interrupted, seconds = _encode_and_save(encoder, paths, args, max_pixels, output, results)
+            written, interrupted, seconds = _encode_and_save(encoder, paths, args, output, results)
     print(f"model={encoder.model_name} backend={encoder.attention_backends()} images={results.images} "
           f"tokens={results.tokens} seconds={seconds:.2f} images/s={results.images / max(seconds, 1e-9):.2f} "
           f"output={output if written else '(none)'}")
@@ -119,7 +120,7 @@ def run(args) -> int:
     return 1 if results.failed or not written else 0
 
 
-def _encode_and_save(encoder, paths: list[str], args, max_pixels, output: pathlib.Path,
+def _encode_and_save(encoder, paths: list[str], args, output: pathlib.Path,
                      results: Results) -> tuple[bool, bool, float]:
     """Encode, then write: (written, interrupted by Ctrl-C, seconds). After a fatal error the encoded
     part is written and the error raised again."""
@@ -127,7 +128,7 @@ def _encode_and_save(encoder, paths: list[str], args, max_pixels, output: pathli
     interrupted = False
     try:
         with Progress(len(paths), unit="images", label="mmenc encode", enabled=not args.quiet) as progress:
-            encode_all(encoder, paths, args.batch_size, max_pixels, results, progress)
+            encode_all(encoder, paths, args.batch_size, results, progress)
     except KeyboardInterrupt:
         print(f"\nmmenc encode: interrupted after {results.images} of {len(paths)} images", file=sys.stderr)
         interrupted = True
@@ -141,60 +142,35 @@ def _encode_and_save(encoder, paths: list[str], args, max_pixels, output: pathli
     return written, interrupted, seconds
 
 
-def encode_all(encoder, paths: list[str], batch_size: int, max_pixels, results: Results, progress: Progress) -> None:
-    """Load and preprocess `batch_size` images at a time, encode them in calls sized by CallSizer,
-    and put each image's embeddings into `results` as soon as its call returns."""
-    from mmenc.preprocess.images import load_images
-
+def encode_all(encoder, paths: list[str], batch_size: int, results: Results, progress: Progress) -> None:
+    """Decode and resize in the encoder's Preprocessor threads (ahead of the tower, chunks of at most
+    max_batch_patches patches), encode each chunk in calls sized by CallSizer, and put each image's
+    embeddings into `results` as soon as its call returns. A file that fails is named and skipped."""
     sizer = CallSizer(batch_size)
-    for first in range(0, len(paths), batch_size):
-        batch = paths[first:first + batch_size]
-        images, failures = load_images(batch, errors="skip", max_pixels=max_pixels)
-        for f in failures:
-            results.fail(f.message)  # the message names the file
-        failed = {f.index for f in failures}
-        good = [p for i, p in enumerate(batch) if i not in failed]
-        good, pieces, grids = preprocess_each(encoder, good, images, results)
-        progress.advance(len(batch) - len(good))
-        done = 0
-        while done < len(good):
-            call = slice(done, done + sizer.size())
-            begin = time.perf_counter()
-            out = encoder.encode_pixels(torch.cat(pieces[call]), grids[call])  # [tokens of the call, out_hidden]
-            sizer.observe(len(good[call]), time.perf_counter() - begin)
-            for path, emb, grid in zip(good[call], out.split(encoder.output_tokens(grids[call])), grids[call]):
-                results.tensors[path] = emb.float().cpu().contiguous()
-                results.tensors[f"{path}.grid_thw"] = grid.clone()
-                results.tokens += emb.shape[0]
-                results.images += 1
-            progress.advance(len(good[call]))
-            done = call.stop
-
-
-def preprocess_each(encoder, paths: list[str], images: list, results: Results):
-    """(paths that preprocessed, their pixel rows one tensor each, grid_thw [N, 3]). The batch is
-    processed at once; when that raises ValueError (one image's size or aspect ratio), each image is
-    processed alone so only the bad ones fail, named."""
-    if not images:
-        return [], [], torch.zeros(0, 3, dtype=torch.int64)
+    chunks = encoder.preprocessor.iter_chunks(paths, max_batch_patches=encoder.max_batch_patches, errors="skip")
     try:
-        pixel_values, grid_thw = encoder.preprocess(images)
-        kept = paths
-    except ValueError:
-        kept, pixels, grids = [], [], []
-        for path, image in zip(paths, images):
-            try:
-                pv, g = encoder.preprocess([image])
-            except ValueError as e:
-                results.fail(f"'{path}': {e}")
-                continue
-            kept.append(path)
-            pixels.append(pv)
-            grids.append(g)
-        if not kept:
-            return [], [], torch.zeros(0, 3, dtype=torch.int64)
-        pixel_values, grid_thw = torch.cat(pixels), torch.cat(grids)
-    return kept, list(pixel_values.split(grid_thw.prod(-1).tolist())), grid_thw
+        for chunk in chunks:
+            for f in chunk.failures:
+                results.fail(f.message)  # the message names the file
+            progress.advance(len(chunk.failures))
+            good = [paths[i] for i in chunk.indices]
+            pieces = list(chunk.pixel_values.split(chunk.grid_thw.prod(-1).tolist())) if good else []
+            grids = chunk.grid_thw
+            done = 0
+            while done < len(good):
+                call = slice(done, done + sizer.size())
+                begin = time.perf_counter()
+                out = encoder.encode_pixels(torch.cat(pieces[call]), grids[call])  # [tokens of the call, out_hidden]
+                sizer.observe(len(good[call]), time.perf_counter() - begin)
+                for path, emb, grid in zip(good[call], out.split(encoder.output_tokens(grids[call])), grids[call]):
+                    results.tensors[path] = emb.float().cpu().contiguous()
+                    results.tensors[f"{path}.grid_thw"] = grid.clone()
+                    results.tokens += emb.shape[0]
+                    results.images += 1
+                progress.advance(len(good[call]))
+                done = call.stop
+    finally:
+        chunks.close()  # on Ctrl-C or an error: the images not started are cancelled
 
 
 def save(encoder, output: pathlib.Path, results: Results, complete: bool, partial: bool) -> bool:

@@ -35,13 +35,24 @@ def check_timeout(name: str, value) -> None:
         raise ValueError(f"{name}={value!r} must be a positive, finite number of seconds, e.g. 600")
 
 
-def check_finite(embeddings: torch.Tensor, tokens: list[int], strict: bool) -> None:
+def finite_flag(embeddings: torch.Tensor) -> torch.Tensor | None:
+    """A 0-dim bool tensor on the embeddings' device, True when all of `embeddings` is finite.
+    Computing it queues one reduction and does not wait for the device: a pipeline reads it later
+    (check_finite(..., flag=)) so the host never stalls the stream between tower calls."""
+    return None if embeddings.numel() == 0 else torch.isfinite(embeddings).all()
+
+
+def check_finite(embeddings: torch.Tensor, tokens: list[int], strict: bool, *, flag: torch.Tensor | None = None,
+                 indices: list[int] | None = None) -> None:
     """Warn (strict: raise NonFiniteOutputError) naming the images whose rows of `embeddings`
-    [sum(tokens), out_hidden] hold NaN or infinity. One reduction when all is finite."""
-    if embeddings.numel() == 0 or bool(torch.isfinite(embeddings).all()):
+    [sum(tokens), out_hidden] hold NaN or infinity. One reduction when all is finite (or none: `flag`
+    from finite_flag, read here). indices: how to name the images (default 0..N-1)."""
+    if embeddings.numel() == 0 or bool(flag if flag is not None else torch.isfinite(embeddings).all()):
         return
     bad_rows = ~torch.isfinite(embeddings).all(dim=-1)
     bad = [i for i, rows in enumerate(bad_rows.split(tokens)) if bool(rows.any())]
+    if indices is not None:
+        bad = [indices[i] for i in bad]
     shown = ", ".join(map(str, bad[:20])) + (" ..." if len(bad) > 20 else "")
     message = (f"non-finite embeddings (NaN or inf) for {len(bad)} of {len(tokens)} image(s) of this call "
                f"(image indices in the call: {shown}); check the checkpoint's weights and the dtype "

@@ -2,6 +2,7 @@
 
     enc = Encoder("path/to/Qwen2.5-VL-7B-Instruct")          # or a built-in name, load_format="dummy"
     embeddings = enc.encode(["a.jpg", "b.png"])              # list of [tokens_i, out_hidden]
+    for i, emb in enc.encode_iter(paths):                    # a stream, input order, bounded memory
     pixel_values, grid_thw = enc.preprocess(images)          # exactly the HF image processor's output
     flat = enc.encode_pixels(pixel_values, grid_thw)         # [sum tokens_i, out_hidden], image order
 
@@ -13,20 +14,25 @@ results still come back on `device` (cuda:0 by default), as with one GPU.
 Under torchrun (RANK/WORLD_SIZE set) each process is one rank instead: every rank builds the
 Encoder and calls it with the same inputs, and every rank receives the full result.
 Which of these runs the tower is one runner object (mmenc.engine.runners), chosen here once.
+`encode` and `encode_iter` are pipelined: the Preprocessor's threads decode and resize the next
+chunk while the tower runs this one, and the host reads no device value between chunks
+(docs/engine.md, Pipelining).
 """
 import dataclasses
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 import torch
 
 from mmenc.config import MultiModalConfig
-from mmenc.engine.checks import check_dtype, check_finite, check_positive_int, check_timeout
+from mmenc.engine.checks import check_dtype, check_finite, check_positive_int, check_timeout, finite_flag
 from mmenc.engine.runner import TowerRecipe, empty_output
 from mmenc.engine.runners import make_runner
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
+from mmenc.preprocess.images import ImageLoadError, LoadFailure
+from mmenc.preprocess.pipeline import Chunk, Preprocessor
 
 logger = init_logger(__name__)
 
@@ -46,7 +52,8 @@ class Encoder:
                  device: str | torch.device | None = None, mm_encoder_attn_backend: str | None = None,
                  load_format: Literal["auto", "dummy"] = "auto", tensor_parallel_size: int = 1,
                  mm_encoder_tp_mode: str = "weights", max_batch_patches: int = 1 << 16, compile: bool = False,
-                 cuda_graphs: bool = False, *, worker_timeout_s: float = 600.0, strict: bool = False):
+                 cuda_graphs: bool = False, *, worker_timeout_s: float = 600.0, strict: bool = False,
+                 preprocess_workers: int | None = None):
         """model: a local Hugging Face checkpoint folder, or a built-in name (then
         load_format="dummy" is implied: random weights, no files). max_batch_patches bounds one
         tower call; `encode` splits larger inputs into several calls (whole images only).
@@ -56,6 +63,8 @@ class Encoder:
         worker_timeout_s: with worker processes (tensor_parallel_size > 1), the most one call may
         wait for them before they are declared hung (TimeoutError naming the rank).
         strict: non-finite (NaN/inf) embeddings raise NonFiniteOutputError instead of a warning.
+        preprocess_workers: decode/resize threads of `encode`/`encode_iter` (None: one per usable
+        core; 0: in the calling thread). See mmenc.preprocess.pipeline.Preprocessor.
         Safe to call from many threads: calls run one at a time (docs/engine.md, Threads)."""
         check_dtype(dtype)
         check_positive_int("tensor_parallel_size", tensor_parallel_size, "the number of devices, e.g. 2")
@@ -72,6 +81,7 @@ class Encoder:
         self.device, self.tensor_parallel_size = self.runner.device, self.runner.tensor_parallel_size
         self.loaded = self.runner.loaded
         self.processor = self.loaded.processor
+        self.preprocessor = Preprocessor(self.processor, device=self.runner.input_device, workers=preprocess_workers)
         self._lock = threading.Lock()  # one call at a time: results can never cross between threads
         self._empty: TowerOutput | None = None
 
@@ -105,26 +115,49 @@ class Encoder:
 
     def encode(self, images: Sequence[Any], return_extras: bool = False,
                errors: Literal["raise", "skip"] = "raise") -> list:
-        """One [tokens_i, out_hidden] tensor per image (ImageEmbedding with return_extras).
+        """One [tokens_i, out_hidden] tensor per image (ImageEmbedding with return_extras), on the
+        tower's device. Inputs: paths, bytes, PIL images, numpy arrays (see mmenc.preprocess).
 
-        Partial failure: every input is loaded first. errors="raise" raises one ImageLoadError
-        naming every input that failed, before any encoding; errors="skip" encodes the others and
-        puts None at the failed positions (the failures are logged with their reasons)."""
-        from mmenc.preprocess.images import load_images
-
-        loaded, failures = load_images(list(images), errors=errors)
-        for f in failures:
-            logger.warning("skipped: %s", f.message)  # the message names the input
-        results: list = [None] * len(images)
-        failed = {f.index for f in failures}
-        ok = [i for i in range(len(images)) if i not in failed]
-        if not loaded:
-            return results
-        pixel_values, grid_thw = self.processor(loaded)
-        out = self.encode_pixels(pixel_values, grid_thw, return_extras=True)
-        for i, piece in zip(ok, split_per_image(out, self.output_tokens(grid_thw))):
-            results[i] = piece if return_extras else piece.embeddings
+        Partial failure: every input is tried. errors="raise" raises one ImageLoadError naming every
+        input that failed (index, name, reason) and returns nothing (the tower stops at the first
+        failure); errors="skip" puts None at the failed positions (each failure logged, named).
+        Pipelined in chunks of at most max_batch_patches patches (see encode_iter)."""
+        if errors not in ("raise", "skip"):
+            raise ValueError(f"errors={errors!r} not supported; expected 'raise' or 'skip'")
+        items = list(images)
+        results: list = [None] * len(items)
+        failures: list[LoadFailure] = []
+        for index, value in self._pipeline(items, stop_on_failure=errors == "raise"):
+            if isinstance(value, LoadFailure):
+                failures.append(value)
+                if errors == "skip":
+                    logger.warning("skipped: %s", value.message)  # the message names the input
+            else:
+                results[index] = value if return_extras else value.embeddings
+        if failures and errors == "raise":
+            lines = "\n".join(f"  [{f.index}] {f.message}" for f in failures)
+            raise ImageLoadError(f"{len(failures)} of {len(items)} images failed to preprocess:\n{lines}")
         return results
+
+    def encode_iter(self, images: Iterable[Any], return_extras: bool = False
+                    ) -> Iterator[tuple[int, torch.Tensor | ImageEmbedding | LoadFailure]]:
+        """Stream: (input index, embeddings [tokens, out_hidden] (ImageEmbedding with return_extras)
+        or a LoadFailure naming the input and why) for every input, in input order.
+
+        `images` may be any iterable, also an endless generator: it is read only as far as the
+        Preprocessor's look-ahead (about 2 images per worker thread and at most prefetch_chunks
+        chunks of max_batch_patches patches) beyond the chunk the tower runs, and one chunk's
+        results wait to be handed out, so memory stays bounded whatever the stream's length.
+        A failing image yields its LoadFailure (also logged) and the stream goes on. Threads: the
+        Encoder's lock is held for each tower call only, so other callers' calls interleave
+        between chunks; each call's results are its own. Non-finite embeddings are checked one
+        chunk later (warned, or NonFiniteOutputError under strict=True, which ends the stream)."""
+        for index, value in self._pipeline(images, stop_on_failure=False):
+            if isinstance(value, LoadFailure):
+                logger.warning("skipped: %s", value.message)
+                yield index, value
+            else:
+                yield index, value if return_extras else value.embeddings
 
     def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
         """Embedding rows each image yields."""
@@ -135,7 +168,8 @@ class Encoder:
         return self.runner.attention_backends()
 
     def close(self) -> None:
-        """Stop the worker processes, if any (also on `with` exit). Idempotent."""
+        """Stop the preprocessing threads and the worker processes, if any (also on `with` exit). Idempotent."""
+        self.preprocessor.close()
         self.runner.close()
 
     def __enter__(self):
@@ -151,6 +185,43 @@ class Encoder:
             meta = TowerRecipe({**self._recipe.tower_args, "dtype": self.loaded.dtype}).meta_tower()
             self._empty = empty_output(meta, self.device)
         return self._empty
+
+    def _pipeline(self, images: Iterable[Any], *, stop_on_failure: bool
+                  ) -> Iterator[tuple[int, ImageEmbedding | LoadFailure]]:
+        """(index, ImageEmbedding | LoadFailure) in input order. Chunk k's results are handed out
+        after chunk k+1's tower call is queued, so on CUDA the device never waits for the host
+        between chunks (the finite check reads chunk k's flag then). stop_on_failure: no tower call
+        after the first failure (encode with errors="raise" only collects the failures then)."""
+        chunks = self.preprocessor.iter_chunks(images, max_batch_patches=self.max_batch_patches, errors="skip")
+        held: tuple[Chunk, TowerOutput | None, torch.Tensor | None] | None = None
+        failed = False
+        try:
+            for chunk in chunks:
+                failed = failed or bool(chunk.failures)
+                out, flag = None, None
+                if chunk.indices and not (failed and stop_on_failure):
+                    pixel_values = chunk.pixel_values
+                    if pixel_values.dim() > 2:  # [P, C, p, p] (Kimi's processor) -> one row per patch
+                        pixel_values = pixel_values.reshape(pixel_values.shape[0], -1)
+                    with self._lock:  # per tower call: other threads' calls interleave between chunks
+                        out = self.runner.run(pixel_values, chunk.grid_thw)
+                    flag = finite_flag(out.embeddings)  # queued on the device, read one chunk later
+                if held is not None:
+                    yield from self._deliver(*held)
+                held = (chunk, out, flag)
+            if held is not None:
+                yield from self._deliver(*held)
+        finally:
+            chunks.close()
+
+    def _deliver(self, chunk: Chunk, out: TowerOutput | None, flag: torch.Tensor | None):
+        """One chunk's failures and (if it ran) per-image results, merged in input order."""
+        items: list[tuple[int, ImageEmbedding | LoadFailure]] = [(f.index, f) for f in chunk.failures]
+        if out is not None:
+            tokens = self.output_tokens(chunk.grid_thw)
+            check_finite(out.embeddings, tokens, self.strict, flag=flag, indices=chunk.indices)
+            items += list(zip(chunk.indices, split_per_image(out, tokens)))
+        yield from sorted(items, key=lambda pair: pair[0])
 
     def _chunks(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor):
         """Split into runs of whole images of at most max_batch_patches patches (one image may exceed it)."""

@@ -6,7 +6,8 @@
 
 Every runner: `run(pixel_values [P, F], grid_thw int64 [N >= 1, 3]) -> TowerOutput` (image order, on
 `device`), `loaded` (a LoadedTower; for workers its tower is a meta-device copy for shapes),
-`device`, `tensor_parallel_size`, `mode`, `attention_backends()`, `close()`. Calls are not
+`device`, `input_device` (where pixel_values should be for `run`: the Encoder's Preprocessor finishes
+them there), `tensor_parallel_size`, `mode`, `attention_backends()`, `close()`. Calls are not
 re-entrant: the Encoder holds one lock around each whole call (see docs/engine.md, Threads).
 """
 import torch
@@ -35,7 +36,7 @@ class InProcessRunner:
 
     def __init__(self, recipe: TowerRecipe, device: torch.device):
         self.loaded = build_tower(**{**recipe.tower_args, "device": device})
-        self.device = device
+        self.device = self.input_device = device
 
     def run(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
         return run_tower(self.loaded, pixel_values, grid_thw)
@@ -55,6 +56,7 @@ class WorkerGroupRunner:
         self.group = WorkerGroup(world_size, recipe, mode=mode, device_type=device.type, output_device=device,
                                  timeout_s=timeout_s)
         self.device, self.tensor_parallel_size, self.mode = device, world_size, self.group.mode
+        self.input_device = torch.device("cpu")  # the group stages host pixels to its GPUs itself
         self.loaded = self.group.describe()
         # the workers hold the weights; a tower on the meta device (no memory) answers shape questions
         self.loaded.tower = TowerRecipe({**recipe.tower_args, "dtype": self.loaded.dtype}).meta_tower().tower
@@ -82,6 +84,7 @@ class TorchrunRunner:
         if reason:
             logger.warning("%s", reason)
         self.recipe, self.device, self.tensor_parallel_size = recipe, env.device, env.world_size
+        self.input_device = env.device
         self.loaded = build_rank_tower(recipe, self.mode, env.device)
 
     def run(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:

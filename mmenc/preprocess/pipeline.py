@@ -25,6 +25,7 @@ import collections
 import dataclasses
 import os
 import pathlib
+import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal, NamedTuple
@@ -100,6 +101,7 @@ class Preprocessor:
         self.resize = self._choose_resize(resize)
         self._patchify_in_workers = self.device.type == "cpu" and self.resize == "cpu"
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()  # callers in several threads share one pool
 
     def _choose_decode(self, decode: str) -> str:
         if decode not in ("auto", "cpu", "gpu"):
@@ -145,9 +147,10 @@ class Preprocessor:
             yield chunk
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
 
     def __enter__(self):
         return self
@@ -243,9 +246,10 @@ class Preprocessor:
             fut: Future = Future()
             fut.set_result(self._prepare(index, item))
             return fut
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="mmenc-preprocess")
-        return self._pool.submit(self._prepare, index, item)
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="mmenc-preprocess")
+            return self._pool.submit(self._prepare, index, item)
 
     def _stage(self, ready: list[_Ready], failures: list[LoadFailure]) -> Chunk:
         """Move the chunk's uint8 images to the device (one pinned buffer), finish them there."""

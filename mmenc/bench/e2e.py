@@ -1,0 +1,199 @@
+"""End to end: image files in, embeddings on the device out, side by side with transformers.
+
+For each workload (a list of grids; the images are JPEG files of grid x patch-size pixels written
+into a temporary folder), in one run and on the same files and weights:
+  mmenc encode         `Encoder.encode(paths)`, wall time until the embeddings are on the device
+  mmenc preprocess     the Encoder's Preprocessor alone (its share of the above)
+  mmenc tower only     `Encoder.encode_pixels` on the preprocessed pixels (CUDA events)
+  transformers         PIL open + transformers.AutoImageProcessor (its default backend) + its tower
+  transformers proc.   the processor alone
+Plus a stream (many mixed-size files through `Encoder.encode_iter`: images/s, the tower's share of
+the wall time = GPU busy fraction) and a batch-invariance probe (an image alone vs the same image in
+mixed batches: the largest difference of its embedding). Wall times are perf_counter medians after
+warm-up, with the device synchronised; nothing here is imported by the engine.
+"""
+import dataclasses
+import itertools
+import json
+import pathlib
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from mmenc.bench.measure import time_ms
+
+
+@dataclasses.dataclass
+class E2ERow:
+    workload: str
+    impl: str
+    images: int
+    ms: float
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / (self.ms / 1e3)
+
+
+def image_sizes(grids, patch_size: int) -> list[tuple[int, int]]:
+    """(height, width) in pixels of one image per grid (t, h, w): h and w patches of patch_size."""
+    return [(h * patch_size, w * patch_size) for _, h, w in grids]
+
+
+def write_jpegs(folder: pathlib.Path, sizes: list[tuple[int, int]], seed: int = 0, quality: int = 90) -> list[str]:
+    """One JPEG per (height, width): smooth random colour fields (decode cost like photos, unlike noise)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i, (h, w) in enumerate(sizes):
+        small = rng.integers(0, 256, (max(h // 32, 2), max(w // 32, 2), 3), dtype=np.uint8)
+        image = Image.fromarray(small).resize((w, h), Image.BICUBIC)
+        path = folder / f"img{i:05d}_{h}x{w}.jpg"
+        image.save(path, quality=quality)
+        paths.append(str(path))
+    return paths
+
+
+def hf_image_processor(model_type: str, config: dict, folder: pathlib.Path):
+    """transformers' default image processor for `model_type`, built from a preprocessor config dict
+    written to `folder` (no download)."""
+    from transformers import AutoImageProcessor
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({"model_type": model_type}))
+    (folder / "preprocessor_config.json").write_text(json.dumps(config))
+    return AutoImageProcessor.from_pretrained(str(folder))
+
+
+def wall_ms(fn: Callable[[], object], device: torch.device, warmup: int, iters: int) -> float:
+    """Median wall milliseconds of fn() with the device synchronised after each call."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def run_workload(name: str, encoder, paths: list[str], hf_proc, hf_tower, warmup: int, iters: int) -> tuple[list, dict]:
+    """Rows for one workload and its summary (preprocessing share, pixel parity with transformers)."""
+    device, n = encoder.device, len(paths)
+    rows = [E2ERow(name, "mmenc encode(files)", n, wall_ms(lambda: encoder.encode(paths), device, warmup, iters))]
+    pre_ms = wall_ms(lambda: encoder.preprocessor.run(paths), device, warmup, iters)
+    rows.append(E2ERow(name, "mmenc preprocess only", n, pre_ms))
+    pixel_values, grid_thw, _ = encoder.preprocessor.run(paths)
+    rows.append(E2ERow(name, "mmenc tower only", n,
+                       time_ms(lambda: encoder.encode_pixels(pixel_values, grid_thw), device, warmup, iters)))
+    summary = {"workload": name, "images": n, "preprocess_share": pre_ms / rows[0].ms}
+    if hf_proc is not None:
+        from PIL import Image
+
+        def hf_pixels():
+            images = [Image.open(p).convert("RGB") for p in paths]
+            out = hf_proc(images=images, return_tensors="pt")
+            return out["pixel_values"], out["image_grid_thw"]
+
+        def hf_e2e():
+            pv, grid = hf_pixels()
+            return hf_tower(pv.to(device=device, dtype=encoder.loaded.dtype, non_blocking=True), grid)
+
+        ref_pv, ref_grid = hf_pixels()
+        summary["grids_equal_transformers"] = torch.equal(ref_grid.cpu(), grid_thw.cpu())
+        if summary["grids_equal_transformers"]:
+            summary["pixels_max_diff_vs_transformers"] = float(
+                (pixel_values.float().cpu().reshape(ref_pv.shape) - ref_pv.float()).abs().max())
+        if hf_tower is not None:
+            rows.append(E2ERow(name, "transformers proc+tower", n, wall_ms(hf_e2e, device, warmup, iters)))
+        rows.append(E2ERow(name, "transformers proc only", n, wall_ms(hf_pixels, device, warmup, iters)))
+    return rows, summary
+
+
+def run_stream(encoder, pool: list[str], count: int) -> dict:
+    """`count` images cycling over the files of `pool` through encode_iter (after one warm-up pass over
+    the pool): images/s, and the tower's time (CUDA events around each tower call) over the wall time."""
+    device = encoder.device
+    for _ in encoder.encode_iter(pool):  # warm-up: every size once (compile, kernels, page cache)
+        pass
+    spans: list = []
+    real_run = encoder.runner.run
+
+    def timed_run(pixel_values, grid_thw):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = real_run(pixel_values, grid_thw)
+            end.record()
+            spans.append((start, end))
+            return out
+        begin = time.perf_counter()
+        out = real_run(pixel_values, grid_thw)
+        spans.append(time.perf_counter() - begin)
+        return out
+
+    encoder.runner.run = timed_run
+    try:
+        _sync(device)
+        begin = time.perf_counter()
+        done = failed = 0
+        for _, value in encoder.encode_iter(itertools.islice(itertools.cycle(pool), count)):
+            done += isinstance(value, torch.Tensor)
+            failed += not isinstance(value, torch.Tensor)
+        _sync(device)
+        wall_s = time.perf_counter() - begin
+    finally:
+        del encoder.runner.run  # the instance attribute goes; the class's method is back
+    tower_s = sum(s[0].elapsed_time(s[1]) / 1e3 if isinstance(s, tuple) else s for s in spans)
+    return {"images": done, "failed": failed, "distinct_files": len(pool), "tower_calls": len(spans),
+            "wall_s": wall_s, "tower_s": tower_s, "images_per_s": done / wall_s,
+            "tower_only_images_per_s": done / max(tower_s, 1e-9), "gpu_busy_fraction": tower_s / wall_s}
+
+
+def invariance_probe(encoder, small: tuple[int, int, int], large: tuple[int, int, int], seed: int = 0) -> dict:
+    """Largest |difference| of one image's embedding (grid `small`) encoded alone vs in mixed batches:
+    with another small image (after it, before it) and with a `large` one (before, after)."""
+    features = encoder.loaded.config.patch_features
+    gen = torch.Generator().manual_seed(seed)
+
+    def pixels(grid):
+        return torch.randn(int(np.prod(grid)), features, generator=gen)
+
+    me, other, big = pixels(small), pixels(small), pixels(large)
+    tokens = encoder.output_tokens(torch.tensor([small]))[0]
+    alone = encoder.encode_pixels(me, torch.tensor([small])).float()
+    cases = {"with a small image, first": ([me, other], [small, small], 0),
+             "with a small image, second": ([other, me], [small, small], 1),
+             "with a large image, first": ([me, big], [small, large], 0),
+             "with a large image, second": ([big, me], [large, small], 1)}
+    diffs = {}
+    for label, (pvs, grids, position) in cases.items():
+        out = encoder.encode_pixels(torch.cat(pvs), torch.tensor(grids)).float()
+        first = 0 if position == 0 else encoder.output_tokens(torch.tensor(grids[:1]))[0]
+        diffs[label] = float((out[first:first + tokens] - alone).abs().max())
+    return {"small_grid": list(small), "large_grid": list(large), "max_abs_diff": diffs,
+            "max_abs_diff_overall": max(diffs.values()), "max_abs_value": float(alone.abs().max())}
+
+
+def format_rows(rows: list[E2ERow]) -> str:
+    head = f"{'workload':<14} {'impl':<26} {'ms':>9} {'img/s':>9} {'vs HF':>6} {'vs tower':>8}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        same = {x.impl: x for x in rows if x.workload == r.workload}
+        hf, tower = same.get("transformers proc+tower"), same.get("mmenc tower only")
+        vs_hf = f"{hf.ms / r.ms:.2f}x" if hf is not None and r.impl == "mmenc encode(files)" else "-"
+        vs_tower = f"{100 * tower.ms / r.ms:.0f}%" if tower is not None and r.impl == "mmenc encode(files)" else "-"
+        lines.append(f"{r.workload:<14} {r.impl:<26} {r.ms:>9.2f} {r.images_per_s:>9.1f} {vs_hf:>6} {vs_tower:>8}")
+    return "\n".join(lines)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

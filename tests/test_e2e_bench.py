@@ -1,0 +1,161 @@
+"""The pipelined Encoder (encode through the Preprocessor, encode_iter) and `mmenc bench --e2e`, on a tiny
+Qwen2.5-VL checkpoint on the CPU: stream order, bounded look-ahead on an endless generator, failures
+reported with their index while the rest come out, aspect ratio > 200 skipped, the e2e bench end to end."""
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from mmenc.cli.main import main
+from mmenc.engine.encoder import Encoder
+from mmenc.preprocess.images import ImageLoadError, LoadFailure
+from mmenc.testing.checkpoints import save_qwen2_5_vl
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return str(save_qwen2_5_vl(tmp_path_factory.mktemp("e2e"))[0])
+
+
+@pytest.fixture(scope="module")
+def encoder(folder):
+    with Encoder(folder, device="cpu", preprocess_workers=2, max_batch_patches=64) as enc:
+        yield enc
+
+
+def _image(seed: int, h: int = 56, w: int = 56) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 255, (h, w, 3), dtype=np.uint8)
+
+
+def test_stream_keeps_input_order_and_matches_encode(encoder):
+    images = [_image(i, 28 * (1 + i % 3), 28 * (1 + (i + 1) % 3)) for i in range(9)]  # mixed sizes, several chunks
+    got = list(encoder.encode_iter(iter(images)))
+    assert [i for i, _ in got] == list(range(9))
+    want = encoder.encode(images)
+    for (i, emb), ref in zip(got, want):
+        assert torch.equal(emb, ref), f"stream result {i} differs from encode's"
+    alone = encoder.encode([images[4]])[0]
+    err = float((got[4][1] - alone).norm() / alone.norm())
+    assert err < 1e-5, f"image 4 in the stream differs from alone by {err:.2e} (tolerance 1e-5)"
+
+
+def test_stream_reads_an_endless_generator_only_a_bounded_way_ahead(encoder):
+    consumed = 0
+
+    def endless():
+        nonlocal consumed
+        for i in itertools.count():
+            consumed += 1
+            yield _image(i % 5)  # 56x56: 16 patches; max_batch_patches=64 -> 4 images a chunk
+
+    stream = encoder.encode_iter(endless())
+    ahead = []
+    for n, (index, emb) in enumerate(itertools.islice(stream, 30)):
+        assert index == n and emb.shape[0] == 4
+        ahead.append(consumed - (n + 1))
+    stream.close()
+    # workers=2, 4 images a chunk: at most 8 images queued (prefetch_chunks=2 chunks of 64 patches) + the
+    # chunk being filled + the chunk the tower ran + the rest of the chunk being handed out: 20 images
+    assert max(ahead) <= 20, f"the stream read up to {max(ahead)} images beyond the last result (bound 20)"
+
+
+def test_failing_images_in_a_stream_are_reported_with_their_index(encoder, tmp_path):
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"not a jpeg")
+    thin = np.zeros((2, 28 * 210, 3), np.uint8)  # aspect ratio > 200
+    items = [_image(0), str(bad), _image(1), thin, _image(2), _image(3), _image(4), _image(5)]
+    got = list(encoder.encode_iter(items))
+    assert [i for i, _ in got] == list(range(len(items)))
+    failures = {i: v for i, v in got if isinstance(v, LoadFailure)}
+    assert set(failures) == {1, 3}, f"failures at {sorted(failures)}"
+    assert "broken.jpg" in failures[1].message and "aspect ratio" in failures[3].message
+    want = encoder.encode([items[i] for i in (0, 2, 4, 5, 6, 7)])
+    assert all(torch.equal(got[i][1], w) for i, w in zip((0, 2, 4, 5, 6, 7), want))
+
+
+def test_encode_skips_an_extreme_aspect_ratio(encoder):
+    thin = np.zeros((2, 28 * 210, 3), np.uint8)
+    out = encoder.encode([_image(0), thin, _image(1)], errors="skip")
+    assert out[1] is None and out[0] is not None and out[2] is not None
+    with pytest.raises(ImageLoadError, match=r"1 of 3 images failed(.|\n)*\[1\] image #1: .*aspect ratio"):
+        encoder.encode([_image(0), thin, _image(1)])
+
+
+def test_encode_raise_stops_the_tower_after_a_failure(folder):
+    enc = Encoder(folder, device="cpu", preprocess_workers=1, max_batch_patches=16)  # one image per chunk
+    calls = []
+    real = enc.runner.run
+    enc.runner.run = lambda pv, g: calls.append(g.shape[0]) or real(pv, g)
+    with pytest.raises(ImageLoadError, match=r"2 of 6 images failed(.|\n)*\[2\](.|\n)*\[5\]"):
+        enc.encode([_image(0), _image(1), np.zeros((0, 4, 3), np.uint8), _image(3), _image(4),
+                    np.zeros((4, 0, 3), np.uint8)])
+    # the failure of #2 arrives with the chunk of image #1 (one image a chunk), so only #0 reached the tower
+    assert calls == [1], f"tower calls (images each): {calls}; none should start once image #2 has failed"
+    enc.close()
+
+
+def test_other_threads_interleave_between_stream_chunks(encoder):
+    import threading
+
+    images = [_image(i) for i in range(12)]
+    want = encoder.encode(images)
+    results, errors = {}, []
+
+    def work(k):
+        try:
+            results[k] = [emb for _, emb in encoder.encode_iter(images[k:] + images[:k])]
+        except BaseException as e:  # reported below
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    assert not errors and len(results) == 3, errors
+    for k, got in results.items():
+        for j, emb in enumerate(got):
+            ref = want[(j + k) % 12]
+            err = float((emb - ref).norm() / ref.norm())
+            assert err < 1e-5, f"thread {k}, image {j}: differs from its sequential result by {err:.2e} (crossed?)"
+
+
+def test_e2e_bench_runs_on_cpu(folder, tmp_path, capsys):
+    out = tmp_path / "e2e.json"
+    assert main(["bench", "--model", folder, "--e2e", "--grid", "1x8x8*2", "--warmup", "0", "--iters", "1",
+                 "--stream-images", "6", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    for needle in ("mmenc encode(files)", "mmenc tower only", "transformers proc+tower", "stream: 6 images",
+                   "GPU busy", "invariance (an image of grid 1x8x8 alone"):
+        assert needle in text, f"{needle!r} missing from:\n{text}"
+    data = json.loads(out.read_text())
+    impls = {r["impl"] for r in data["rows"]}
+    assert impls == {"mmenc encode(files)", "mmenc preprocess only", "mmenc tower only", "transformers proc+tower",
+                     "transformers proc only"}
+    assert all(r["ms"] > 0 and r["images"] == 2 for r in data["rows"])
+    (summary,) = data["workloads"]
+    assert summary["grids_equal_transformers"] is True
+    assert summary["pixels_max_diff_vs_transformers"] < 0.1, summary  # a few uint8 levels at most
+    assert 0 < summary["preprocess_share"]
+    stream = data["stream"]
+    assert stream["images"] == 6 and stream["failed"] == 0 and 0 < stream["gpu_busy_fraction"] <= 1.0
+    inv = data["invariance"]
+    assert len(inv["max_abs_diff"]) == 4 and inv["max_abs_diff_overall"] < 1e-3 * max(inv["max_abs_value"], 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_stream_on_cuda_matches_encode_and_stays_on_the_device(folder):
+    images = [_image(i, 28 * (1 + i % 3), 56) for i in range(10)]
+    with Encoder(folder, device="cuda", dtype="float32", max_batch_patches=64) as enc:
+        got = list(enc.encode_iter(images))
+        want = enc.encode(images)
+        cpu = Encoder(folder, device="cpu").encode(images)
+    assert [i for i, _ in got] == list(range(10))
+    for (i, emb), ref, host in zip(got, want, cpu):
+        assert emb.device.type == "cuda" and torch.equal(emb, ref), f"image {i}: stream differs from encode"
+        err = float((emb.cpu() - host).norm() / host.norm())
+        assert err < 5e-3, f"image {i}: CUDA differs from CPU by {err:.2e} (tolerance 5e-3, TF32 matmuls)"
