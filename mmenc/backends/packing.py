@@ -11,6 +11,8 @@ from collections.abc import Sequence
 import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from mmenc.backends.device import to_device
+
 _PACKS = WeakTensorKeyDictionary()
 
 
@@ -44,7 +46,7 @@ def make_cu_seqlens(lengths: Sequence[int], device: torch.device | str | None = 
     lengths = tuple(int(n) for n in lengths)
     if any(n < 0 for n in lengths):
         raise ValueError(f"segment lengths must be >= 0, got {list(lengths)}")
-    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+    cu = to_device(torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32), device)
     info = PackInfo(lengths=lengths, max_seqlen=max(lengths, default=0))
     _PACKS[cu] = info
     return cu, info.max_seqlen

@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mmenc.backends.device import to_device
 from mmenc.layers.grid import Grid, LRUCache
 from mmenc.layers.rotary import grid_positions
 
@@ -90,7 +91,7 @@ class InterpolatedPosEmbed(nn.Module):
         parts = [self.frame_taps(h, w) for _, h, w in grid]
         index = torch.cat([i.repeat(t, 1) for (t, _, _), (i, _) in zip(grid, parts)])
         weight = torch.cat([wt.repeat(t, 1) for (t, _, _), (_, wt) in zip(grid, parts)])
-        return index.to(device), weight.to(device)
+        return to_device(index, device), to_device(weight, device)
 
     def forward(self, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.embedding_bag(index, self.weight.float(), per_sample_weights=weight, mode="sum")

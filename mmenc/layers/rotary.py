@@ -12,6 +12,7 @@ Two layouts:
 """
 import torch
 
+from mmenc.backends.device import to_device
 from mmenc.layers.grid import Grid, LRUCache
 
 
@@ -82,7 +83,7 @@ class VisionRotary2D:
         return full.cos(), full.sin()
 
     def tables(self, grid: Grid, device=None) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.cos_sin(self.positions(grid).to(device))
+        return self.cos_sin(to_device(self.positions(grid), device))
 
 
 def _rotate(x: torch.Tensor, interleaved: bool) -> torch.Tensor:

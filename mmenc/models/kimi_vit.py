@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
+from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid, num_patches
 from mmenc.layers.norm import LayerNorm
@@ -272,8 +273,8 @@ class KimiVisionTower(VisionTower):
         cos, sin = self.rotary.tables(grid, device)
         pos_index, pos_weight = self.patch_embed.pos_emb.taps(grid, device)
         video = any(t > 1 for t, _, _ in grid)
-        to = (lambda parts: torch.cat(parts).to(device)) if video else (lambda parts: None)
-        return KimiPlan(num_patches(grid), torch.cat(orders).to(device), cu, max_len, cos, sin, pos_index, pos_weight,
+        to = (lambda parts: to_device(torch.cat(parts), device)) if video else (lambda parts: None)
+        return KimiPlan(num_patches(grid), to_device(torch.cat(orders), device), cu, max_len, cos, sin, pos_index, pos_weight,
                         to(frames), to(pool), to(weights), pooled)
 
     def check_pixels(self, pixel_values: torch.Tensor, plan: KimiPlan) -> None:

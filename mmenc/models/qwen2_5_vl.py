@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
+from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid, LRUCache, frame_lengths
 from mmenc.layers.plan import PackPlan
@@ -137,7 +138,7 @@ class Qwen2_5_VisionTower(VisionTower):
         merged_order = torch.cat(orders)  # [T / unit]
         token_order = (merged_order[:, None] * unit + torch.arange(unit)).reshape(-1)  # [T]
         # one host-to-device copy: [token order | inverse merged order | positions]
-        packed = torch.cat([token_order, torch.argsort(merged_order), torch.cat(positions).reshape(-1)]).to(device)
+        packed = to_device(torch.cat([token_order, torch.argsort(merged_order), torch.cat(positions).reshape(-1)]), device)
         n = token_order.shape[0]
         token_order, merged_inverse, pos = packed[:n], packed[n:n + n // unit], packed[n + n // unit:].view(n, 2)
         cos, sin = self.rotary.cos_sin(pos)
