@@ -168,6 +168,10 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
         else:
             load_tower_weights(tower, folder, spec.weight_prefixes)
     mm_config = multimodal_config or MultiModalConfig()
+    if mm_config.batch_invariant:  # before compiling / capturing: fixed-shape GEMMs in every linear
+        from mmenc.layers.linear import use_token_tiles
+
+        use_token_tiles(tower)
     if mm_config.compile and device.type != "meta":
         from mmenc.engine.compile import compile_tower
 
