@@ -317,3 +317,18 @@ def test_gpu_tile_gemm_row_position(shape):
         got = tiled_linear(x, w, b, TOKEN_TILE)[offset:offset + 37]
         diff = float((got.float() - alone.float()).abs().max())
         assert torch.equal(got, alone), f"shape {shape}: rows at {offset} of {total} differ by up to {diff:.3e}"
+
+
+@pytest.mark.slow
+def test_compiled_cpu_tower_is_batch_invariant(tmp_path):
+    """Inductor's reductions (norms over the hidden size) stay per row when the token count changes:
+    the first call compiles static shapes, the next recompile with a dynamic one (about 2 minutes)."""
+    pytest.importorskip("transformers")
+    case = ck.FAMILIES["Qwen2_5_VLForConditionalGeneration"]
+    enc = Encoder(str(case.save(tmp_path)[0]), device="cpu", batch_invariant=True, compile=True)
+    pixels, grid = _pixels(case, [TARGET])
+    alone = _per_image(enc, enc.encode_pixels(pixels, grid, return_extras=True), grid, 0)
+    for grids, index, max_patches in CALLS[:3]:
+        pixels, grid = _pixels(case, grids)
+        out = enc.encode_pixels(pixels, grid, return_extras=True)
+        _assert_equal(alone, _per_image(enc, out, grid, index), f"compiled, call {grids}")
