@@ -15,7 +15,7 @@ from mmenc.backends import AttentionBackendEnum as B
 from mmenc.backends import BackendChoice, DeviceInfo, make_cu_seqlens
 from mmenc.backends.dispatch import attend
 from mmenc.backends.naive import NaiveBackend
-from mmenc.backends.packing import INVARIANT_CHUNK_TOKENS, pack_info, sub_packs
+from mmenc.backends.packing import chunk_segments, pack_info, sub_packs
 from mmenc.backends.registry import get_backend_class
 from mmenc.backends.sdpa import TorchSDPABackend
 from mmenc.config import MultiModalConfig
@@ -223,8 +223,9 @@ def test_invariant_sub_packs_have_fixed_shapes_per_length(monkeypatch):
     plan = sub_packs(pack_info(cu, sum(lengths)), 256, True, torch.device("cpu"))
     shapes = sorted((pack_info(p.cu_seqlens, p.rows.shape[0]).lengths[0], p.rows.shape[0], p.dest.shape[0], p.short)
                     for p in plan)
-    c = INVARIANT_CHUNK_TOKENS
-    assert shapes == [(16, c // 16 * 16, 16, True), (64, c // 64 * 64, 192, True), (300, c // 300 * 300, 300, False)]
+    assert shapes == [(16, chunk_segments(16) * 16, 16, True), (64, chunk_segments(64) * 64, 192, True),
+                      (300, chunk_segments(300) * 300, 300, False)]
+    assert [chunk_segments(n) for n in (4, 64, 256, 300, 5476, 20000)] == [128, 128, 32, 27, 1, 1]
     q, k, v = _qkv(sum(lengths))
     choice = BackendChoice(B.TORCH_SDPA, B.NAIVE, 256, batch_invariant=True)
     out = attend(q, k, v, cu, max_seqlen, 0.25, choice)
@@ -270,39 +271,57 @@ def _gpu_calls():
             ([same, mid, GPU_TARGET, large, small], 2, None), ([large, small, GPU_TARGET, mid], 2, 6000)]
 
 
+def _gpu_worst_difference(model: str, case: ck.FamilyCase, mode: str) -> float:
+    """Largest |difference| over _gpu_calls() between GPU_TARGET's outputs alone and in each call."""
+    enc = Encoder(model, load_format="dummy", dtype="bfloat16", device="cuda", batch_invariant=True,
+                  compile=mode != "eager", cuda_graphs=mode == "graphs")
+    runs = 3 if mode == "graphs" else 1  # graphs: warm-up, capture, then the replay is checked
+
+    def encode(grids, index, max_patches=None):
+        enc.max_batch_patches = max_patches or (1 << 16)
+        pixels, grid = _pixels(case, grids)
+        for _ in range(runs):
+            out = enc.encode_pixels(pixels.cuda(), grid, return_extras=True)
+        return [t.clone() for t in _per_image(enc, out, grid, index)]
+
+    alone = encode([GPU_TARGET], 0)
+    worst = 0.0
+    for grids, index, max_patches in _gpu_calls():
+        got = encode(grids, index, max_patches)
+        worst = max([worst] + [float((a.float() - b.float()).abs().max()) for a, b in zip(alone, got)])
+    return worst
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("mode", ["eager", "compile", "graphs"])
 def test_gpu_tower_is_batch_invariant(mode):
-    enc = Encoder("Qwen/Qwen2.5-VL-7B-Instruct", load_format="dummy", dtype="bfloat16", device="cuda",
-                  batch_invariant=True, compile=mode != "eager", cuda_graphs=mode == "graphs")
-    case = ck.FAMILIES["Qwen2_5_VLForConditionalGeneration"]
-    runs = 3 if mode == "graphs" else 1  # graphs: warm-up, capture, then the replay is checked
-
-    def encode(grids, max_patches=None):
-        enc.max_batch_patches = max_patches or (1 << 16)
-        pixels, grid = _pixels(case, grids)
-        for _ in range(runs):
-            out = enc.encode_pixels(pixels.cuda(), grid)
-        return out, grid
-
-    out, grid = encode([GPU_TARGET])
-    alone = out.clone()
-    worst = 0.0
-    for grids, index, max_patches in _gpu_calls():
-        out, grid = encode(grids, max_patches)
-        tokens = enc.output_tokens(grid)
-        got = out[sum(tokens[:index]):sum(tokens[:index + 1])]
-        worst = max(worst, float((got.float() - alone.float()).abs().max()))
+    """Qwen2.5-VL-7B's tower (random weights, bf16): eager, compiled, compiled + CUDA graphs."""
+    worst = _gpu_worst_difference("Qwen/Qwen2.5-VL-7B-Instruct", ck.FAMILIES["Qwen2_5_VLForConditionalGeneration"],
+                                  mode)
     assert worst == 0.0, f"{mode}: an image's embedding changed with the batch by up to {worst:.3e}"
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("shape", [(1280, 3840), (1280, 1280), (1280, 3420), (3420, 1280), (5120, 5120),
-                                   (5120, 3584)])
+@pytest.mark.parametrize("arch", sorted(ck.FAMILIES))
+def test_gpu_every_family_is_batch_invariant_eager(arch):
+    """One built-in model of every registered architecture, full size, random weights, bf16, eager."""
+    from mmenc.models.registry import builtin_model_names
+
+    case = ck.FAMILIES[arch]
+    model = min(n for n in builtin_model_names() if n.startswith(case.builtin_prefix))
+    worst = _gpu_worst_difference(model, case, "eager")
+    assert worst == 0.0, f"{model}: an image's outputs changed with the batch by up to {worst:.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("shape", [(1176, 1280), (1280, 3840), (1280, 1280), (1280, 6840), (3420, 1280),
+                                   (5120, 5120), (5120, 3584)])
 def test_gpu_tile_gemm_row_position(shape):
-    """The tile GEMM (Qwen2.5-VL-7B tower shapes, bf16) gives a row the same bits at any position in the tile."""
+    """The tile GEMM (Qwen2.5-VL-7B tower shapes (in, out), bf16: patch embedding, qkv, proj, gate_up, down,
+    merger) gives a row the same bits at any position in the tile."""
     from mmenc.layers.token_tiles import TOKEN_TILE
 
     n_in, n_out = shape

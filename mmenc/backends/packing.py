@@ -10,7 +10,8 @@ dispatcher runs as packs of their own (index tensors made once per pack, on the 
   default mode     one sub-pack per segment-length class (short / long) when the pack has both;
                    None when it has one class (the pack runs as it is, at no extra cost)
   batch-invariant  per class and per segment length L, chunks of exactly C(L) segments
-                   (C(L) = max(1, INVARIANT_CHUNK_TOKENS // L)), the last one padded with copies of
+                   (C(L) = min(INVARIANT_CHUNK_SEGMENTS, max(1, INVARIANT_CHUNK_TOKENS // L))), the
+                   last one padded with copies of
                    its first segment: every backend call for length L has the same shape, and a
                    segment's result cannot depend on the others
 """
@@ -23,8 +24,10 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 _PACKS = WeakTensorKeyDictionary()
 
-# Batch-invariant mode: equal-length segments run in chunks of about this many tokens.
+# Batch-invariant mode: equal-length segments run in chunks of about this many tokens, and at most
+# this many segments (tiny segments would otherwise pad to thousands of copies).
 INVARIANT_CHUNK_TOKENS = 8192
+INVARIANT_CHUNK_SEGMENTS = 128
 
 
 @dataclasses.dataclass
@@ -147,7 +150,7 @@ def _plan(info: PackInfo, short_max: int | None, batch_invariant: bool, device) 
         for s in segs:
             by_length.setdefault(info.lengths[s], []).append(s)
         for length, same in sorted(by_length.items()):
-            count = max(1, INVARIANT_CHUNK_TOKENS // length)
+            count = chunk_segments(length)
             cu, _ = make_cu_seqlens([length] * count, device)
             for first in range(0, len(same), count):
                 chunk = same[first:first + count]
@@ -156,6 +159,11 @@ def _plan(info: PackInfo, short_max: int | None, batch_invariant: bool, device) 
                 rows = torch.tensor([r for seg in real + pad for r in seg], dtype=torch.int64, device=device)
                 plans.append(SubPack(rows, rows[:len(chunk) * length], cu, length, short))
     return plans
+
+
+def chunk_segments(length: int) -> int:
+    """Segments per sub-pack for segments of `length` tokens in batch-invariant mode (a constant per length)."""
+    return min(INVARIANT_CHUNK_SEGMENTS, max(1, INVARIANT_CHUNK_TOKENS // length))
 
 
 def _rows(segments: list[range], device) -> slice | torch.Tensor:
