@@ -160,6 +160,7 @@ class _FakePlatform(Platform):
     """CPU platform with a short backend: NAIVE for segments <= 8 tokens, TORCH_SDPA for longer."""
 
     name = "fake"
+    custom_op_key = "cpu"
     short_seqlen_max = 8
 
     def vit_attn_priority(self, dtype):
@@ -187,13 +188,20 @@ def _spy(monkeypatch) -> dict[str, list]:
 
 
 def test_short_segments_use_the_short_backend_beside_a_long_one(monkeypatch):
-    choice = _FakePlatform(DeviceInfo(type="cpu", vendor="cpu")).choose_vit_attn(16, torch.float32)
-    assert choice == BackendChoice(B.TORCH_SDPA, B.NAIVE, 8)
+    from mmenc.attention import MMEncoderAttention
+    from mmenc.platforms import set_current_platform
+
+    set_current_platform(_FakePlatform(DeviceInfo(type="cpu", vendor="cpu")))
+    try:
+        layer = MMEncoderAttention(num_heads=2, head_size=16, scale=0.25)
+    finally:
+        set_current_platform(None)
+    assert layer.choice == BackendChoice(B.TORCH_SDPA, B.NAIVE, 8)
     lengths = [5, 20, 3, 8, 30, 0, 2]
     q, k, v = _qkv(sum(lengths))
     cu, max_seqlen = make_cu_seqlens(lengths)
     seen = _spy(monkeypatch)
-    out = attend(q, k, v, cu, max_seqlen, 0.25, choice)
+    out = layer(q[None], k[None], v[None], cu, max_seqlen)[0]  # [1, T, H, D] through the layer
     assert seen == {"NAIVE": [(5, 3, 8, 2)], "TORCH_SDPA": [(20, 30)]}
     # the same as running each class as a pack of its own
     starts = pack_info(cu, q.shape[0]).starts()

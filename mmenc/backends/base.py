@@ -21,7 +21,9 @@ class AttentionBackend:
     # Why the backend cannot give batch-invariant results (MultiModalConfig(batch_invariant=True)),
     # or None where it can: run on fixed-shape sub-packs of equal-length segments (the dispatcher's
     # invariant mode), each segment's result must not depend on its offset or its neighbours.
-    not_batch_invariant: ClassVar[str | None] = "not verified to give batch-invariant results"
+    not_batch_invariant: ClassVar[str | None] = ("the backend does not declare it (a backend whose result for a "
+                                                 "segment depends only on that segment sets "
+                                                 "not_batch_invariant = None)")
 
     @classmethod
     def is_installed(cls) -> bool:

@@ -41,8 +41,7 @@ def mm_encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_s
     choice = _choice(backend, short_backend, short_seqlen_max, batch_invariant)
     plan = sub_packs(info, choice.short_seqlen_max if choice.short is not None else None, batch_invariant, q.device)
     if plan is None:  # one length class: the whole pack at once
-        short = min((n for n in info.lengths if n > 0), default=0)
-        out = get_backend_class(choice.backend_for(short)).forward(q, k, v, cu_seqlens, max_seqlen, scale)
+        out = get_backend_class(choice.backend_for(info.min_seqlen)).forward(q, k, v, cu_seqlens, max_seqlen, scale)
         return out.contiguous() if out.data_ptr() in (q.data_ptr(), k.data_ptr(), v.data_ptr()) else out
     out = q.new_empty(q.shape)
     for sub in plan:

@@ -16,6 +16,7 @@ dispatcher runs as packs of their own (index tensors made once per pack, on the 
                    segment's result cannot depend on the others
 """
 import dataclasses
+import functools
 import itertools
 from collections.abc import Sequence
 
@@ -42,6 +43,11 @@ class PackInfo:
     @property
     def total(self) -> int:
         return sum(self.lengths)
+
+    @functools.cached_property
+    def min_seqlen(self) -> int:
+        """The shortest non-empty segment's length (0 for a pack with none)."""
+        return min((n for n in self.lengths if n > 0), default=0)
 
     def length_groups(self) -> list[tuple[int, list[int]]]:
         """Segments grouped by length: [(length, [segment index, ...]), ...], lengths ascending."""
