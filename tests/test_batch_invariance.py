@@ -82,7 +82,8 @@ def test_every_family_is_batch_invariant(family_folder):
         enc.max_batch_patches = max_patches or (1 << 16)
         pixels, grid = _pixels(case, grids)
         out = enc.encode_pixels(pixels, grid, return_extras=True)
-        _assert_equal(alone, _per_image(enc, out, grid, index), f"{arch}, call {grids} (max_batch_patches={max_patches})")
+        _assert_equal(alone, _per_image(enc, out, grid, index),
+                      f"{arch}, call {grids} (max_batch_patches={max_patches})")
 
 
 def test_data_mode_ranks_match_one_process(tmp_path):

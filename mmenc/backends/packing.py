@@ -112,9 +112,9 @@ class SubPack:
     """Part of a pack run as a pack of its own.
 
     rows: the pack's token rows it reads, a slice or an int64 index tensor [n] (padding rows
-        repeat real ones); dest: the rows its first `dest`-many outputs go back to (same kind; the
-        padding rows' outputs are dropped); cu_seqlens int32 [k+1] and max_seqlen: its segments;
-    short: whether its segments are the short class (<= short_seqlen_max tokens).
+        repeat real ones); dest: the pack rows its leading outputs are written back to (the same
+        as rows without padding; the padding rows' outputs are dropped); cu_seqlens int32 [k+1] and
+        max_seqlen: its own segments; short: whether they are the short class (<= short_seqlen_max).
     """
 
     rows: slice | torch.Tensor
