@@ -123,7 +123,12 @@ def test_cli_flag_reaches_the_encoder():
 def test_linears_and_attention_switch_with_the_config(tmp_path):
     pytest.importorskip("transformers")
     folder = str(ck.save_qwen2_5_vl(tmp_path)[0])
-    tower = Encoder(folder, device="cpu", batch_invariant=True).loaded.tower
+    enc = Encoder(folder, device="cpu", batch_invariant=True)
+    assert enc.attention_backends().endswith(", batch-invariant")
+    empty = enc.encode_pixels(torch.empty(0, ck.FAMILIES["Qwen2_5_VLForConditionalGeneration"].patch_features),
+                              torch.empty(0, 3, dtype=torch.int64))  # the meta-device tower runs the tiled op too
+    assert empty.shape == (0, enc.loaded.config.out_hidden_size)
+    tower = enc.loaded.tower
     linears = [m for m in tower.modules() if hasattr(m, "token_tile")]
     assert linears and all(m.token_tile is not None for m in linears)  # blocks, patch embedding, merger
     assert {type(m).__name__ for m in tower.modules() if getattr(m, "token_tile", None)} >= {"ReplicatedLinear"}
