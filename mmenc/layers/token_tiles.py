@@ -25,6 +25,8 @@ def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     if tile <= 0:
         raise ValueError(f"tile={tile} must be a positive number of tokens")
     rows = x.reshape(-1, x.shape[-1]).contiguous()  # [T, in]
+    if rows.data_ptr() % 256:  # a view at an odd offset (e.g. a chunk of pixel_values): GEMM libraries may pick
+        rows = rows.clone()  # their code path from the address, so every tile starts 256-byte aligned
     t, n_out = rows.shape[0], weight.shape[0]
     out = rows.new_empty(t, n_out)
     full = t - t % tile
