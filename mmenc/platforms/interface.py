@@ -71,8 +71,10 @@ class Platform:
             reasons.append(f"not offered by the {self.name} platform")
         if backend not in registered_backends():  # a priority list may name a backend this build lacks
             return reasons + ["not registered in this build of mmenc"]
-        return reasons + get_backend_class(backend).unsupported_reasons(head_size, dtype, self.device_info(),
-                                                                        batch_invariant)
+        cls = get_backend_class(backend)
+        if batch_invariant:  # passed only when asked: a plugin's backend may override the 3-argument form
+            return reasons + cls.unsupported_reasons(head_size, dtype, self.device_info(), batch_invariant=True)
+        return reasons + cls.unsupported_reasons(head_size, dtype, self.device_info())
 
     def get_vit_attn_backend(self, head_size: int, dtype: torch.dtype,
                              backend: AttentionBackendEnum | str | None = None,
