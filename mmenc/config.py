@@ -38,6 +38,9 @@ class MultiModalConfig:
     compile: run the tower's blocks through torch.compile (regional; see mmenc.engine.compile).
     cuda_graphs: capture each packing's whole tower forward as a CUDA graph and replay it when the
         same packing comes again (CUDA only; see mmenc.engine.cuda_graphs).
+    batch_invariant: an image's embedding is bitwise the same whatever else shares its call (any
+        order, any chunking): linears over fixed-size token tiles, attention over fixed-shape
+        sub-packs by backends that can (docs/attention.md, "Batch invariance"). Costs throughput.
     """
 
     mm_encoder_attn_backend: AttentionBackendEnum | str | None = None
@@ -45,6 +48,7 @@ class MultiModalConfig:
     custom_ops: tuple[str, ...] = ("all",)
     compile: bool = False
     cuda_graphs: bool = False
+    batch_invariant: bool = False
 
     def __post_init__(self):
         if self.mm_encoder_attn_backend is not None:
@@ -56,7 +60,7 @@ class MultiModalConfig:
                              f"('weight' is accepted for 'weights')")
         object.__setattr__(self, "mm_encoder_tp_mode", _TP_MODE_ALIASES[mode.lower()])
         object.__setattr__(self, "custom_ops", parse_custom_ops(self.custom_ops))
-        for flag in ("compile", "cuda_graphs"):
+        for flag in ("compile", "cuda_graphs", "batch_invariant"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag}={getattr(self, flag)!r} must be True or False")
 
@@ -64,5 +68,6 @@ class MultiModalConfig:
         """A digest of every field that changes the computation (compile caches key on it)."""
         backend = self.mm_encoder_attn_backend
         fields = [backend.name if backend is not None else "auto", self.mm_encoder_tp_mode, ",".join(self.custom_ops),
-                  f"compile={self.compile}", f"cuda_graphs={self.cuda_graphs}"]
+                  f"compile={self.compile}", f"cuda_graphs={self.cuda_graphs}",
+                  f"batch_invariant={self.batch_invariant}"]
         return hashlib.sha256("|".join(fields).encode()).hexdigest()[:16]

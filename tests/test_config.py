@@ -115,6 +115,7 @@ def test_hash_differs_when_any_field_differs():
         "custom_ops": [("none",), ("all", "-mm_encoder_attn"), ("none", "+mm_encoder_attn")],
         "compile": [True],
         "cuda_graphs": [True],
+        "batch_invariant": [True],
     }
     # Every field of the dataclass must be covered here, so a new field cannot be forgotten.
     assert set(variants) == {f.name for f in dataclasses.fields(MultiModalConfig)}

@@ -10,7 +10,8 @@ from mmenc.config import MultiModalConfig
 from mmenc.custom_op import CustomOp
 from mmenc.platforms import platform_for
 
-_NATIVE = BackendChoice(AttentionBackendEnum.TORCH_SDPA)  # forward_native: plain PyTorch everywhere
+# forward_native: plain PyTorch everywhere (per batch-invariance setting)
+_NATIVE = {flag: BackendChoice(AttentionBackendEnum.TORCH_SDPA, batch_invariant=flag) for flag in (False, True)}
 
 
 @CustomOp.register("mm_encoder_attn")
@@ -48,9 +49,11 @@ class MMEncoderAttention(CustomOp):
         self.scale = 1.0 / math.sqrt(head_size) if scale is None else scale
         self.prefix = prefix
         self._requested = config.mm_encoder_attn_backend
+        self._batch_invariant = config.batch_invariant
         self._dtype = dtype or torch.get_default_dtype()
         self._device_type = platform.device_type
-        self.choice: BackendChoice = platform.choose_vit_attn(head_size, self._dtype, self._requested)
+        self.choice: BackendChoice = platform.choose_vit_attn(head_size, self._dtype, self._requested,
+                                                                   self._batch_invariant)
         self._elsewhere: dict[str, tuple[BackendChoice, object]] = {}  # device type -> (choice, forward method)
 
     @property
@@ -79,7 +82,7 @@ class MMEncoderAttention(CustomOp):
         return self._on(query.device)[1](query, key, value, cu_seqlens, max_seqlen)
 
     def forward_native(self, query, key, value, cu_seqlens=None, max_seqlen=None):
-        return self._run(_NATIVE, query, key, value, cu_seqlens, max_seqlen)
+        return self._run(_NATIVE[self._batch_invariant], query, key, value, cu_seqlens, max_seqlen)
 
     def forward_cuda(self, query, key, value, cu_seqlens=None, max_seqlen=None):
         choice = self.choice if query.device.type == self._device_type else self._on(query.device)[0]
@@ -92,7 +95,7 @@ class MMEncoderAttention(CustomOp):
         if device.type not in self._elsewhere:
             platform = platform_for(device)
             try:
-                choice = platform.choose_vit_attn(self.head_size, self._dtype, self._requested)
+                choice = platform.choose_vit_attn(self.head_size, self._dtype, self._requested, self._batch_invariant)
             except ValueError as e:
                 raise ValueError(f"{self._name}: built for {self._device_type}, called with tensors on {device}: "
                                  f"{e}") from None

@@ -2,12 +2,13 @@
 nothing of mmenc from outside this folder.
 
     backend_enum.py   AttentionBackendEnum (+ from_name)
-    packing.py        make_cu_seqlens / pack_info: the host view of a pack, computed once per forward
+    packing.py        make_cu_seqlens / pack_info: the host view of a pack, computed once per forward;
+                      sub_packs: its per-length-class / batch-invariant pieces
     device.py         DeviceInfo and probe_device, the one function that reads a device's kind
-    choice.py         BackendChoice: main backend + the short-segment one, applied per pack
+    choice.py         BackendChoice: main backend + the short-segment one (+ batch invariance)
     base.py           the backend contract; one file per backend; registry.py looks them up
     kernels/          mmenc's own Triton kernel (TRITON_ATTN) and its host-side planning
-    dispatch.py       the custom op mmenc::mm_encoder_attention: applies a BackendChoice per pack
+    dispatch.py       the custom op mmenc::mm_encoder_attention: applies a BackendChoice per segment class
 
 Platforms (mmenc.platforms) rank these backends; the layer (mmenc.attention) uses a platform.
 """

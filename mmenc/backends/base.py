@@ -18,6 +18,12 @@ class AttentionBackend:
     enum: ClassVar[AttentionBackendEnum]
     # The optional Python distribution this backend needs (import name, distribution name).
     requires: ClassVar[tuple[str, str] | None] = None
+    # Why the backend cannot give batch-invariant results (MultiModalConfig(batch_invariant=True)),
+    # or None where it can: run on fixed-shape sub-packs of equal-length segments (the dispatcher's
+    # invariant mode), each segment's result must not depend on its offset or its neighbours.
+    not_batch_invariant: ClassVar[str | None] = ("the backend does not declare it (a backend whose result for a "
+                                                 "segment depends only on that segment sets "
+                                                 "not_batch_invariant = None)")
 
     @classmethod
     def is_installed(cls) -> bool:
@@ -33,11 +39,15 @@ class AttentionBackend:
             return None
 
     @classmethod
-    def unsupported_reasons(cls, head_size: int, dtype: torch.dtype, device: DeviceInfo) -> list[str]:
-        """Why this backend cannot run (head_size, dtype) on `device`; an empty list means it can."""
+    def unsupported_reasons(cls, head_size: int, dtype: torch.dtype, device: DeviceInfo,
+                            batch_invariant: bool = False) -> list[str]:
+        """Why this backend cannot run (head_size, dtype) on `device` (batch-invariantly, when asked);
+        an empty list means it can."""
         reasons = []
         if not cls.is_installed():
             reasons.append(f"{cls.requires[0]} is not installed (pip install {cls.requires[1]})")
+        if batch_invariant and cls.not_batch_invariant:
+            reasons.append(f"not batch invariant: {cls.not_batch_invariant}")
         return reasons + cls._reasons(head_size, dtype, device)
 
     @classmethod

@@ -1,8 +1,10 @@
-"""BackendChoice: which backend runs a pack, the one place that applies the per-shape rule.
+"""BackendChoice: which backend runs which segments of a pack, the one place that holds the rule.
 
-A platform makes the choice once per (head size, dtype, device type); the layer carries it; the
-dispatcher (`mmenc.backends.dispatch`) asks it for each pack's backend from `max_seqlen`, a host
-integer, so choosing costs no device synchronisation; `mmenc backends` prints it.
+A platform makes the choice once per (head size, dtype, device type, batch invariance); the layer
+carries it; the dispatcher (`mmenc.backends.dispatch`) applies it per segment-length class inside
+each pack: segments of <= `short_seqlen_max` tokens run the short backend, longer ones the main
+backend, in the same layer call. Which kernel an image's rows get therefore depends only on that
+image's own segments, never on what else shares the pack. `mmenc backends` prints the choice.
 """
 import dataclasses
 
@@ -14,12 +16,15 @@ SHORT_SEQLEN_MAX = 256
 
 @dataclasses.dataclass(frozen=True)
 class BackendChoice:
-    """`main` runs every pack, except packs whose longest segment is <= `short_seqlen_max` tokens,
-    which run `short` when it is set (None: no per-shape choice)."""
+    """`main` runs every segment longer than `short_seqlen_max` tokens, `short` the others when it is
+    set (None: `main` runs every segment). `batch_invariant`: the pack runs as fixed-shape sub-packs
+    of equal-length segments (see mmenc.backends.packing.SubPack), so each segment's result is
+    bitwise independent of the rest of the pack; both backends were chosen able to do that."""
 
     main: AttentionBackendEnum
     short: AttentionBackendEnum | None = None
     short_seqlen_max: int = SHORT_SEQLEN_MAX
+    batch_invariant: bool = False
 
     def __post_init__(self):
         if self.short == self.main:
@@ -27,14 +32,16 @@ class BackendChoice:
         if self.short_seqlen_max < 0:
             raise ValueError(f"short_seqlen_max={self.short_seqlen_max} must be >= 0")
 
-    def backend_for(self, max_seqlen: int) -> AttentionBackendEnum:
-        """The backend for a pack whose longest segment has `max_seqlen` tokens."""
-        if self.short is not None and max_seqlen <= self.short_seqlen_max:
+    def backend_for(self, seqlen: int) -> AttentionBackendEnum:
+        """The backend for a segment of `seqlen` tokens."""
+        if self.short is not None and seqlen <= self.short_seqlen_max:
             return self.short
         return self.main
 
     def describe(self) -> str:
-        """"TORCH_SDPA", or with a per-shape choice "FLASH_ATTN (TRITON_ATTN for segments <= 256)"."""
-        if self.short is None:
-            return self.main.name
-        return f"{self.main.name} ({self.short.name} for segments <= {self.short_seqlen_max})"
+        """"TORCH_SDPA", or with a per-shape choice "FLASH_ATTN (TRITON_ATTN for segments <= 256)";
+        ", batch-invariant" appended in that mode."""
+        text = self.main.name
+        if self.short is not None:
+            text += f" ({self.short.name} for segments <= {self.short_seqlen_max})"
+        return text + (", batch-invariant" if self.batch_invariant else "")

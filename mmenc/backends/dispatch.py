@@ -3,10 +3,14 @@
     attend(q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, D], cu_seqlens int32 [N+1], max_seqlen, scale,
            choice: BackendChoice) -> [T, Hq, D]
 
-The op `mmenc::mm_encoder_attention` takes the choice as plain values (backend names and the
-short-segment bound) and applies it here, per pack, from max_seqlen. The real implementation runs
-eagerly (pack lookup, backend dispatch); the fake one only gives the shape, so torch.compile traces
-a block around it without graph breaks.
+The op `mmenc::mm_encoder_attention` takes the choice as plain values (backend names, the
+short-segment bound, batch invariance) and applies it here, per segment: a pack whose segments are
+all of one length class runs its class's backend over the whole pack; a pack with both classes is
+split into its short and long sub-packs (index tensors made once per pack, host side, cached with
+the pack), each run by its own backend and written back; in batch-invariant mode every pack runs as
+fixed-shape sub-packs of equal-length segments (mmenc.backends.packing.sub_packs). No host sync.
+The real implementation runs eagerly; the fake one only gives the shape, so torch.compile traces a
+block around it without graph breaks.
 """
 import functools
 
@@ -14,38 +18,52 @@ import torch
 
 from mmenc.backends.backend_enum import AttentionBackendEnum
 from mmenc.backends.choice import BackendChoice
-from mmenc.backends.packing import pack_info
+from mmenc.backends.packing import pack_info, sub_packs
 from mmenc.backends.registry import get_backend_class
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
            scale: float, choice: BackendChoice) -> torch.Tensor:
-    """Attention over the pack with the backend `choice` gives for its max_seqlen; q's shape out."""
+    """Attention over the pack, each segment by the backend `choice` gives its length; q's shape out."""
     short = choice.short.name if choice.short is not None else ""
     return mm_encoder_attention(q, k, v, cu_seqlens, max_seqlen, scale, choice.main.name, short,
-                                choice.short_seqlen_max)
+                                choice.short_seqlen_max, choice.batch_invariant)
 
 
 @torch.library.custom_op("mmenc::mm_encoder_attention", mutates_args=())
 def mm_encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                          max_seqlen: int, scale: float, backend: str, short_backend: str,
-                         short_seqlen_max: int) -> torch.Tensor:
+                         short_seqlen_max: int, batch_invariant: bool) -> torch.Tensor:
     info = pack_info(cu_seqlens, q.shape[0])  # host view: cached, no device read for make_cu_seqlens packs
     if max_seqlen != info.max_seqlen:
         raise ValueError(f"max_seqlen={max_seqlen} but the longest segment of cu_seqlens has {info.max_seqlen} "
                          f"tokens; pass the pack's own max_seqlen (make_cu_seqlens returns it)")
-    choice = _choice(backend, short_backend, short_seqlen_max)
-    out = get_backend_class(choice.backend_for(max_seqlen)).forward(q, k, v, cu_seqlens, max_seqlen, scale)
-    return out.contiguous() if out.data_ptr() in (q.data_ptr(), k.data_ptr(), v.data_ptr()) else out
+    choice = _choice(backend, short_backend, short_seqlen_max, batch_invariant)
+    plan = sub_packs(info, choice.short_seqlen_max if choice.short is not None else None, batch_invariant, q.device)
+    if plan is None:  # one length class: the whole pack at once
+        out = get_backend_class(choice.backend_for(info.min_seqlen)).forward(q, k, v, cu_seqlens, max_seqlen, scale)
+        return out.contiguous() if out.data_ptr() in (q.data_ptr(), k.data_ptr(), v.data_ptr()) else out
+    out = q.new_empty(q.shape)
+    for sub in plan:
+        cls = get_backend_class(choice.short if sub.short else choice.main)
+        if isinstance(sub.rows, slice):  # [t, H, D] views of the pack
+            res = cls.forward(q[sub.rows], k[sub.rows], v[sub.rows], sub.cu_seqlens, sub.max_seqlen, scale)
+            out[sub.dest] = res
+        else:  # gathered rows (fresh, contiguous buffers)
+            qs, ks, vs = (x.index_select(0, sub.rows) for x in (q, k, v))
+            res = cls.forward(qs, ks, vs, sub.cu_seqlens, sub.max_seqlen, scale)
+            n = sub.dest.shape[0]
+            out.index_copy_(0, sub.dest, res[:n] if n != res.shape[0] else res)
+    return out
 
 
 @functools.lru_cache(maxsize=64)
-def _choice(backend: str, short_backend: str, short_seqlen_max: int) -> BackendChoice:
+def _choice(backend: str, short_backend: str, short_seqlen_max: int, batch_invariant: bool) -> BackendChoice:
     """The op's plain arguments as the BackendChoice they came from (made once per combination)."""
     short = AttentionBackendEnum[short_backend] if short_backend else None
-    return BackendChoice(AttentionBackendEnum[backend], short, short_seqlen_max)
+    return BackendChoice(AttentionBackendEnum[backend], short, short_seqlen_max, batch_invariant)
 
 
 @mm_encoder_attention.register_fake
-def _(q, k, v, cu_seqlens, max_seqlen, scale, backend, short_backend, short_seqlen_max):
+def _(q, k, v, cu_seqlens, max_seqlen, scale, backend, short_backend, short_seqlen_max, batch_invariant):
     return torch.empty_like(q, memory_format=torch.contiguous_format)

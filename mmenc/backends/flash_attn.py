@@ -69,6 +69,7 @@ def _dist_version(dist: str) -> str:
 
 class FlashAttnBackend(AttentionBackend):
     enum = AttentionBackendEnum.FLASH_ATTN
+    not_batch_invariant = None  # per segment, position-independent; fixed shapes per sub-pack
     requires = ("flash_attn", "flash-attn-4")
 
     @classmethod

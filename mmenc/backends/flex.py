@@ -62,6 +62,8 @@ def _ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 class FlexAttentionBackend(AttentionBackend):
     enum = AttentionBackendEnum.FLEX_ATTENTION
+    not_batch_invariant = ("its 128-token blocks span segment boundaries, so a segment's partial sums depend on its "
+                           "offset in the pack")
 
     @classmethod
     def _reasons(cls, head_size, dtype, device):

@@ -8,6 +8,7 @@ from mmenc.backends.packing import pack_info
 
 class NaiveBackend(AttentionBackend):
     enum = AttentionBackendEnum.NAIVE
+    not_batch_invariant = None  # per segment, position-independent; fixed shapes per sub-pack
 
     @classmethod
     def forward(cls, q, k, v, cu_seqlens, max_seqlen, scale):

@@ -2,9 +2,21 @@
 
 A tower builds `cu_seqlens` once per forward with `make_cu_seqlens` and passes the same tensor to
 every layer. The host-side view of the pack (segment lengths, length groups, a backend's block
-mask) is remembered per `cu_seqlens` tensor, so no layer reads it back from the device.
+mask, the sub-packs below) is remembered per `cu_seqlens` tensor, so no layer reads it back from
+the device.
+
+`sub_packs(info, short_seqlen_max, batch_invariant, device)` cuts a pack into the pieces the
+dispatcher runs as packs of their own (index tensors made once per pack, on the host side):
+  default mode     one sub-pack per segment-length class (short / long) when the pack has both;
+                   None when it has one class (the pack runs as it is, at no extra cost)
+  batch-invariant  per class and per segment length L, chunks of exactly C(L) segments
+                   (C(L) = min(INVARIANT_CHUNK_SEGMENTS, max(1, INVARIANT_CHUNK_TOKENS // L))), the
+                   last one padded with copies of
+                   its first segment: every backend call for length L has the same shape, and a
+                   segment's result cannot depend on the others
 """
 import dataclasses
+import functools
 import itertools
 from collections.abc import Sequence
 
@@ -14,6 +26,11 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from mmenc.backends.device import to_device
 
 _PACKS = WeakTensorKeyDictionary()
+
+# Batch-invariant mode: equal-length segments run in chunks of about this many tokens, and at most
+# this many segments (tiny segments would otherwise pad to thousands of copies).
+INVARIANT_CHUNK_TOKENS = 8192
+INVARIANT_CHUNK_SEGMENTS = 128
 
 
 @dataclasses.dataclass
@@ -28,6 +45,11 @@ class PackInfo:
     @property
     def total(self) -> int:
         return sum(self.lengths)
+
+    @functools.cached_property
+    def min_seqlen(self) -> int:
+        """The shortest non-empty segment's length (0 for a pack with none)."""
+        return min((n for n in self.lengths if n > 0), default=0)
 
     def length_groups(self) -> list[tuple[int, list[int]]]:
         """Segments grouped by length: [(length, [segment index, ...]), ...], lengths ascending."""
@@ -85,3 +107,75 @@ def _read_pack(cu_seqlens: torch.Tensor) -> PackInfo:
         raise ValueError(
             f"cu_seqlens must be non-decreasing, got cu_seqlens[{i}]={values[i]} > cu_seqlens[{i + 1}]={values[i + 1]}")
     return PackInfo(lengths=tuple(lengths), max_seqlen=max(lengths, default=0))
+
+
+@dataclasses.dataclass(frozen=True)
+class SubPack:
+    """Part of a pack run as a pack of its own.
+
+    rows: the pack's token rows it reads, a slice or an int64 index tensor [n] (padding rows
+        repeat real ones); dest: the pack rows its leading outputs are written back to (the same
+        as rows without padding; the padding rows' outputs are dropped); cu_seqlens int32 [k+1] and
+        max_seqlen: its own segments; short: whether they are the short class (<= short_seqlen_max).
+    """
+
+    rows: slice | torch.Tensor
+    dest: slice | torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    short: bool
+
+
+def sub_packs(info: PackInfo, short_seqlen_max: int | None, batch_invariant: bool,
+              device: torch.device) -> list[SubPack] | None:
+    """The sub-packs of a pack (see the module docstring); None: run the whole pack at once.
+    `short_seqlen_max` None: one class (no short backend). Cached in `info.cache`."""
+    key = ("sub_packs", short_seqlen_max, batch_invariant, device)
+    if key not in info.cache:
+        info.cache[key] = _plan(info, short_seqlen_max, batch_invariant, device)
+    return info.cache[key]
+
+
+def _plan(info: PackInfo, short_max: int | None, batch_invariant: bool, device) -> list[SubPack] | None:
+    starts = info.starts()
+    classes: dict[bool, list[int]] = {}  # short? -> its non-empty segments, in pack order
+    for i, n in enumerate(info.lengths):
+        if n > 0:
+            classes.setdefault(short_max is not None and n <= short_max, []).append(i)
+    if not batch_invariant:
+        if len(classes) < 2:
+            return None
+        plans = []
+        for short, segs in sorted(classes.items()):
+            lengths = [info.lengths[s] for s in segs]
+            rows = _rows([range(starts[s], starts[s] + info.lengths[s]) for s in segs], device)
+            cu, max_seqlen = make_cu_seqlens(lengths, device)
+            plans.append(SubPack(rows, rows, cu, max_seqlen, short))
+        return plans
+    plans = []
+    for short, segs in sorted(classes.items()):
+        by_length: dict[int, list[int]] = {}
+        for s in segs:
+            by_length.setdefault(info.lengths[s], []).append(s)
+        for length, same in sorted(by_length.items()):
+            count = chunk_segments(length)
+            cu, _ = make_cu_seqlens([length] * count, device)
+            for first in range(0, len(same), count):
+                chunk = same[first:first + count]
+                real = [range(starts[s], starts[s] + length) for s in chunk]
+                pad = [real[0]] * (count - len(chunk))  # copies of a real segment: finite, dropped after
+                rows = torch.tensor([r for seg in real + pad for r in seg], dtype=torch.int64, device=device)
+                plans.append(SubPack(rows, rows[:len(chunk) * length], cu, length, short))
+    return plans
+
+
+def chunk_segments(length: int) -> int:
+    """Segments per sub-pack for segments of `length` tokens in batch-invariant mode (a constant per length)."""
+    return min(INVARIANT_CHUNK_SEGMENTS, max(1, INVARIANT_CHUNK_TOKENS // length))
+
+
+def _rows(segments: list[range], device) -> slice | torch.Tensor:
+    """The token rows of `segments` (in order): a slice when they are one contiguous run."""
+    if all(a.stop == b.start for a, b in zip(segments, segments[1:])):
+        return slice(segments[0].start, segments[-1].stop)
+    return torch.tensor([r for seg in segments for r in seg], dtype=torch.int64, device=device)

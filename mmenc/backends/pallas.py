@@ -37,6 +37,8 @@ def segment_ids(cu_seqlens: torch.Tensor, num_tokens: int, device: torch.device)
 
 class PallasBackend(AttentionBackend):
     enum = AttentionBackendEnum.PALLAS
+    not_batch_invariant = ("its 128-token blocks span segment boundaries, so a segment's partial sums depend on its "
+                           "offset in the pack")
     requires = ("torch_xla", "torch-xla")
 
     @classmethod

@@ -32,6 +32,7 @@ def _group_plan(info: PackInfo, device: torch.device) -> list[tuple[int, int, ob
 
 class TorchSDPABackend(AttentionBackend):
     enum = AttentionBackendEnum.TORCH_SDPA
+    not_batch_invariant = None  # per segment, position-independent; fixed shapes per sub-pack
 
     @classmethod
     def forward(cls, q, k, v, cu_seqlens, max_seqlen, scale):

@@ -28,6 +28,7 @@ def _varlen():
 
 class TorchVarlenBackend(AttentionBackend):
     enum = AttentionBackendEnum.TORCH_VARLEN
+    not_batch_invariant = None  # per segment, position-independent; fixed shapes per sub-pack
 
     @classmethod
     def _reasons(cls, head_size, dtype, device):

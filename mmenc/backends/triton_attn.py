@@ -15,6 +15,8 @@ MAX_HEAD_SIZE = 256
 
 class TritonAttnBackend(AttentionBackend):
     enum = AttentionBackendEnum.TRITON_ATTN
+    not_batch_invariant = ("it picks a launch configuration by timing candidates (per process) and packs several short "
+                           "segments into one tile, so a segment's blocking depends on its neighbours")
     requires = ("triton", "triton")
 
     @classmethod

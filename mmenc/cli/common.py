@@ -29,6 +29,9 @@ def add_encoder_args(parser: argparse.ArgumentParser, default_model_help: str) -
     parser.add_argument("--compile", action="store_true", help="torch.compile the tower's blocks (first call compiles)")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="CUDA only: replay one CUDA graph per packing seen before (the 2nd call of a packing captures)")
+    parser.add_argument("--batch-invariant", action="store_true",
+                        help="each image's embedding bitwise the same whatever else is in the batch "
+                             "(fixed-shape GEMM tiles and attention sub-packs; costs some throughput)")
     parser.add_argument("--worker-timeout", type=float, default=600.0, metavar="SECONDS",
                         help="with --tensor-parallel-size > 1: the most one call waits for the worker processes "
                              "before they count as hung (default: %(default)s)")
@@ -57,7 +60,8 @@ def encoder_kwargs(args: argparse.Namespace, default_model: str) -> dict:
     return dict(model=args.model or default_model, dtype=args.dtype, device=args.device,
                 mm_encoder_attn_backend=args.mm_encoder_attn_backend, load_format=args.load_format,
                 tensor_parallel_size=args.tensor_parallel_size, mm_encoder_tp_mode=args.mm_encoder_tp_mode,
-                compile=args.compile, cuda_graphs=args.cuda_graphs, worker_timeout_s=args.worker_timeout)
+                compile=args.compile, cuda_graphs=args.cuda_graphs, worker_timeout_s=args.worker_timeout,
+                batch_invariant=args.batch_invariant)
 
 
 def check_device(name: str | None) -> None:

@@ -53,7 +53,7 @@ class Encoder:
                  load_format: Literal["auto", "dummy"] = "auto", tensor_parallel_size: int = 1,
                  mm_encoder_tp_mode: str = "weights", max_batch_patches: int = 1 << 16, compile: bool = False,
                  cuda_graphs: bool = False, *, worker_timeout_s: float = 600.0, strict: bool = False,
-                 preprocess_workers: int | None = None):
+                 preprocess_workers: int | None = None, batch_invariant: bool = False):
         """model: a local Hugging Face checkpoint folder, or a built-in name (then
         load_format="dummy" is implied: random weights, no files). max_batch_patches bounds one
         tower call; `encode` splits larger inputs into several calls (whole images only).
@@ -65,6 +65,8 @@ class Encoder:
         strict: non-finite (NaN/inf) embeddings raise NonFiniteOutputError instead of a warning.
         preprocess_workers: decode/resize threads of `encode`/`encode_iter` (None: one per usable
         core; 0: in the calling thread). See mmenc.preprocess.pipeline.Preprocessor.
+        batch_invariant: each image's embedding is bitwise identical whatever else is in the call
+        (order, chunking), at some throughput cost (MultiModalConfig.batch_invariant).
         Safe to call from many threads: calls run one at a time (docs/engine.md, Threads)."""
         check_dtype(dtype)
         check_positive_int("tensor_parallel_size", tensor_parallel_size, "the number of devices, e.g. 2")
@@ -72,7 +74,7 @@ class Encoder:
         check_timeout("worker_timeout_s", worker_timeout_s)
         self.mm_config = MultiModalConfig(mm_encoder_attn_backend=mm_encoder_attn_backend,
                                           mm_encoder_tp_mode=mm_encoder_tp_mode, compile=compile,
-                                          cuda_graphs=cuda_graphs)
+                                          cuda_graphs=cuda_graphs, batch_invariant=batch_invariant)
         self.max_batch_patches, self.strict, self.model_name = max_batch_patches, bool(strict), model
         self._recipe = TowerRecipe(dict(model=model, load_format=load_format, dtype=dtype,
                                         multimodal_config=self.mm_config))

@@ -168,6 +168,15 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
         else:
             load_tower_weights(tower, folder, spec.weight_prefixes)
     mm_config = multimodal_config or MultiModalConfig()
+    if mm_config.batch_invariant:  # before compiling / capturing: fixed-shape GEMMs in every linear
+        from mmenc.distributed.parallel_state import get_tp_size
+        from mmenc.layers.linear import use_token_tiles
+
+        use_token_tiles(tower)
+        if get_tp_size() > 1:
+            logger.warning("batch_invariant=True with the tower sharded over %d ranks (weights mode): the "
+                           "all-reduce's summation order depends on the token count, so embeddings are not "
+                           "guaranteed batch invariant; use mm_encoder_tp_mode='data'", get_tp_size())
     if mm_config.compile and device.type != "meta":
         from mmenc.engine.compile import compile_tower
 

@@ -16,6 +16,11 @@ plain linears.
                          when there are fewer of them than ranks)
 
 Shapes: x [..., in_features] -> y [..., out] with `out` this rank's share for the column layers.
+
+Batch invariance: `use_token_tiles(module)` makes every linear in `module` (a tower: its blocks,
+patch embedding, merger) run its matmul over fixed-size token tiles (mmenc.layers.token_tiles), so a
+token's output does not depend on how many other tokens share the call. The engine applies it when
+MultiModalConfig(batch_invariant=True); towers need no code of their own for it.
 """
 from collections.abc import Sequence
 
@@ -24,6 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmenc.distributed.parallel_state import get_tp_rank, get_tp_size, tp_all_gather, tp_all_reduce
+from mmenc.layers.token_tiles import TOKEN_TILE, tiled_linear
 
 
 def _divide(n: int, d: int, what: str) -> int:
@@ -51,7 +57,10 @@ def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id=No
 
 
 class _LinearBase(nn.Module):
-    """A linear over this rank's [out_features, in_features] weight; `tp` is (tp_size, tp_rank)."""
+    """A linear over this rank's [out_features, in_features] weight; `tp` is (tp_size, tp_rank).
+    `token_tile`: None, or the token-tile size its matmul runs over (set by `use_token_tiles`)."""
+
+    token_tile: int | None = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool, tp: tuple[int, int],
                  prefix: str = "", device=None, dtype=None):
@@ -74,11 +83,19 @@ class _LinearBase(nn.Module):
         return f"{self.prefix}.{which}" if self.prefix else which
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self._matmul(x, self.bias)
+
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [..., in] -> x W^T (+ bias) [..., out], over fixed token tiles when token_tile is set."""
+        if self.token_tile is not None:
+            return tiled_linear(x, self.weight, bias, self.token_tile)
+        return F.linear(x, self.weight, bias)
 
     def extra_repr(self) -> str:
         out, inp = self.weight.shape
-        return f"in_features={inp}, out_features={out} (per rank), bias={self.bias is not None}, tp={self.tp_size}"
+        tiles = f", token_tile={self.token_tile}" if self.token_tile is not None else ""
+        return (f"in_features={inp}, out_features={out} (per rank), bias={self.bias is not None}, "
+                f"tp={self.tp_size}{tiles}")
 
 
 class ReplicatedLinear(_LinearBase):
@@ -106,7 +123,7 @@ class ColumnParallelLinear(_LinearBase):
         super().weight_loader(param, loaded.narrow(0, self.tp_rank * n, n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)
+        y = self._matmul(x, self.bias)
         return tp_all_gather(y, dim=-1) if self.gather_output and self.tp_size > 1 else y
 
 
@@ -213,9 +230,20 @@ class RowParallelLinear(_LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.linear(x, self.weight, self.bias)
-        y = tp_all_reduce(F.linear(x, self.weight))
+            return self._matmul(x, self.bias)
+        y = tp_all_reduce(self._matmul(x, None))
         return y + self.bias if self.bias is not None else y
+
+
+def use_token_tiles(module: nn.Module, tile: int | None = TOKEN_TILE) -> int:
+    """Run every linear of `module` over token tiles of `tile` tokens (None: plain matmuls again);
+    returns how many linears it set. Call before compiling or capturing CUDA graphs."""
+    if tile is not None and (not isinstance(tile, int) or tile <= 0):
+        raise ValueError(f"tile={tile!r} must be a positive number of tokens (or None to switch tiling off)")
+    linears = [m for m in module.modules() if isinstance(m, _LinearBase)]
+    for m in linears:
+        m.token_tile = tile
+    return len(linears)
 
 
 def tp_sharded_sizes(module: nn.Module) -> dict[str, int]:

@@ -52,8 +52,8 @@ class Platform:
     short_seqlen_max: ClassVar[int] = SHORT_SEQLEN_MAX
 
     def vit_attn_short_priority(self, dtype: torch.dtype) -> list[AttentionBackendEnum]:
-        """Backends preferred for packs whose longest segment is short, best first; empty: no
-        per-shape choice (the main backend runs every pack)."""
+        """Backends preferred for short segments (<= short_seqlen_max tokens), best first; empty: no
+        per-shape choice (the main backend runs every segment)."""
         return []
 
     def get_supported_vit_attn_backends(self) -> list[AttentionBackendEnum]:
@@ -63,33 +63,41 @@ class Platform:
             seen += [b for b in self.vit_attn_priority(dtype) + self.vit_attn_short_priority(dtype) if b not in seen]
         return seen
 
-    def backend_reasons(self, backend: AttentionBackendEnum, head_size: int, dtype: torch.dtype) -> list[str]:
+    def backend_reasons(self, backend: AttentionBackendEnum, head_size: int, dtype: torch.dtype,
+                        batch_invariant: bool = False) -> list[str]:
+        """Why `backend` cannot run here (batch-invariantly, when asked); empty: it can."""
         reasons = []
         if backend not in self.get_supported_vit_attn_backends():
             reasons.append(f"not offered by the {self.name} platform")
         if backend not in registered_backends():  # a priority list may name a backend this build lacks
             return reasons + ["not registered in this build of mmenc"]
-        return reasons + get_backend_class(backend).unsupported_reasons(head_size, dtype, self.device_info())
+        cls = get_backend_class(backend)
+        if batch_invariant:  # passed only when asked: a plugin's backend may override the 3-argument form
+            return reasons + cls.unsupported_reasons(head_size, dtype, self.device_info(), batch_invariant=True)
+        return reasons + cls.unsupported_reasons(head_size, dtype, self.device_info())
 
     def get_vit_attn_backend(self, head_size: int, dtype: torch.dtype,
-                             backend: AttentionBackendEnum | str | None = None) -> AttentionBackendEnum:
+                             backend: AttentionBackendEnum | str | None = None,
+                             batch_invariant: bool = False) -> AttentionBackendEnum:
         """The backend for (head_size, dtype) here. An explicit `backend` is checked and returned
-        or rejected with ValueError; it is never replaced by another."""
+        or rejected with ValueError; it is never replaced by another. `batch_invariant`: only
+        backends that can give batch-invariant results (AttentionBackend.not_batch_invariant)."""
         if backend is not None:
             backend = AttentionBackendEnum.from_name(backend)
-            reasons = self.backend_reasons(backend, head_size, dtype)
+            reasons = self.backend_reasons(backend, head_size, dtype, batch_invariant)
             if reasons:
-                usable = [b.name for b in self._usable(head_size, dtype)]
+                usable = [b.name for b in self._usable(head_size, dtype, batch_invariant)]
                 raise ValueError(
                     f"attention backend {backend.name} cannot run head_size={head_size}, "
-                    f"dtype={_dtype_name(dtype)} on {self.device_info().describe()}: {'; '.join(reasons)}. "
+                    f"dtype={_dtype_name(dtype)}{_mode(batch_invariant)} on {self.device_info().describe()}: "
+                    f"{'; '.join(reasons)}. "
                     f"Usable here: {', '.join(usable) or 'none'}")
             log_once(logger, f"encoder attention: {backend.name} (requested) for head_size={head_size}, "
                              f"dtype={_dtype_name(dtype)}")
             return backend
         rejected = []
         for candidate in self.vit_attn_priority(dtype):
-            reasons = self.backend_reasons(candidate, head_size, dtype)
+            reasons = self.backend_reasons(candidate, head_size, dtype, batch_invariant)
             if not reasons:
                 why = f"first usable in the {self.name} priority list"
                 if rejected:
@@ -98,24 +106,25 @@ class Platform:
                                  f"dtype={_dtype_name(dtype)}: {why}")
                 return candidate
             rejected.append(f"{candidate.name}: {', '.join(reasons)}")
-        raise ValueError(f"no encoder-attention backend can run head_size={head_size}, dtype={_dtype_name(dtype)} "
-                         f"on {self.device_info().describe()}: " + "; ".join(rejected))
+        raise ValueError(f"no encoder-attention backend can run head_size={head_size}, dtype={_dtype_name(dtype)}"
+                         f"{_mode(batch_invariant)} on {self.device_info().describe()}: " + "; ".join(rejected))
 
-    def choose_vit_attn(self, head_size: int, dtype: torch.dtype,
-                        backend: AttentionBackendEnum | str | None = None) -> BackendChoice:
+    def choose_vit_attn(self, head_size: int, dtype: torch.dtype, backend: AttentionBackendEnum | str | None = None,
+                        batch_invariant: bool = False) -> BackendChoice:
         """The whole choice for (head_size, dtype) here: the main backend and, for automatic
-        selection only, the one for short-segment packs (an explicit backend runs every pack)."""
-        main = self.get_vit_attn_backend(head_size, dtype, backend)
-        short = self.get_vit_attn_short_backend(head_size, dtype, main) if backend is None else None
-        return BackendChoice(main, short, self.short_seqlen_max)
+        selection only, the one for short segments (an explicit backend runs every segment).
+        `batch_invariant`: both from the backends that can give batch-invariant results."""
+        main = self.get_vit_attn_backend(head_size, dtype, backend, batch_invariant)
+        short = self.get_vit_attn_short_backend(head_size, dtype, main, batch_invariant) if backend is None else None
+        return BackendChoice(main, short, self.short_seqlen_max, batch_invariant)
 
-    def get_vit_attn_short_backend(self, head_size: int, dtype: torch.dtype,
-                                   main: AttentionBackendEnum) -> AttentionBackendEnum | None:
-        """The backend for packs whose longest segment is <= short_seqlen_max, when it differs from
-        `main` (the per-shape choice); None when `main` runs every pack. Only for automatic
-        selection: an explicit backend runs everywhere."""
+    def get_vit_attn_short_backend(self, head_size: int, dtype: torch.dtype, main: AttentionBackendEnum,
+                                   batch_invariant: bool = False) -> AttentionBackendEnum | None:
+        """The backend for segments of <= short_seqlen_max tokens, when it differs from `main` (the
+        per-shape choice); None when `main` runs every segment. Only for automatic selection: an
+        explicit backend runs everywhere."""
         for candidate in self.vit_attn_short_priority(dtype):
-            if not self.backend_reasons(candidate, head_size, dtype):
+            if not self.backend_reasons(candidate, head_size, dtype, batch_invariant):
                 if candidate == main:
                     return None
                 log_once(logger, f"encoder attention: {candidate.name} for segments of <= {self.short_seqlen_max} "
@@ -123,18 +132,25 @@ class Platform:
                 return candidate
         return None
 
-    def _usable(self, head_size: int, dtype: torch.dtype) -> list[AttentionBackendEnum]:
-        return [b for b in self.vit_attn_priority(dtype) if not self.backend_reasons(b, head_size, dtype)]
+    def _usable(self, head_size: int, dtype: torch.dtype, batch_invariant: bool = False) -> list[AttentionBackendEnum]:
+        return [b for b in self.vit_attn_priority(dtype)
+                if not self.backend_reasons(b, head_size, dtype, batch_invariant)]
 
-    def explain_vit_attn_backends(self, head_size: int, dtype: torch.dtype) -> list[BackendReport]:
+    def explain_vit_attn_backends(self, head_size: int, dtype: torch.dtype,
+                                  batch_invariant: bool = False) -> list[BackendReport]:
         """A report for every registered backend: installed, version, reasons it cannot run here."""
         offered = self.get_supported_vit_attn_backends()
         rows = []
         for backend in registered_backends():
             cls = get_backend_class(backend)
             rows.append(BackendReport(backend, cls.is_installed(), cls.version() if cls.is_installed() else None,
-                                      tuple(self.backend_reasons(backend, head_size, dtype)), backend in offered))
+                                      tuple(self.backend_reasons(backend, head_size, dtype, batch_invariant)),
+                                      backend in offered))
         return rows
+
+
+def _mode(batch_invariant: bool) -> str:
+    return " batch-invariantly" if batch_invariant else ""
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
