@@ -20,6 +20,7 @@ from mmenc.serving.inputs import EncodeRequest, ImageInput, ItemError, RequestEr
 from mmenc.serving.metrics import ServeMetrics
 from mmenc.serving.preprocess import preprocess_image
 from mmenc.serving.settings import ServeSettings
+from mmenc.serving.tensor_bytes import TensorSaver
 
 logger = init_logger(__name__)
 
@@ -46,6 +47,7 @@ class EncodeService:
         self.pool = concurrent.futures.ThreadPoolExecutor(settings.preprocess_threads, thread_name_prefix="mmenc-cpu")
         self.identity = b""  # model + processor + dtype, for content keys (set once loaded)
         self._in_flight = 0  # touched on the event loop only
+        self.saver = TensorSaver()  # torch.save bytes from per-shape templates (formats.torch_b64)
         self._uint8 = False  # jobs carry uint8 patches, normalized on the device by the batcher
 
     # -- life cycle --------------------------------------------------------------------------------
@@ -166,7 +168,7 @@ class EncodeService:
             uuid = image.uuid if image.uuid is not None else item.key
             meta = {"index": image.index, "uuid": uuid, "num_tokens": enc.num_tokens, "grid_thw": list(enc.grid_thw),
                     "cached": item.hit}
-            parts += render_item(enc, request.format, meta)
+            parts += render_item(enc, request.format, meta, self.saver)
         parts += [b'],"usage":', dumps({"images": images, "tokens": tokens}), b"}"]
         self.metrics.images.inc(images)
         self.metrics.tokens.inc(tokens)
