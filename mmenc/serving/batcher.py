@@ -34,6 +34,8 @@ from mmenc.serving.metrics import ServeMetrics
 
 logger = init_logger(__name__)
 
+_MAX_PACKINGS = 4096  # distinct packings counted (a server seeing endless new sizes stops counting there)
+
 
 @dataclasses.dataclass
 class Job:
@@ -99,12 +101,14 @@ class Batcher:
     output_tokens(grid_thw) -> list[int] are the Encoder's (or a runner's run without a host sync);
     they are only ever called from the launcher thread. prepare(pixel_values) -> tower input, for
     uint8 jobs (e.g. normalize on the device). check_finite(cpu embeddings, tokens): called by the
-    completer only when the device-side check found a non-finite value (may raise)."""
+    completer only when the device-side check found a non-finite value (may raise). graph_stats() ->
+    {"eager"|"captures"|"replays": count}: the tower's CUDA graph counters, copied into the metrics."""
 
     def __init__(self, encode_pixels: Callable, output_tokens: Callable, max_batch_patches: int,
                  max_wait_ms: float, metrics: ServeMetrics, pin_memory: bool = False, *,
                  device: torch.device | str = "cpu", prepare: Callable | None = None,
-                 check_finite: Callable | None = None, bucket: bool = False, max_in_flight: int = 2):
+                 check_finite: Callable | None = None, bucket: bool = False, max_in_flight: int = 2,
+                 graph_stats: Callable[[], dict] | None = None):
         """pin_memory (CUDA towers): gather each call's input into a reused pinned buffer per slot (an
         asynchronous copy to the device) and copy its output back into another (ditto)."""
         if max_in_flight < 1:
@@ -113,7 +117,7 @@ class Batcher:
         self.pin_memory, self.device = pin_memory, torch.device(device)
         self.prepare, self._check_finite, self.bucket = prepare, check_finite, bucket
         self.max_batch_patches, self.max_wait_s = max_batch_patches, max_wait_ms / 1000.0
-        self.metrics = metrics
+        self.metrics, self.graph_stats = metrics, graph_stats
         self.packings: collections.Counter = collections.Counter()  # tower calls per packing (grid list)
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._carry: collections.deque[Job] = collections.deque()
@@ -217,7 +221,10 @@ class Batcher:
     def _launch(self, slot: _Slot) -> None:
         batch = slot.batch
         grid = slot.grid = torch.cat([j.grid_thw for j in batch])
-        self.packings[tuple(tuple(g) for g in grid.tolist())] += 1
+        packing = tuple(tuple(g) for g in grid.tolist())
+        if packing in self.packings or len(self.packings) < _MAX_PACKINGS:
+            self.packings[packing] += 1
+            self.metrics.packings.set(len(self.packings))
         pixel_values = self._gather(slot, [j.pixel_values for j in batch])
         if self.prepare is not None and not pixel_values.is_floating_point():
             pixel_values = self.prepare(pixel_values.to(self.device, non_blocking=True))
@@ -270,6 +277,9 @@ class Batcher:
             self.metrics.tower_seconds.observe(time.perf_counter() - slot.start)
             self.metrics.batch_images.observe(len(batch))
             self.metrics.batch_patches.observe(sum(job.patches for job in batch))
+            if self.graph_stats is not None:
+                for kind, count in self.graph_stats().items():
+                    self.metrics.cuda_graph_calls.labels(kind=kind).set(count)
             self._release(slot)
             for job, piece, g in zip(batch, pieces, grid.tolist()):
                 job.future.set_result(EncodedImage(piece, hidden, tuple(g)))

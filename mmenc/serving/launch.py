@@ -49,4 +49,10 @@ def make_batcher(enc, settings: ServeSettings, metrics: ServeMetrics) -> Batcher
     prepare = (lambda patches: normalize_rows(processor, patches)) if has_per_image_api(processor) else None
     return Batcher(encode, enc.output_tokens, settings.max_batch_patches, settings.max_wait_ms, metrics,
                    pin_memory=device.type == "cuda", device=device, prepare=prepare, check_finite=finite,
-                   bucket=use_buckets(settings, enc), max_in_flight=settings.max_in_flight)
+                   bucket=use_buckets(settings, enc), max_in_flight=settings.max_in_flight,
+                   graph_stats=_graph_stats(enc))
+
+
+def _graph_stats(enc) -> Callable[[], dict] | None:
+    graphs = getattr(getattr(enc, "loaded", None), "graphs", None)
+    return (lambda: dict(graphs.stats)) if graphs is not None else None
