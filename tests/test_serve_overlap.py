@@ -237,3 +237,29 @@ def test_asynchronous_tower_call_equals_encode_pixels(tmp_path):
     assert use_buckets(ServeSettings(), enc) is False and use_buckets(ServeSettings(bucket_batches="on"), enc)
     with pytest.raises(ValueError, match="bucket_batches='maybe'"):
         ServeSettings(bucket_batches="maybe")
+
+
+def test_uint8_jobs_are_prepared_once_per_call_in_arrival_order():
+    """The batcher gathers uint8 jobs into one tensor and `prepare`s it (on CUDA: normalize on the
+    device) before the tower; each image gets its own rows back."""
+    processor = get_processor("qwen2_vl")
+    images = [png(56, 56, seed=60), png(56, 84, seed=61)]  # 16 and 24 patches
+    prepared, seen = [], []
+
+    def prepare(patches):
+        prepared.append((patches.dtype, patches.shape[0]))
+        return normalize_rows(processor, patches)
+
+    def encode_pixels(pixel_values, grid_thw, return_extras=True):
+        seen.append(pixel_values)
+        return TowerOutput(pixel_values[:, :3].reshape(-1, 4, 3)[:, 0].contiguous())
+
+    batcher = Batcher(encode_pixels, _tokens, max_batch_patches=16 + 24, max_wait_ms=2000, metrics=ServeMetrics(),
+                      prepare=prepare)
+    jobs = [Job(*preprocess_image(processor, data, i, 1 << 30, uint8=True)) for i, data in enumerate(images)]
+    results = [f.result(timeout=20) for f in [batcher.submit(j) for j in jobs]]
+    batcher.close(timeout=10)
+    want, _ = processor(images)
+    assert prepared == [(torch.uint8, 40)] and torch.equal(seen[0], want)
+    rows = want[:, :3].reshape(-1, 4, 3)[:, 0]
+    assert torch.equal(results[0].full, rows[:4]) and torch.equal(results[1].full, rows[4:])

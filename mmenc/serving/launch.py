@@ -46,7 +46,10 @@ def make_batcher(enc, settings: ServeSettings, metrics: ServeMetrics) -> Batcher
     call = asynchronous_tower_call(enc) if device.type != "cpu" else None
     encode, finite = call if call is not None else (enc.encode_pixels, None)
     processor = enc.processor
-    prepare = (lambda patches: normalize_rows(processor, patches)) if has_per_image_api(processor) else None
+    # uint8 jobs pay off where the batch crosses to a device; on the CPU, normalizing in the pool
+    # threads (float jobs) keeps that work off the launcher
+    uint8 = has_per_image_api(processor) and device.type != "cpu"
+    prepare = (lambda patches: normalize_rows(processor, patches)) if uint8 else None
     return Batcher(encode, enc.output_tokens, settings.max_batch_patches, settings.max_wait_ms, metrics,
                    pin_memory=device.type == "cuda", device=device, prepare=prepare, check_finite=finite,
                    bucket=use_buckets(settings, enc), max_in_flight=settings.max_in_flight,
