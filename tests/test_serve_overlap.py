@@ -263,3 +263,23 @@ def test_uint8_jobs_are_prepared_once_per_call_in_arrival_order():
     assert prepared == [(torch.uint8, 40)] and torch.equal(seen[0], want)
     rows = want[:, :3].reshape(-1, 4, 3)[:, 0]
     assert torch.equal(results[0].full, rows[:4]) and torch.equal(results[1].full, rows[4:])
+
+
+def test_close_runs_the_carried_images_in_calls_within_the_limit():
+    calls = []
+    release = threading.Event()
+
+    def encode_pixels(pixel_values, grid_thw, return_extras=True):
+        release.wait(timeout=10)
+        calls.append(int(grid_thw.prod(-1).sum()))
+        return _output(grid_thw)
+
+    batcher = Batcher(encode_pixels, _tokens, max_batch_patches=48, max_wait_ms=0, metrics=ServeMetrics(),
+                      bucket=True, max_in_flight=1)
+    futures = [batcher.submit(_job(4)) for _ in range(8)]  # 16 patches each: 3 fit, bucketed to 2
+    closer = threading.Thread(target=batcher.close, kwargs={"timeout": 20})
+    closer.start()
+    release.set()
+    assert all(f.result(timeout=20).num_tokens == 4 for f in futures)
+    closer.join()
+    assert sum(calls) == 8 * 16 and max(calls) <= 48, calls

@@ -56,13 +56,8 @@ class Job:
         return tuple(self.grid_thw[0].tolist())
 
 
-def combine(out, tokens: list[int]) -> list[torch.Tensor]:
-    """A tower call's TowerOutput -> one CPU tensor per image, [tokens_i, hidden * (1 + levels)],
-    each owning its storage (so torch.save of one writes only that image)."""
-    return [piece.clone() for piece in _full(out).cpu().split(tokens)]
-
-
 def _full(out) -> torch.Tensor:
+    """A TowerOutput -> [tokens, hidden * (1 + deepstack levels)]: embeddings, then each level."""
     parts = [out.embeddings] + list(out.extras.get("deepstack") or [])
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
@@ -192,13 +187,17 @@ class Batcher:
             self._done.put(None)
 
     def _drain_carry(self) -> None:
+        """After the stop marker: the carried jobs, in calls of at most max_batch_patches."""
         while self._carry:
             slot = self._free.get()
-            batch = list(self._carry)
-            self._carry.clear()
+            batch, patches = [], 0
+            while self._carry and (not batch or patches + self._carry[0].patches <= self.max_batch_patches):
+                job = self._carry.popleft()
+                batch.append(job)
+                patches += job.patches
             if self.bucket:
                 batch, rest = bucket(batch)
-                self._carry.extend(rest)
+                self._carry.extendleft(reversed(rest))
             self._dispatch(batch, slot)
 
     def _dispatch(self, batch: list[Job], slot: _Slot) -> None:
