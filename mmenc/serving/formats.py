@@ -1,10 +1,11 @@
 """One encoded image and the three ways a response carries it ("vllm", "base64", "json")."""
-import base64
 import dataclasses
 import io
 import json
 
 import torch
+
+from mmenc.serving.tensor_bytes import TensorSaver, b64encode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,27 +41,30 @@ def dumps(value) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
-def torch_b64(tensor: torch.Tensor) -> bytes:
-    """base64 (ASCII bytes) of torch.save(tensor): what vLLM decodes with torch.load(..., weights_only=True)."""
+def torch_b64(tensor: torch.Tensor, saver: TensorSaver | None = None) -> bytes:
+    """base64 (ASCII bytes) of torch.save(tensor): what vLLM decodes with torch.load(..., weights_only=True).
+    With a TensorSaver, its template bytes instead of torch.save (the same tensor once loaded)."""
+    if saver is not None:
+        return b64encode(saver.save_bytes(tensor))
     buf = io.BytesIO()
     torch.save(tensor, buf)
-    return base64.b64encode(buf.getbuffer())
+    return b64encode(buf.getbuffer())
 
 
-def render_item(image: EncodedImage, fmt: str, meta: dict) -> list[bytes]:
+def render_item(image: EncodedImage, fmt: str, meta: dict, saver: TensorSaver | None = None) -> list[bytes]:
     """One response item as JSON text fragments: `meta` (index, uuid, ...) plus the format's fields.
     The large base64 strings are spliced in as bytes (base64 needs no JSON escaping), so no JSON
-    encoder scans megabytes of them."""
+    encoder scans megabytes of them. saver: see torch_b64."""
     head = dumps(meta)[:-1] + b","  # '{...,' : the object stays open for the format's fields
     if fmt == "vllm":
         grid = torch.tensor([image.grid_thw], dtype=torch.int64)
         return [head, b'"image_embeds":{"type":"image_embeds","uuid":', dumps(meta.get("uuid")),
-                b',"image_embeds":{"image_embeds":"', torch_b64(image.full), b'","image_grid_thw":"',
-                torch_b64(grid), b'"}}}']
+                b',"image_embeds":{"image_embeds":"', torch_b64(image.full, saver), b'","image_grid_thw":"',
+                torch_b64(grid, saver), b'"}}}']
     embeddings = image.embeddings
     if fmt == "base64":
         raw = embeddings.view(torch.uint8).numpy()  # little-endian on every platform torch serves
-        return [head, b'"embedding":"', base64.b64encode(raw.data), b'","dtype":', dumps(dtype_name(embeddings.dtype)),
+        return [head, b'"embedding":"', b64encode(raw.data), b'","dtype":', dumps(dtype_name(embeddings.dtype)),
                 b',"shape":', dumps(list(embeddings.shape)), b"}"]
     if fmt == "json":
         return [head, b'"embedding":', dumps(embeddings.float().tolist()), b"}"]

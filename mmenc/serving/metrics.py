@@ -33,6 +33,10 @@ class ServeMetrics:
         self.cache_misses = Counter("mmenc_cache_misses", "images that needed the tower", registry=r)
         self.cache_bytes = Gauge("mmenc_cache_bytes", "bytes held by the encoder cache", registry=r)
         self.cache_entries = Gauge("mmenc_cache_entries", "images held by the encoder cache", registry=r)
+        self.packings = Gauge("mmenc_tower_packings", "distinct packings (grid lists) of the tower calls so far "
+                              "(CUDA graphs replay per packing; counted up to 4096)", registry=r)
+        self.cuda_graph_calls = Gauge("mmenc_cuda_graph_calls", "tower calls by CUDA graph outcome: eager (warm-up "
+                                      "or no graph), captures, replays", ["kind"], registry=r)
         self.ec_writes = Counter("mmenc_ec_storage_writes", "encoder-cache files written", registry=r)
 
     def render(self) -> bytes:

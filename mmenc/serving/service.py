@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable
 
 from mmenc.logger import init_logger
-from mmenc.serving.batcher import Batcher, Job
+from mmenc.serving.batcher import Job
+from mmenc.serving.launch import make_batcher
 from mmenc.serving.cache import EncoderCache, content_key, model_identity
 from mmenc.serving.ec_storage import ECStorage
 from mmenc.serving.formats import EncodedImage, dtype_name, dumps, render_item
@@ -19,6 +20,7 @@ from mmenc.serving.inputs import EncodeRequest, ImageInput, ItemError, RequestEr
 from mmenc.serving.metrics import ServeMetrics
 from mmenc.serving.preprocess import preprocess_image
 from mmenc.serving.settings import ServeSettings
+from mmenc.serving.tensor_bytes import TensorSaver
 
 logger = init_logger(__name__)
 
@@ -45,6 +47,8 @@ class EncodeService:
         self.pool = concurrent.futures.ThreadPoolExecutor(settings.preprocess_threads, thread_name_prefix="mmenc-cpu")
         self.identity = b""  # model + processor + dtype, for content keys (set once loaded)
         self._in_flight = 0  # touched on the event loop only
+        self.saver = TensorSaver()  # torch.save bytes from per-shape templates (formats.torch_b64)
+        self._uint8 = False  # jobs carry uint8 patches, normalized on the device by the batcher
 
     # -- life cycle --------------------------------------------------------------------------------
     def start_loading(self, on_failure: Callable[[], None] | None = None) -> threading.Thread:
@@ -73,8 +77,8 @@ class EncodeService:
                      "image_embeds_size": hidden * (1 + levels), "deepstack_levels": levels,
                      "dtype": dtype_name(loaded.dtype)}
         self.identity = model_identity(enc.model_name, enc.processor, loaded.dtype)
-        self.batcher = Batcher(enc.encode_pixels, enc.output_tokens, self.settings.max_batch_patches,
-                               self.settings.max_wait_ms, self.metrics, pin_memory=enc.device.type == "cuda")
+        self.batcher = make_batcher(enc, self.settings, self.metrics)
+        self._uint8 = self.batcher.prepare is not None
         self.state = "ready"
         logger.info("encoder %s ready in %.1f s (%s)", enc.model_name, time.perf_counter() - start, self.card)
 
@@ -134,14 +138,17 @@ class EncodeService:
             return _Item(key=key, image=cached, hit=True), None
         self.metrics.cache_misses.inc()
         start = time.perf_counter()
-        result = preprocess_image(self.encoder.processor, image.data, image.index, self.settings.max_image_pixels)
+        result = preprocess_image(self.encoder.processor, image.data, image.index, self.settings.max_image_pixels,
+                                  uint8=self._uint8)
         self.metrics.preprocess_seconds.observe(time.perf_counter() - start)
         if isinstance(result, ItemError):
             return _Item(key=key, error=result), None
         pixel_values, grid = result
-        # the tower casts its input to its dtype anyway (same rounding here): casting in this thread
-        # halves what the batcher concatenates and copies to the device for bf16/fp16 towers
-        return _Item(key=key), Job(pixel_values.to(self.encoder.loaded.dtype), grid)
+        if pixel_values.is_floating_point():
+            # the tower casts its input to its dtype anyway (same rounding here): casting in this thread
+            # halves what the batcher concatenates and copies to the device for bf16/fp16 towers
+            pixel_values = pixel_values.to(self.encoder.loaded.dtype)
+        return _Item(key=key), Job(pixel_values, grid)
 
     def _render(self, request: EncodeRequest, items: list[_Item]) -> bytes:
         """In a pool thread: the response body (and the EC storage files)."""
@@ -161,7 +168,7 @@ class EncodeService:
             uuid = image.uuid if image.uuid is not None else item.key
             meta = {"index": image.index, "uuid": uuid, "num_tokens": enc.num_tokens, "grid_thw": list(enc.grid_thw),
                     "cached": item.hit}
-            parts += render_item(enc, request.format, meta)
+            parts += render_item(enc, request.format, meta, self.saver)
         parts += [b'],"usage":', dumps({"images": images, "tokens": tokens}), b"}"]
         self.metrics.images.inc(images)
         self.metrics.tokens.inc(tokens)

@@ -33,7 +33,10 @@ class ServeSettings:
     max_request_bytes, max_images_per_request, max_image_pixels (decoded width*height),
     max_queue_images (images admitted and not yet answered; beyond it: 503 + Retry-After).
     preprocess_threads: decode/resize threads beside the tower. shutdown_timeout_s: how long SIGTERM
-    waits for requests in flight."""
+    waits for requests in flight. max_in_flight: tower calls launched and not yet handed back (2: the
+    next call is queued on the device while one runs). bucket_batches: "on" cuts each call's images
+    of one size to a power of two so CUDA graphs replay (docs/serving.md); "auto": on when the
+    Encoder has cuda_graphs."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -49,10 +52,12 @@ class ServeSettings:
     preprocess_threads: int = dataclasses.field(default_factory=lambda: max(1, min(8, os.cpu_count() or 1)))
     retry_after_s: int = 1
     shutdown_timeout_s: float = 30.0
+    max_in_flight: int = 2
+    bucket_batches: str = "auto"
 
     def __post_init__(self):
         positive = ("max_batch_patches", "max_request_bytes", "max_images_per_request", "max_image_pixels",
-                    "max_queue_images", "preprocess_threads", "retry_after_s")
+                    "max_queue_images", "preprocess_threads", "retry_after_s", "max_in_flight")
         for field in positive:
             value = getattr(self, field)
             if not isinstance(value, int) or value <= 0:
@@ -62,6 +67,8 @@ class ServeSettings:
         if self.max_wait_ms < 0 or self.shutdown_timeout_s < 0 or self.cache_bytes < 0:
             raise ValueError(f"max_wait_ms={self.max_wait_ms}, shutdown_timeout_s={self.shutdown_timeout_s} and "
                              f"cache_bytes={self.cache_bytes} must be >= 0")
+        if self.bucket_batches not in ("auto", "on", "off"):
+            raise ValueError(f"ServeSettings.bucket_batches={self.bucket_batches!r} must be 'auto', 'on' or 'off'")
         if self.api_key is not None and not self.api_key:
             raise ValueError("ServeSettings.api_key is empty; pass a non-empty key or None for no authentication")
         if self.max_queue_images < self.max_images_per_request:
