@@ -91,10 +91,14 @@ def run(args) -> int:
 
 
 def _run_ray(args) -> int:
-    from mmenc.ray.cluster import cluster_gpus, connect
+    from mmenc.ray.cluster import cluster_gpus, connect, import_ray
     from mmenc.ray.serve import run as run_ray_serve
 
     settings = settings_from_args(args)  # flags checked before Ray starts
     kwargs = encoder_kwargs(args, DEFAULT_MODEL)
-    connect(args.ray_address)
-    return run_ray_serve(settings, ray_settings_from_args(args, cluster_gpus()), kwargs, args.ray_address)
+    started = connect(args.ray_address)
+    try:
+        return run_ray_serve(settings, ray_settings_from_args(args, cluster_gpus()), kwargs, args.ray_address)
+    finally:
+        if started:
+            import_ray().shutdown()

@@ -15,27 +15,28 @@ def import_ray():
     return ray
 
 
-def start_local(num_cpus: int | None = None, num_gpus: int | None = None) -> None:
-    """A new single-node Ray instance owned by this process, bound to 127.0.0.1, without dashboard.
-    Must run before anything imports ray in this process (Ray reads its network switch on import)."""
+def start_local(num_cpus: int | None = None, num_gpus: int | None = None) -> bool:
+    """A new single-node Ray instance owned by this process, bound to 127.0.0.1, without dashboard;
+    True when started, False when this process is already connected to a Ray. Must run before
+    anything imports ray in this process (Ray reads its network switch on import)."""
     import sys
 
     if "ray" not in sys.modules:
         os.environ.setdefault(_LOOPBACK_ONLY, "0")
     ray = import_ray()
     if ray.is_initialized():
-        return
+        return False
     ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False,
              log_to_driver=False, configure_logging=False)
+    return True
 
 
 def connect(address: str | None, num_cpus: int | None = None, num_gpus: int | None = None) -> bool:
     """Join the cluster at `address` ("auto": the one `ray start` made on this node), or start a local
-    one when address is None. True when this process started Ray (and should shut it down)."""
-    ray = import_ray() if address is not None else None
+    one when address is None. True when this call started Ray (and its caller should shut it down)."""
     if address is None:
-        start_local(num_cpus=num_cpus, num_gpus=num_gpus)
-        return True
+        return start_local(num_cpus=num_cpus, num_gpus=num_gpus)
+    ray = import_ray()
     if not ray.is_initialized():
         ray.init(address=address, log_to_driver=False)
     return False
