@@ -4,8 +4,9 @@
     patchify (stages.preprocess_batch) -> one EncoderActor per GPU (tower loaded once per actor) ->
     this process writes DIR/shard-00000.safetensors ... as each shard completes
 
-A shard file holds, per image, `<key>` (float32 [tokens, out_hidden]) and `<key>.grid_thw` (int64 [3]),
-the layout of `mmenc encode`'s file; its metadata names the model and every failed key with its reason.
+A shard file holds, per image, `<key>` ([tokens, out_hidden] in the tower's dtype, exactly as computed:
+bfloat16 for a bf16 tower, half the bytes of float32) and `<key>.grid_thw` (int64 [3]), the layout of
+`mmenc encode`'s file (which converts to float32); its metadata names the model and every failed key with its reason.
 Files are renamed into place whole, so a rerun with the same inputs skips the shards already there
 (DIR/manifest.json pins the key list and shard size, and a rerun with other inputs is refused).
 A bad file is logged with its key and recorded as failed in its shard; the job goes on.
@@ -149,7 +150,7 @@ def _collect(ds, shards, output, encoder_kwargs, report, on_shard, progress) -> 
     """Gather rows per shard as they stream in; write a shard when all its images are back."""
     import torch
 
-    from mmenc.ray.stages import from_bytes
+    from mmenc.ray.stages import DTYPES, from_bytes
 
     open_shards: dict[int, dict[int, dict]] = {}
     for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
@@ -170,7 +171,7 @@ def _collect(ds, shards, output, encoder_kwargs, report, on_shard, progress) -> 
                 if r["error"]:
                     failed[key] = str(r["error"])
                     continue
-                tensors[key] = from_bytes(r["embedding"], torch.float32, (int(r["tokens"]), int(r["hidden"])))
+                tensors[key] = from_bytes(r["embedding"], DTYPES[str(r["dtype"])], (int(r["tokens"]), int(r["hidden"])))
                 tensors[f"{key}.grid_thw"] = torch.tensor(r["grid"].tolist(), dtype=torch.int64)
             _write_shard(shard_path(output, shard), tensors, failed, encoder_kwargs, shard)
             report.images += len(rows) - len(failed)

@@ -3,7 +3,8 @@ Arrow binary columns: any dtype, bfloat16 included, any row length).
 
 Rows: key (str), shard (int), pos (int, the image's place in its shard), error (str, "" when fine).
 After `preprocess_batch`: pixels (bytes, [patches, C*tp*p*p] in pixel_dtype), grid (int64 [3]).
-After `EncoderActor`: embedding (bytes, float32 [tokens, out_hidden]), tokens, hidden, grid.
+After `EncoderActor`: embedding (bytes, [tokens, out_hidden] in the tower's dtype, as computed),
+tokens, hidden, dtype (its name), grid.
 """
 import numpy as np
 import torch
@@ -67,13 +68,15 @@ class EncoderActor:
         n = len(batch["key"])
         good = [i for i in range(n) if not batch["error"][i]]
         embeddings, tokens, hidden = [b""] * n, np.zeros(n, np.int64), np.zeros(n, np.int64)
+        dtype = str(self.encoder.loaded.dtype).removeprefix("torch.")
         if good:
             grid = torch.as_tensor(np.stack([batch["grid"][i] for i in good]), dtype=torch.int64)  # [G, 3]
             pieces = [from_bytes(batch["pixels"][i], self.pixel_dtype, (int(g.prod()), -1))  # [patches, row]
                       for i, g in zip(good, grid)]
             out = self.encoder.encode_pixels(torch.cat(pieces), grid)  # [tokens of the batch, out_hidden]
             for i, emb in zip(good, out.split(self.encoder.output_tokens(grid))):
-                embeddings[i] = to_bytes(emb.float().cpu())
+                embeddings[i] = to_bytes(emb.cpu())
                 tokens[i], hidden[i] = emb.shape
         result = {k: v for k, v in batch.items() if k != "pixels"}
-        return {**result, "embedding": np.array(embeddings, dtype=object), "tokens": tokens, "hidden": hidden}
+        return {**result, "embedding": np.array(embeddings, dtype=object), "tokens": tokens, "hidden": hidden,
+                "dtype": np.array([dtype] * n, dtype=object)}
