@@ -96,6 +96,7 @@ def _run_ray(args) -> int:
 
     settings = settings_from_args(args)  # flags checked before Ray starts
     kwargs = encoder_kwargs(args, DEFAULT_MODEL)
+    ray_settings_from_args(args, cluster_gpus=0)
     started = connect(args.ray_address)
     try:
         return run_ray_serve(settings, ray_settings_from_args(args, cluster_gpus()), kwargs, args.ray_address)

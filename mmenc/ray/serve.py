@@ -143,13 +143,19 @@ def run(settings: ServeSettings, ray_settings: RayServeSettings, encoder_kwargs:
     started = connect(address)
     from ray import serve
 
+    stop = threading.Event()  # handlers first: a signal while deploying must not hit Ray's own (abort)
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         serve.start(http_options={"host": settings.host, "port": settings.port})
         serve.run(deployment(settings, ray_settings, encoder_kwargs), name=ray_settings.name, route_prefix="/")
         logger.info("mmenc serve --ray: %s on http://%s:%d", _describe(ray_settings), settings.host, settings.port)
-        _wait_for_signal()
+        while not stop.wait(1.0):
+            pass
+        logger.info("mmenc serve --ray: stopping (replicas finish the requests they hold)")
         serve.shutdown()
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         if started:
             import_ray().shutdown()
     return 0
@@ -158,14 +164,3 @@ def run(settings: ServeSettings, ray_settings: RayServeSettings, encoder_kwargs:
 def _describe(s: RayServeSettings) -> str:
     count = f"{s.replicas} replica(s)" if s.autoscale is None else f"{s.autoscale[0]}..{s.autoscale[1]} replicas"
     return f"{count}, {s.gpus_per_replica:g} GPU(s) each"
-
-
-def _wait_for_signal() -> None:
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        while not stop.wait(1.0):
-            pass
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
