@@ -49,9 +49,14 @@ def corpus(tmp_path_factory):
         (folder / f"img{i:04d}.png").write_bytes(png(h, w, seed=i))
     for name, data in BAD.items():
         (root / name).write_bytes(data if data is not None else png(56, 56, seed=9)[:40])
-    from mmenc.ray.cli import list_inputs
+    return root, _list([str(root)])
 
-    return root, list_inputs([str(root)])
+
+def _list(inputs):
+    from mmenc.cli.encode import IMAGE_EXTENSIONS, collect_images
+    from mmenc.cli.encode_ray import list_inputs
+
+    return list_inputs(inputs, collect_images, IMAGE_EXTENSIONS)
 
 
 def _settings(out, **kw):
@@ -118,3 +123,30 @@ def test_cli_encode_ray_and_refusing_another_jobs_folder(ray_local, q25, corpus,
         run_job(keys, {"model": q25, "device": "cpu"}, _settings(out, shard_size=50))
     assert main(["encode", "--ray", part, "--model", q25, "--output", str(tmp_path / "x" / "f.png"),
                  "--shard-size", "0", "--quiet"]) == 2
+
+
+def test_uri_inputs_are_listed_and_read(tmp_path):
+    """file:// stands for any pyarrow filesystem (s3://, gs://, ...): folders listed recursively,
+    image extensions only; the CPU stage reads the bytes and names a missing file by its key."""
+    from mmenc.ray.stages import preprocess_batch, read_bytes
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.png").write_bytes(png(28, 28, seed=1))
+    (tmp_path / "sub" / "b.jpg").write_bytes(png(28, 56, seed=2))
+    (tmp_path / "notes.txt").write_text("not an image")
+    keys = sorted(_list([f"file://{tmp_path}"]))
+    assert keys == [f"file://{tmp_path}/a.png", f"file://{tmp_path}/sub/b.jpg"], keys
+    assert read_bytes(keys[0]) == (tmp_path / "a.png").read_bytes()
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        _list([f"file://{tmp_path}/missing"])
+
+    from mmenc.engine.runner import build_tower
+
+    processor = build_tower("Qwen/Qwen2.5-VL-7B-Instruct", device="meta").processor
+    import numpy as np
+
+    gone = f"file://{tmp_path}/gone.png"
+    out = preprocess_batch({"key": np.array(keys + [gone], dtype=object)}, processor=processor, max_pixels=-1,
+                           pixel_dtype="float32")
+    assert list(out["error"][:2]) == ["", ""] and gone in out["error"][2], out["error"]
+    assert out["grid"][0].tolist() == [1, 4, 4] and len(out["pixels"][0]) == 16 * 1176 * 4  # 28 px -> 56 px (min_pixels)

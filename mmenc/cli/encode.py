@@ -37,7 +37,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="images loaded together and most images per tower call (default: %(default)s); calls are "
                         f"made smaller while one would take over {CALL_SECONDS:.0f} s, so progress keeps moving")
     add_image_args(p)
-    from mmenc.ray.cli import add_ray_encode_args
+    from mmenc.cli.encode_ray import add_ray_encode_args
 
     add_ray_encode_args(p)  # --ray: the Ray Data job (mmenc/ray), a folder of shards
     return p
@@ -91,9 +91,9 @@ class CallSizer:
 
 def run(args) -> int:
     if args.ray:  # the offline job on Ray Data: its own module, its own output (a folder of shards)
-        from mmenc.ray.cli import run_encode
+        from mmenc.cli.encode_ray import run_encode
 
-        return run_encode(args)
+        return run_encode(args, collect_images, IMAGE_EXTENSIONS)
     from mmenc.engine.encoder import Encoder
 
     apply_log_level(args)

@@ -24,6 +24,7 @@ from mmenc.logger import init_logger
 
 logger = init_logger(__name__)
 MANIFEST = "manifest.json"
+PREPROCESS_MEMORY = 512 << 20  # bytes a CPU task reserves: a batch of decoded, resized float32 images
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,14 +127,15 @@ def run_job(keys: list[str], encoder_kwargs: dict, settings: OfflineSettings,
     rows = [{"key": key, "shard": i, "pos": pos} for i in pending for pos, key in enumerate(shards[i])]
 
     ctx = ray.data.DataContext.get_current()
+    before = (ctx.execution_options.preserve_order, ctx.enable_progress_bars)
     ctx.execution_options.preserve_order = True  # shards complete in order: the driver holds about one
-    ctx.enable_progress_bars = False
+    ctx.enable_progress_bars = False  # ours is one line (progress=)
     ds = ray.data.from_items(rows, override_num_blocks=max(1, len(rows) // settings.preprocess_batch))
-    # CPU tasks spread over every node, retried when a node is lost; remote arguments unlike the
-    # actors' also keep Ray Data from fusing this stage into the encoder actors (which would then
-    # decode on the GPU actors' own few CPUs)
+    # CPU tasks (Ray Data spreads them over the nodes and retries them); each reserves memory for one
+    # batch of large decoded images, and remote arguments unlike the actors' keep Ray Data from fusing
+    # this stage into the encoder actors (which would then decode on the GPU actors' own few CPUs)
     ds = ds.map_batches(preprocess_batch, batch_size=settings.preprocess_batch, batch_format="numpy",
-                        scheduling_strategy="SPREAD", num_cpus=1, max_retries=3,
+                        num_cpus=1, memory=PREPROCESS_MEMORY,
                         fn_kwargs={"processor": processor, "max_pixels": settings.max_image_pixels,
                                    "pixel_dtype": settings.pixel_dtype})
     ds = ds.map_batches(EncoderActor, batch_size=settings.batch_size, batch_format="numpy",
@@ -141,7 +143,10 @@ def run_job(keys: list[str], encoder_kwargs: dict, settings: OfflineSettings,
                         num_cpus=settings.cpus_per_encoder,
                         fn_constructor_kwargs={"encoder_kwargs": encoder_kwargs,
                                                "pixel_dtype": settings.pixel_dtype})
-    _collect(ds, shards, output, encoder_kwargs, report, on_shard, progress)
+    try:
+        _collect(ds, shards, output, encoder_kwargs, report, on_shard, progress)
+    finally:
+        ctx.execution_options.preserve_order, ctx.enable_progress_bars = before
     report.seconds = time.perf_counter() - start
     return report
 

@@ -1,7 +1,8 @@
-"""`mmenc encode --ray`: the flags and the command (mmenc/cli/encode.py delegates here)."""
+"""`mmenc encode --ray`: the flags and the command (mmenc/cli/encode.py delegates here; the job is mmenc.ray.data)."""
 import argparse
 import os
 import sys
+from collections.abc import Callable, Collection
 
 EXIT_INTERRUPTED = 130
 
@@ -19,11 +20,10 @@ def add_ray_encode_args(parser: argparse.ArgumentParser) -> None:
                         "Ray bound to 127.0.0.1")
 
 
-def list_inputs(inputs: list[str]) -> list[str]:
-    """Local files and folders as `mmenc encode` expands them; URIs (scheme://...) listed through
-    pyarrow's filesystems, folders recursively, image extensions only."""
-    from mmenc.cli.encode import IMAGE_EXTENSIONS, collect_images
-
+def list_inputs(inputs: list[str], collect_images: Callable[[list[str]], list[str]],
+                extensions: Collection[str]) -> list[str]:
+    """Local files and folders expanded by `collect_images` (mmenc encode's); URIs (scheme://...)
+    listed through pyarrow's filesystems, folders recursively, files ending in `extensions` only."""
     local = [item for item in inputs if "://" not in item]
     keys = collect_images(local) if local else []
     for uri in (item for item in inputs if "://" in item):
@@ -36,7 +36,7 @@ def list_inputs(inputs: list[str]) -> list[str]:
         scheme = uri.split("://", 1)[0]
         if info.type == pyarrow.fs.FileType.Directory:
             found = [f"{scheme}://{f.path}" for f in fs.get_file_info(pyarrow.fs.FileSelector(path, recursive=True))
-                     if f.type == pyarrow.fs.FileType.File and os.path.splitext(f.path)[1].lower() in IMAGE_EXTENSIONS]
+                     if f.type == pyarrow.fs.FileType.File and os.path.splitext(f.path)[1].lower() in extensions]
             if not found:
                 raise FileNotFoundError(f"folder {uri!r} holds no image files")
             keys += found
@@ -45,7 +45,9 @@ def list_inputs(inputs: list[str]) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
-def run_encode(args) -> int:
+def run_encode(args, collect_images: Callable[[list[str]], list[str]], extensions: Collection[str]) -> int:
+    """The command; collect_images / extensions: how `mmenc encode` finds images (passed in, so this
+    module does not import encode.py, which imports it)."""
     from mmenc.cli.common import apply_log_level, encoder_kwargs
     from mmenc.cli.progress import Progress
     from mmenc.engine.encoder import DEFAULT_MODEL
@@ -55,7 +57,7 @@ def run_encode(args) -> int:
     apply_log_level(args)
     if os.path.isfile(args.output):
         raise ValueError(f"--output {args.output!r} is a file; with --ray it is a folder of shards: pass a folder")
-    keys = list_inputs(args.inputs)
+    keys = list_inputs(args.inputs, collect_images, extensions)
     kwargs = encoder_kwargs(args, DEFAULT_MODEL)
     pixel_dtype = args.dtype if args.dtype in ("bfloat16", "float16") else "float32"
     settings = OfflineSettings(output=args.output, shard_size=args.shard_size, encoders=args.encoders,
