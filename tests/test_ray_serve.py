@@ -156,6 +156,20 @@ def test_settings_and_autoscale_flag():
         RayServeSettings(replicas=0)
 
 
+def test_app_builder_for_serve_run_and_config_files():
+    from ray.serve import Application
+
+    from mmenc.ray.serve import app_builder
+
+    app = app_builder({"model": "m", "replicas": "2", "api_key": "k", "cache_bytes": "2GiB", "max_wait_ms": "3.5"})
+    assert isinstance(app, Application)
+    assert isinstance(app_builder({"model": "m", "autoscale": "1:3", "gpus_per_replica": "1"}), Application)
+    with pytest.raises(ValueError, match="cache_bytes"):
+        app_builder({"model": "m", "cache_bytes": "lots"})
+    with pytest.raises(ValueError, match="MIN:MAX"):
+        app_builder({"model": "m", "autoscale": "3"})
+
+
 def test_cli_ray_flags_parse():
     from mmenc.cli.main import build_parser
 

@@ -16,7 +16,7 @@ import threading
 
 from mmenc.logger import init_logger
 from mmenc.ray.cluster import connect, import_ray
-from mmenc.serving.settings import ServeSettings
+from mmenc.serving.settings import ServeSettings, parse_size
 
 logger = init_logger(__name__)
 
@@ -129,6 +129,8 @@ def app_builder(args: dict):
 
 def _typed(cls, name: str, value):
     """A `key=value` string from `serve run` cast to the field's default's type."""
+    if name in ("cache_bytes", "max_request_bytes"):
+        return parse_size(value, name)  # "2GiB" as on the command line
     default = getattr(cls(), name)
     if not isinstance(value, str) or default is None or isinstance(default, (str, tuple)):
         return value
