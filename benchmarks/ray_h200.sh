@@ -6,7 +6,7 @@
 # Everything listens on 127.0.0.1. Usage, from the repository root:
 #   bash .whl/ray/install_ray.sh .ray-venv      # offline install (wheels from benchmarks/fetch_ray_wheels.sh)
 #   PY=.ray-venv/bin/python bash benchmarks/ray_h200.sh results/ray-h200
-# Env: MODEL (default: the built-in Qwen2.5-VL-7B tower, random weights), SIZES (448), IMAGES (6144),
+# Env: MODEL (default: the built-in Qwen2.5-VL-7B tower, random weights), SIZES (448), IMAGES (8192),
 # FLAGS (extra Encoder flags, default "--compile --cuda-graphs" for serve; the offline job uses --compile).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -14,7 +14,7 @@ out=${1:-results/ray-h200}
 py=${PY:-python3}
 model=${MODEL:-Qwen/Qwen2.5-VL-7B-Instruct}
 sizes=${SIZES:-448}
-images=${IMAGES:-6144}
+images=${IMAGES:-8192}
 flags=${FLAGS:---compile --cuda-graphs}
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 NCCL_NVLS_ENABLE=0
