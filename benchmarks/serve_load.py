@@ -6,7 +6,8 @@
 1. Builds a pool of distinct images (JPEG, --sizes, e.g. "448" or "224,448,640x480,1036").
 2. Offline: Encoder.encode over the same images in batches of --offline-batch (after warm-up calls);
    its outputs are the reference every response is compared with; images/s from the timed calls.
-3. Starts `mmenc serve` (a subprocess on 127.0.0.1, the same Encoder flags), waits for /health.
+3. Starts `mmenc serve` (a subprocess on 127.0.0.1, the same Encoder flags; with --ray-replicas N,
+   `mmenc serve --ray --replicas N`), waits for /health.
 4. --clients closed-loop clients (threads spread over --processes processes) send --warmup
    requests each, then the measured ones: --requests in total, or until --duration seconds.
    Every image carries a fresh uuid, so the tower runs for each (no cache hits) unless
@@ -115,6 +116,8 @@ def start_server(args, port: int, log_path: str) -> subprocess.Popen:
            "--max-images-per-request", str(max(64, args.images_per_request))]
     if args.preprocess_threads:
         cmd += ["--preprocess-threads", str(args.preprocess_threads)]
+    if args.ray_replicas:
+        cmd += ["--ray", "--replicas", str(args.ray_replicas)]
     kw = encoder_kwargs(args, DEFAULT_MODEL)
     cmd += ["--model", kw["model"], "--dtype", str(kw["dtype"]), "--load-format", kw["load_format"],
             "--tensor-parallel-size", str(kw["tensor_parallel_size"]), "--mm-encoder-tp-mode", kw["mm_encoder_tp_mode"]]
@@ -307,6 +310,9 @@ def main(argv=None) -> int:
     p.add_argument("--torch-threads", type=int, default=None,
                    help="torch CPU threads, offline and in the server (OMP_NUM_THREADS); default: torch's own")
     p.add_argument("--timeout", type=float, default=300.0, help="per request, and for the server to start")
+    p.add_argument("--ray-replicas", type=int, default=None, metavar="N",
+                   help="serve with `mmenc serve --ray --replicas N` (a local Ray, one GPU per replica); "
+                        "served_over_offline is then N replicas over one offline Encoder")
     p.add_argument("--json", default=None, help="write the summary (and settings) here")
     args = p.parse_args(argv)
     if args.torch_threads:
@@ -358,6 +364,7 @@ def main(argv=None) -> int:
                "images_per_request": args.images_per_request, "model": args.model or DEFAULT_MODEL,
                "compile": args.compile, "cuda_graphs": args.cuda_graphs, "device": args.device,
                "max_batch_patches": args.max_batch_patches, "max_wait_ms": args.max_wait_ms,
+               "ray_replicas": args.ray_replicas,
                "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
     print("| " + " | ".join(summary) + " |")
     print("|" + "---|" * len(summary))

@@ -38,6 +38,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         f"take over {CALL_SECONDS:.0f} s, so progress keeps moving. Images are decoded and resized "
                         "in parallel threads, ahead of the tower")
     add_image_args(p)
+    from mmenc.cli.encode_ray import add_ray_encode_args
+
+    add_ray_encode_args(p)  # --ray: the Ray Data job (mmenc/ray), a folder of shards
     return p
 
 
@@ -88,6 +91,10 @@ class CallSizer:
 
 
 def run(args) -> int:
+    if args.ray:  # the offline job on Ray Data: its own module, its own output (a folder of shards)
+        from mmenc.cli.encode_ray import run_encode
+
+        return run_encode(args, collect_images, IMAGE_EXTENSIONS)
     from mmenc.engine.encoder import Encoder
 
     apply_log_level(args)

@@ -38,7 +38,26 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="decode/resize threads beside the tower (default: min(8, CPUs))")
     p.add_argument("--shutdown-timeout", type=float, default=_D.shutdown_timeout_s, metavar="S",
                    help="on SIGTERM, how long to let requests in flight finish (default: %(default)s)")
+    ray = p.add_argument_group("Ray Serve (pip install 'mmenc[ray]'; docs/scaling.md)")
+    ray.add_argument("--ray", action="store_true", help="serve through Ray Serve replicas (one per GPU) behind one address")
+    ray.add_argument("--replicas", type=int, default=1, metavar="N", help="with --ray: replicas (default: %(default)s)")
+    ray.add_argument("--autoscale", default=None, metavar="MIN:MAX",
+                     help="with --ray: scale between MIN and MAX replicas on ongoing requests (instead of --replicas)")
+    ray.add_argument("--ray-address", default=None, metavar="ADDR",
+                     help="with --ray: join this cluster ('auto' = the one `ray start` made here); default: start "
+                          "a local Ray bound to 127.0.0.1")
     return p
+
+
+def ray_settings_from_args(args, cluster_gpus: float):
+    """RayServeSettings from the flags: each replica owns --tensor-parallel-size GPUs when the cluster
+    has GPUs and --device is not cpu, else none."""
+    from mmenc.ray.serve import RayServeSettings, parse_autoscale
+
+    on_gpu = cluster_gpus > 0 and not (args.device or "").startswith("cpu")
+    autoscale = parse_autoscale(args.autoscale) if args.autoscale is not None else None
+    return RayServeSettings(replicas=args.replicas, autoscale=autoscale,
+                            gpus_per_replica=float(args.tensor_parallel_size) if on_gpu else 0.0)
 
 
 def settings_from_args(args) -> ServeSettings:
@@ -53,6 +72,10 @@ def settings_from_args(args) -> ServeSettings:
 
 
 def run(args) -> int:
+    if not args.ray and (args.autoscale is not None or args.replicas != 1 or args.ray_address is not None):
+        raise ValueError("--replicas, --autoscale and --ray-address need --ray (one process serves without it)")
+    if args.ray:
+        return _run_ray(args)
     try:
         from mmenc.serving.server import serve
     except ModuleNotFoundError as e:
@@ -65,3 +88,18 @@ def run(args) -> int:
               f"weights (a demo; pass a checkpoint folder for real embeddings)", file=sys.stderr)
     kwargs = encoder_kwargs(args, DEFAULT_MODEL)
     return serve(settings, lambda: Encoder(**kwargs))
+
+
+def _run_ray(args) -> int:
+    from mmenc.ray.cluster import cluster_gpus, connect, import_ray
+    from mmenc.ray.serve import run as run_ray_serve
+
+    settings = settings_from_args(args)  # flags checked before Ray starts
+    kwargs = encoder_kwargs(args, DEFAULT_MODEL)
+    ray_settings_from_args(args, cluster_gpus=0)
+    started = connect(args.ray_address)
+    try:
+        return run_ray_serve(settings, ray_settings_from_args(args, cluster_gpus()), kwargs, args.ray_address)
+    finally:
+        if started:
+            import_ray().shutdown()

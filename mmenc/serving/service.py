@@ -49,9 +49,15 @@ class EncodeService:
         self._in_flight = 0  # touched on the event loop only
         self.saver = TensorSaver()  # torch.save bytes from per-shape templates (formats.torch_b64)
         self._uint8 = False  # jobs carry uint8 patches, normalized on the device by the batcher
+        self._loader: threading.Thread | None = None
 
     # -- life cycle --------------------------------------------------------------------------------
     def start_loading(self, on_failure: Callable[[], None] | None = None) -> threading.Thread:
+        """Load the encoder in a thread (once: a second call returns the first call's thread, so a
+        host that loads before serving, like a Ray Serve replica, can join it first)."""
+        if self._loader is not None:
+            return self._loader
+
         def load():
             try:
                 self._load()
@@ -60,9 +66,9 @@ class EncodeService:
                 self.state, self.load_error = "failed", f"{type(e).__name__}: {e}"
                 if on_failure is not None:
                     on_failure()
-        thread = threading.Thread(target=load, name="mmenc-load", daemon=True)
-        thread.start()
-        return thread
+        self._loader = threading.Thread(target=load, name="mmenc-load", daemon=True)
+        self._loader.start()
+        return self._loader
 
     def _load(self) -> None:
         start = time.perf_counter()

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Issue 13, item 4: Ray on one host with 2 GPUs (H200s). Not run by CI; needs ray (see below).
+#   serve:   `mmenc serve --ray --replicas 1` and `--replicas 2` under benchmarks/serve_load.py
+#            (target: 2 replicas >= 1.8x one replica's images/s), and the plain `mmenc serve` beside them
+#   offline: `mmenc encode --ray` job with 1 and 2 encoder actors (target: 2 GPUs >= 1.8x one GPU)
+# Everything listens on 127.0.0.1. Usage, from the repository root:
+#   bash .whl/ray/install_ray.sh .ray-venv      # offline install (wheels from benchmarks/fetch_ray_wheels.sh)
+#   PY=.ray-venv/bin/python bash benchmarks/ray_h200.sh results/ray-h200
+# Env: MODEL (default: the built-in Qwen2.5-VL-7B tower, random weights), SIZES (448), IMAGES (8192),
+# FLAGS (extra Encoder flags, default "--compile --cuda-graphs" for serve; the offline job uses --compile).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-results/ray-h200}
+py=${PY:-python3}
+model=${MODEL:-Qwen/Qwen2.5-VL-7B-Instruct}
+sizes=${SIZES:-448}
+images=${IMAGES:-8192}
+flags=${FLAGS:---compile --cuda-graphs}
+mkdir -p "$out"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 NCCL_NVLS_ENABLE=0
+$py -c "import ray, torch; print('ray', ray.__version__, 'torch', torch.__version__, torch.cuda.device_count(), 'GPUs')" \
+  | tee "$out/env.txt"
+nvidia-smi --query-gpu=name,memory.total --format=csv >> "$out/env.txt" 2>&1
+
+load() {  # $1: name, rest: serve_load flags
+  local name=$1; shift
+  timeout 900 $py benchmarks/serve_load.py --model "$model" --dtype bfloat16 $flags --sizes "$sizes" \
+    --clients 64 --requests 8192 --duration 90 --offline-images 2048 --json "$out/$name.json" "$@" \
+    > "$out/$name.log" 2>&1
+  echo "$name: exit $?"; tail -n 3 "$out/$name.log" | head -n 2
+}
+load serve_plain
+load serve_ray1 --ray-replicas 1
+load serve_ray2 --ray-replicas 2
+# Ray Serve's HAProxy ingress (experimental in 2.60) instead of the Python proxy, if the first try is proxy-bound:
+RAY_SERVE_ENABLE_HA_PROXY=1 load serve_ray2_haproxy --ray-replicas 2
+
+for g in 1 2; do
+  timeout 900 $py benchmarks/ray_offline_bench.py --model "$model" --dtype bfloat16 --compile --gpus $g \
+    --images "$images" --size "${sizes%%,*}" --json "$out/offline_${g}gpu.json" > "$out/offline_${g}gpu.log" 2>&1
+  echo "offline ${g} GPU(s): exit $?"; tail -n 1 "$out/offline_${g}gpu.log"
+done
+
+$py - "$out" <<'PY'
+import json, os, sys
+out = sys.argv[1]
+def get(name, key):
+    path = os.path.join(out, name + ".json")
+    if not os.path.exists(path):
+        return None
+    doc = json.load(open(path))
+    return doc.get("summary", doc).get(key)
+s1, s2 = get("serve_ray1", "served_images_per_s"), get("serve_ray2", "served_images_per_s")
+o1, o2 = get("offline_1gpu", "images_per_s_steady"), get("offline_2gpu", "images_per_s_steady")
+print("| run | images/s | vs 1 |")
+print("|---|---|---|")
+print(f"| mmenc serve (no Ray), 1 GPU | {get('serve_plain', 'served_images_per_s')} | - |")
+for name, v, base in [("serve --ray, 1 replica", s1, s1), ("serve --ray, 2 replicas", s2, s1),
+                      ("serve --ray, 2 replicas, HAProxy", get("serve_ray2_haproxy", "served_images_per_s"), s1),
+                      ("encode --ray, 1 GPU (steady)", o1, o1), ("encode --ray, 2 GPUs (steady)", o2, o1)]:
+    ratio = f"{v / base:.2f}x" if v and base else "-"
+    print(f"| {name} | {v} | {ratio} |")
+PY

@@ -1,0 +1,214 @@
+"""Offline corpora on Ray Data: `mmenc encode --ray INPUT... --output DIR`.
+
+    files (sorted keys) -> shards of `shard_size` keys -> Ray Data: CPU tasks read + decode + resize +
+    patchify (stages.preprocess_batch) -> one EncoderActor per GPU (tower loaded once per actor) ->
+    this process writes DIR/shard-00000.safetensors ... as each shard completes
+
+A shard file holds, per image, `<key>` ([tokens, out_hidden] in the tower's dtype, exactly as computed:
+bfloat16 for a bf16 tower, half the bytes of float32) and `<key>.grid_thw` (int64 [3]), the layout of
+`mmenc encode`'s file (which converts to float32); its metadata names the model and every failed key with its reason.
+Files are renamed into place whole, so a rerun with the same inputs skips the shards already there
+(DIR/manifest.json pins the key list and shard size, and a rerun with other inputs is refused).
+A bad file is logged with its key and recorded as failed in its shard; the job goes on.
+"""
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import sys
+import time
+from collections.abc import Callable
+
+from mmenc.logger import init_logger
+
+logger = init_logger(__name__)
+MANIFEST = "manifest.json"
+PREPROCESS_MEMORY = 512 << 20  # bytes a CPU task reserves: a batch of decoded, resized float32 images
+
+
+@dataclasses.dataclass(frozen=True)
+class OfflineSettings:
+    """output: the folder of shards. shard_size: images per shard file (the unit of resume).
+    encoders: Encoder actors (None: one per GPU of the cluster, or 1 without GPUs); gpus_per_encoder:
+    GPUs each actor owns (None: 1 with GPUs, else 0); cpus_per_encoder: its CPUs. batch_size: images
+    per tower call. preprocess_batch: images per CPU task. max_image_pixels: as load_image's
+    max_pixels (-1: PIL's limit, None: none). pixel_dtype: dtype of the pixels shipped
+    from the CPU tasks to the actors (bfloat16 halves the bytes for a bf16 tower; same rounding)."""
+
+    output: str
+    shard_size: int = 1024
+    encoders: int | None = None
+    gpus_per_encoder: float | None = None
+    cpus_per_encoder: float = 1.0
+    batch_size: int = 32
+    preprocess_batch: int = 8
+    max_image_pixels: int | None = -1
+    pixel_dtype: str = "float32"
+
+    def __post_init__(self):
+        for field in ("shard_size", "batch_size", "preprocess_batch"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{field}={value!r} must be a positive integer")
+        if self.encoders is not None and self.encoders < 1:
+            raise ValueError(f"encoders={self.encoders} must be >= 1 (or None: one per GPU)")
+        if self.pixel_dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"pixel_dtype={self.pixel_dtype!r}; expected float32, bfloat16 or float16")
+
+
+@dataclasses.dataclass
+class JobReport:
+    images: int = 0
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)
+    shards_written: int = 0
+    shards_skipped: int = 0
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        rate = self.images / max(self.seconds, 1e-9)
+        return (f"images={self.images} failed={len(self.failed)} shards_written={self.shards_written} "
+                f"shards_skipped={self.shards_skipped} seconds={self.seconds:.2f} images/s={rate:.2f}")
+
+
+def shard_path(output: pathlib.Path, index: int) -> pathlib.Path:
+    return output / f"shard-{index:05d}.safetensors"
+
+
+def check_manifest(output: pathlib.Path, keys: list[str], shard_size: int, model: str) -> None:
+    """Write DIR/manifest.json, or check that a rerun has the same keys, shard size and model."""
+    digest = hashlib.sha256("\n".join(keys).encode()).hexdigest()
+    manifest = {"model": model, "shard_size": shard_size, "images": len(keys), "keys_sha256": digest}
+    path = output / MANIFEST
+    if path.exists():
+        old = json.loads(path.read_text())
+        changed = [k for k in manifest if old.get(k) != manifest[k]]
+        if changed:
+            raise ValueError(f"--output {str(output)!r} holds shards of another job ({', '.join(changed)} differ: "
+                             f"{ {k: old.get(k) for k in changed} } there, { {k: manifest[k] for k in changed} } "
+                             f"now); pass a new --output folder, or the same inputs to resume")
+        return
+    output.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{MANIFEST}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(manifest, indent=1))
+    os.replace(tmp, path)
+
+
+def run_job(keys: list[str], encoder_kwargs: dict, settings: OfflineSettings,
+            on_shard: Callable[[int, JobReport], None] | None = None, progress=None) -> JobReport:
+    """Encode every key (sorted; local paths or URIs) into shards under settings.output, skipping the
+    shards already written. Ray must be initialised. on_shard(index, report) runs after each shard
+    is written. progress: an object with advance(n), or None."""
+    import ray
+
+    from mmenc.engine.runner import build_tower
+    from mmenc.ray.stages import EncoderActor, preprocess_batch
+
+    start = time.perf_counter()
+    output = pathlib.Path(settings.output)
+    keys = sorted(dict.fromkeys(keys))
+    check_manifest(output, keys, settings.shard_size, str(encoder_kwargs["model"]))
+    shards = [keys[i:i + settings.shard_size] for i in range(0, len(keys), settings.shard_size)]
+    report = JobReport()
+    pending = [i for i in range(len(shards)) if not shard_path(output, i).exists()]
+    report.shards_skipped = len(shards) - len(pending)
+    if progress is not None:
+        progress.advance(len(keys) - sum(len(shards[i]) for i in pending))
+    if report.shards_skipped:
+        logger.info("resuming: %d of %d shards already in %s", report.shards_skipped, len(shards), output)
+    if not pending:
+        report.seconds = time.perf_counter() - start
+        return report
+
+    processor = build_tower(encoder_kwargs["model"], load_format="dummy", device="meta").processor
+    gpus = float(ray.cluster_resources().get("GPU", 0))
+    per_actor = settings.gpus_per_encoder if settings.gpus_per_encoder is not None else (1.0 if gpus else 0.0)
+    actors = settings.encoders or (max(1, int(gpus // per_actor)) if per_actor else 1)
+    rows = [{"key": key, "shard": i, "pos": pos} for i in pending for pos, key in enumerate(shards[i])]
+
+    ctx = ray.data.DataContext.get_current()
+    before = (ctx.execution_options.preserve_order, ctx.enable_progress_bars)
+    ctx.execution_options.preserve_order = True  # shards complete in order: the driver holds about one
+    ctx.enable_progress_bars = False  # ours is one line (progress=)
+    ds = ray.data.from_items(rows, override_num_blocks=max(1, len(rows) // settings.preprocess_batch))
+    # CPU tasks (Ray Data spreads them over the nodes and retries them); each reserves memory for one
+    # batch of large decoded images, and remote arguments unlike the actors' keep Ray Data from fusing
+    # this stage into the encoder actors (which would then decode on the GPU actors' own few CPUs)
+    ds = ds.map_batches(preprocess_batch, batch_size=settings.preprocess_batch, batch_format="numpy",
+                        num_cpus=1, memory=PREPROCESS_MEMORY,
+                        fn_kwargs={"processor": processor, "max_pixels": settings.max_image_pixels,
+                                   "pixel_dtype": settings.pixel_dtype})
+    ds = ds.map_batches(EncoderActor, batch_size=settings.batch_size, batch_format="numpy",
+                        compute=ray.data.ActorPoolStrategy(size=actors), num_gpus=per_actor,
+                        num_cpus=settings.cpus_per_encoder,
+                        fn_constructor_kwargs={"encoder_kwargs": encoder_kwargs,
+                                               "pixel_dtype": settings.pixel_dtype})
+    try:
+        _collect(ds, shards, output, encoder_kwargs, report, on_shard, progress)
+    finally:
+        ctx.execution_options.preserve_order, ctx.enable_progress_bars = before
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _collect(ds, shards, output, encoder_kwargs, report, on_shard, progress) -> None:
+    """Gather rows per shard as they stream in; write a shard when all its images are back."""
+    import torch
+
+    from mmenc.ray.stages import DTYPES, from_bytes
+
+    open_shards: dict[int, dict[int, dict]] = {}
+    for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
+        for j in range(len(batch["key"])):
+            row = {name: column[j] for name, column in batch.items()}
+            shard = int(row["shard"])
+            rows = open_shards.setdefault(shard, {})
+            rows[int(row["pos"])] = row
+            if row["error"]:
+                report.failed[str(row["key"])] = str(row["error"])
+                print(f"mmenc encode --ray: failed: {row['error']}", file=sys.stderr, flush=True)
+            if len(rows) < len(shards[shard]):
+                continue
+            tensors, failed = {}, {}
+            for pos in sorted(rows):
+                r = rows[pos]
+                key = str(r["key"])
+                if r["error"]:
+                    failed[key] = str(r["error"])
+                    continue
+                tensors[key] = from_bytes(r["embedding"], DTYPES[str(r["dtype"])], (int(r["tokens"]), int(r["hidden"])))
+                tensors[f"{key}.grid_thw"] = torch.tensor(r["grid"].tolist(), dtype=torch.int64)
+            _write_shard(shard_path(output, shard), tensors, failed, encoder_kwargs, shard)
+            report.images += len(rows) - len(failed)
+            report.shards_written += 1
+            del open_shards[shard]
+            if progress is not None:
+                progress.advance(len(rows))
+            if on_shard is not None:
+                on_shard(shard, report)
+
+
+def _write_shard(path: pathlib.Path, tensors: dict, failed: dict, encoder_kwargs: dict, index: int) -> None:
+    from safetensors.torch import save_file
+
+    metadata = {"model": str(encoder_kwargs["model"]), "shard": str(index),
+                "images": str(len(tensors) // 2), "failed": json.dumps(failed)}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        save_file(tensors, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def read_shards(output: str | os.PathLike) -> tuple[dict, dict[str, str]]:
+    """(key -> tensor for every shard under `output`, key -> failure reason)."""
+    from safetensors import safe_open
+
+    tensors, failed = {}, {}
+    for path in sorted(pathlib.Path(output).glob("shard-*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            failed.update(json.loads(f.metadata().get("failed", "{}")))
+            tensors.update({name: f.get_tensor(name) for name in f.keys()})
+    return tensors, failed

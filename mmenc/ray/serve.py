@@ -1,0 +1,168 @@
+"""The encoder service on Ray Serve: N replicas behind one address, each running the very
+EncodeService + FastAPI app of `mmenc serve` (mmenc.serving.app / service), so routes, formats,
+errors, auth, limits and metrics are the same code. Batching stays in the service's one Batcher
+per replica (no @serve.batch). See docs/scaling.md.
+
+    mmenc serve --ray --replicas 2 --model /models/Qwen2.5-VL-7B-Instruct --port 8000
+    serve run mmenc.ray.serve:app_builder model=/models/Qwen2.5-VL-7B-Instruct replicas=2
+
+Per replica: the encoder, its batcher, its in-memory encoder cache and its Prometheus registry
+(GET /metrics answers for the replica that took the request). Shared: the --ec-storage folder
+(writes are atomic renames of content-keyed files, so replicas writing the same key are safe).
+"""
+import dataclasses
+import signal
+import threading
+
+from mmenc.logger import init_logger
+from mmenc.ray.cluster import connect, import_ray
+from mmenc.serving.settings import ServeSettings, parse_size
+
+logger = init_logger(__name__)
+
+
+def parse_autoscale(text: str) -> tuple[int, int]:
+    """'1:4' -> (1, 4): the fewest and most replicas."""
+    lo, sep, hi = str(text).partition(":")
+    if not (sep and lo.strip().isdigit() and hi.strip().isdigit()) or not 0 < int(lo) <= int(hi):
+        raise ValueError(f"--autoscale={text!r} is not MIN:MAX with 0 < MIN <= MAX; write e.g. --autoscale 1:4")
+    return int(lo), int(hi)
+
+
+@dataclasses.dataclass(frozen=True)
+class RayServeSettings:
+    """replicas: a fixed replica count, or autoscale=(min, max) to scale on ongoing requests per
+    replica (target_ongoing_requests). max_ongoing_requests: requests one replica holds at once (the
+    router queues the rest; beyond max_queued_requests per caller Ray answers 503). gpus_per_replica:
+    GPUs each replica owns (0 on CPU; tensor_parallel_size for the weights/data modes, all on one
+    node). name: the Serve application and deployment name."""
+
+    replicas: int = 1
+    autoscale: tuple[int, int] | None = None
+    target_ongoing_requests: float = 8.0
+    max_ongoing_requests: int = 64
+    max_queued_requests: int = 1024
+    gpus_per_replica: float = 0.0
+    cpus_per_replica: float = 1.0
+    name: str = "mmenc"
+
+    def __post_init__(self):
+        if not isinstance(self.replicas, int) or self.replicas < 1:
+            raise ValueError(f"--replicas={self.replicas!r} must be a positive integer")
+        if self.autoscale is not None:
+            parse_autoscale(f"{self.autoscale[0]}:{self.autoscale[1]}")
+        for field in ("target_ongoing_requests", "max_ongoing_requests", "max_queued_requests", "cpus_per_replica"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"RayServeSettings.{field}={getattr(self, field)!r} must be > 0")
+        if self.gpus_per_replica < 0:
+            raise ValueError(f"RayServeSettings.gpus_per_replica={self.gpus_per_replica} must be >= 0")
+
+    def deployment_options(self) -> dict:
+        """Keyword arguments of serve.deployment(...)."""
+        options = dict(name=self.name, max_ongoing_requests=self.max_ongoing_requests,
+                       max_queued_requests=self.max_queued_requests,
+                       ray_actor_options={"num_cpus": self.cpus_per_replica, "num_gpus": self.gpus_per_replica})
+        if self.autoscale is None:
+            options["num_replicas"] = self.replicas
+        else:
+            lo, hi = self.autoscale
+            options["autoscaling_config"] = {"min_replicas": lo, "initial_replicas": lo, "max_replicas": hi,
+                                             "target_ongoing_requests": self.target_ongoing_requests}
+        return options
+
+
+class EncoderReplica:
+    """One replica. Its ASGI app (built by `deployment`) is mmenc.serving's create_app over an
+    EncodeService whose encoder is loaded before the replica reports ready, so Ray routes nothing to
+    a replica that is still loading; a failed load fails the replica with the loader's error."""
+
+    def check_health(self) -> None:
+        """Ray Serve's periodic health check: a replica whose encoder failed is restarted."""
+        service = self.app.state.service
+        if service.state != "ready":
+            raise RuntimeError(f"mmenc replica is {service.state}: {service.load_error}")
+
+
+def replica_app(settings: ServeSettings, encoder_kwargs: dict):
+    """The FastAPI app of one replica, with its encoder loaded (runs inside the replica)."""
+    from mmenc.engine.encoder import Encoder
+    from mmenc.serving.app import create_app
+    from mmenc.serving.metrics import ServeMetrics
+    from mmenc.serving.service import EncodeService
+
+    service = EncodeService(settings, lambda: Encoder(**encoder_kwargs), ServeMetrics())
+    service.start_loading().join()  # the app's lifespan calls start_loading again: it returns this load
+    if service.state != "ready":
+        raise RuntimeError(f"the encoder failed to load in this replica: {service.load_error}")
+    app = create_app(service)
+    app.state.service = service
+    return app
+
+
+def deployment(settings: ServeSettings, ray_settings: RayServeSettings, encoder_kwargs: dict):
+    """The bound Serve application (pass to serve.run): `ray_settings` replicas of EncoderReplica."""
+    from ray import serve
+
+    def build():  # evaluated in each replica
+        return replica_app(settings, encoder_kwargs)
+
+    wrapped = serve.ingress(build)(EncoderReplica)
+    return serve.deployment(wrapped, **ray_settings.deployment_options()).bind()
+
+
+def app_builder(args: dict):
+    """For `serve run mmenc.ray.serve:app_builder key=value ...` and Serve config files: `model`,
+    `replicas` or `autoscale` (MIN:MAX), `gpus_per_replica`, any ServeSettings field (api_key,
+    cache_bytes, ec_storage, ...) and Encoder keyword (dtype, tensor_parallel_size, ...)."""
+    from mmenc.engine.encoder import DEFAULT_MODEL
+
+    args = dict(args)
+    ray_fields = {f.name for f in dataclasses.fields(RayServeSettings)}
+    serve_fields = {f.name for f in dataclasses.fields(ServeSettings)} - {"host", "port"}
+    ray_kw = {k: _typed(RayServeSettings, k, args.pop(k)) for k in list(args) if k in ray_fields}
+    if "autoscale" in ray_kw:
+        ray_kw["autoscale"] = parse_autoscale(ray_kw["autoscale"])
+    serve_kw = {k: _typed(ServeSettings, k, args.pop(k)) for k in list(args) if k in serve_fields}
+    encoder_kw = {"model": DEFAULT_MODEL, **args}
+    return deployment(ServeSettings(**serve_kw), RayServeSettings(**ray_kw), encoder_kw)
+
+
+def _typed(cls, name: str, value):
+    """A `key=value` string from `serve run` cast to the field's default's type."""
+    if name in ("cache_bytes", "max_request_bytes"):
+        return parse_size(value, name)  # "2GiB" as on the command line
+    default = getattr(cls(), name)
+    if not isinstance(value, str) or default is None or isinstance(default, (str, tuple)):
+        return value
+    return type(default)(value) if not isinstance(default, bool) else value.lower() in ("1", "true", "yes")
+
+
+def run(settings: ServeSettings, ray_settings: RayServeSettings, encoder_kwargs: dict,
+        address: str | None = None) -> int:
+    """`mmenc serve --ray`: deploy, serve on settings.host:port until SIGTERM/SIGINT, then shut
+    Serve down (replicas drain their requests). address: a running cluster ("auto" or host:port);
+    None starts a local Ray bound to loopback."""
+    started = connect(address)
+    from ray import serve
+
+    stop = threading.Event()  # handlers first: a signal while deploying must not hit Ray's own (abort)
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        serve.start(http_options={"host": settings.host, "port": settings.port})
+        serve.run(deployment(settings, ray_settings, encoder_kwargs), name=ray_settings.name, route_prefix="/")
+        logger.info("mmenc serve --ray: %s on http://%s:%d", _describe(ray_settings), settings.host, settings.port)
+        while not stop.wait(1.0):
+            pass
+        logger.info("mmenc serve --ray: stopping (replicas finish the requests they hold)")
+        serve.shutdown()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if started:
+            import_ray().shutdown()
+    return 0
+
+
+def _describe(s: RayServeSettings) -> str:
+    count = f"{s.replicas} replica(s)" if s.autoscale is None else f"{s.autoscale[0]}..{s.autoscale[1]} replicas"
+    return f"{count}, {s.gpus_per_replica:g} GPU(s) each"

@@ -1,0 +1,72 @@
+"""`mmenc serve --ray` as a command: starts its own local Ray (loopback only), serves, and on SIGTERM
+drains, stops Ray and exits 0 leaving no Ray process behind; flags that need --ray are refused without it."""
+import glob
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("ray.serve")
+pytest.importorskip("fastapi")
+
+from serve_client import data_url, decode_item, free_port, png, post_json, rel_err, request, wait_for  # noqa: E402
+
+from mmenc.engine.encoder import Encoder  # noqa: E402
+from mmenc.testing.checkpoints import save_qwen2_5_vl  # noqa: E402
+
+
+def _processes_of_session(driver_pid: int) -> list[str]:
+    """Command lines of live processes whose Ray session folder was named after `driver_pid`."""
+    found = []
+    for path in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(path, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if f"_{driver_pid}/" in cmd and "/ray/session_" in cmd:
+            found.append(cmd[:160])
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_serve_ray_command_serves_then_stops_cleanly(tmp_path):
+    q25 = str(save_qwen2_5_vl(tmp_path / "q25")[0])
+    port = free_port()
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [root, os.environ.get("PYTHONPATH")] if p))
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "mmenc.cli.main", "serve", "--ray", "--replicas", "1",
+                             "--model", q25, "--device", "cpu", "--port", str(port), "--preprocess-threads", "1"],
+                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        def healthy():
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
+            try:
+                return request(port, "GET", "/health", timeout=5).status == 200
+            except OSError:
+                return False
+
+        wait_for(healthy, 180, "mmenc serve --ray to answer /health")
+        image = png(56, 84, seed=7)
+        reply = post_json(port, {"images": [data_url(image)], "format": "base64"})
+        assert reply.status == 200, reply.body[:300]
+        want = Encoder(q25, device="cpu").encode([image])[0]
+        assert rel_err(decode_item(reply.json()["data"][0], "base64"), want) < 1e-5
+        assert _processes_of_session(proc.pid), "found no Ray process of the command's session to watch"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0, (tmp_path / "serve.log").read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    wait_for(lambda: not _processes_of_session(proc.pid), 30, "the command's Ray processes to exit")
+
+
+def test_ray_only_flags_need_ray():
+    from mmenc.cli.main import main
+
+    assert main(["serve", "--replicas", "2"]) == 2
+    assert main(["serve", "--ray", "--autoscale", "3:1"]) == 2
