@@ -37,6 +37,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="images loaded together and most images per tower call (default: %(default)s); calls are "
                         f"made smaller while one would take over {CALL_SECONDS:.0f} s, so progress keeps moving")
     add_image_args(p)
+    p.add_argument("--pooled", action="store_true",
+                   help="write one pooled image embedding [hidden] per image (SigLIP/SigLIP2 attention-pooling "
+                        "head) instead of the token embeddings")
     return p
 
 
@@ -127,7 +130,7 @@ def _encode_and_save(encoder, paths: list[str], args, max_pixels, output: pathli
     interrupted = False
     try:
         with Progress(len(paths), unit="images", label="mmenc encode", enabled=not args.quiet) as progress:
-            encode_all(encoder, paths, args.batch_size, max_pixels, results, progress)
+            encode_all(encoder, paths, args.batch_size, max_pixels, results, progress, pooled=args.pooled)
     except KeyboardInterrupt:
         print(f"\nmmenc encode: interrupted after {results.images} of {len(paths)} images", file=sys.stderr)
         interrupted = True
@@ -141,9 +144,11 @@ def _encode_and_save(encoder, paths: list[str], args, max_pixels, output: pathli
     return written, interrupted, seconds
 
 
-def encode_all(encoder, paths: list[str], batch_size: int, max_pixels, results: Results, progress: Progress) -> None:
+def encode_all(encoder, paths: list[str], batch_size: int, max_pixels, results: Results, progress: Progress,
+               pooled: bool = False) -> None:
     """Load and preprocess `batch_size` images at a time, encode them in calls sized by CallSizer,
-    and put each image's embeddings into `results` as soon as its call returns."""
+    and put each image's embeddings into `results` as soon as its call returns (pooled: one [hidden]
+    vector per image, the tower's pooling head)."""
     from mmenc.preprocess.images import load_images
 
     sizer = CallSizer(batch_size)
@@ -160,10 +165,11 @@ def encode_all(encoder, paths: list[str], batch_size: int, max_pixels, results: 
         while done < len(good):
             call = slice(done, done + sizer.size())
             begin = time.perf_counter()
-            out = encoder.encode_pixels(torch.cat(pieces[call]), grids[call])  # [tokens of the call, out_hidden]
+            out = encoder.encode_pixels(torch.cat(pieces[call]), grids[call], pooled=pooled)  # [tokens|images, D]
             sizer.observe(len(good[call]), time.perf_counter() - begin)
-            for path, emb, grid in zip(good[call], out.split(encoder.output_tokens(grids[call])), grids[call]):
-                results.tensors[path] = emb.float().cpu().contiguous()
+            rows = [1] * len(good[call]) if pooled else encoder.output_tokens(grids[call])
+            for path, emb, grid in zip(good[call], out.split(rows), grids[call]):
+                results.tensors[path] = (emb[0] if pooled else emb).float().cpu().contiguous()
                 results.tensors[f"{path}.grid_thw"] = grid.clone()
                 results.tokens += emb.shape[0]
                 results.images += 1

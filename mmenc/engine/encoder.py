@@ -5,6 +5,9 @@
     pixel_values, grid_thw = enc.preprocess(images)          # exactly the HF image processor's output
     flat = enc.encode_pixels(pixel_values, grid_thw)         # [sum tokens_i, out_hidden], image order
 
+Image-embedding towers (SigLIP, SigLIP2 with their attention-pooling head) give one vector per image
+with `pooled=True`: encode -> one [hidden] tensor per image; encode_pixels -> [N, hidden] (with
+return_extras: TowerOutput.extras["pooled"]). The head runs in this process (not with worker processes).
 Towers with extra outputs (Qwen3-VL's deepstack features) return them with `return_extras=True`:
 encode_pixels then gives a TowerOutput (`.embeddings` first, `.extras` beside), encode gives
 ImageEmbedding objects. With tensor_parallel_size > 1 the Encoder starts and owns its worker
@@ -87,10 +90,16 @@ class Encoder:
 
     @torch.inference_mode()
     def encode_pixels(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor,
-                      return_extras: bool = False) -> torch.Tensor | TowerOutput:
+                      return_extras: bool = False, pooled: bool = False) -> torch.Tensor | TowerOutput:
         """Embeddings [sum of tokens per image, out_hidden] in image order (dtype of the tower).
         Inputs larger than max_batch_patches run as several tower calls over whole images. Zero
-        images (grid_thw [0, 3], pixel_values [0, F]) give an empty result [0, out_hidden]."""
+        images (grid_thw [0, 3], pixel_values [0, F]) give an empty result [0, out_hidden].
+        pooled=True: the tower's pooled image embeddings [N, hidden] instead (see `pool`); with
+        return_extras, the TowerOutput carries them as extras["pooled"]."""
+        if pooled:
+            out = self.encode_pixels(pixel_values, grid_thw, return_extras=True)
+            vectors = self.pool(out.embeddings, grid_thw)
+            return TowerOutput(out.embeddings, {**out.extras, "pooled": vectors}) if return_extras else vectors
         if pixel_values.dim() > 2:  # [P, C, p, p] (Kimi's processor) -> one row per patch
             pixel_values = pixel_values.reshape(pixel_values.shape[0], -1)
         grid_thw = _check_grid(pixel_values, grid_thw)
@@ -103,9 +112,25 @@ class Encoder:
         check_finite(out.embeddings, self.output_tokens(grid_thw), self.strict)
         return out if return_extras else out.embeddings
 
+    @torch.inference_mode()
+    def pool(self, embeddings: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        """The tower's pooling head over its embeddings [tokens, hidden] of grid_thw -> [N, hidden], one
+        row per image (SigLIP/SigLIP2 checkpoints with a head). Raises ValueError naming the model otherwise."""
+        tower = self.loaded.tower
+        if not hasattr(tower, "pool"):
+            raise ValueError(f"pooled=True: {self.model_name!r} ({type(tower).__name__}) has no pooled image "
+                             f"embedding; use a SigLIP or SigLIP2 checkpoint, or pooled=False")
+        if any(p.device.type == "meta" for p in tower.parameters()):
+            raise ValueError(f"pooled=True runs the pooling head in this process, but with tensor_parallel_size="
+                             f"{self.tensor_parallel_size} the weights live in worker processes; use "
+                             f"tensor_parallel_size=1 (or torchrun) for pooled embeddings")
+        return tower.pool(embeddings, torch.as_tensor(grid_thw, dtype=torch.int64).cpu())
+
     def encode(self, images: Sequence[Any], return_extras: bool = False,
-               errors: Literal["raise", "skip"] = "raise") -> list:
-        """One [tokens_i, out_hidden] tensor per image (ImageEmbedding with return_extras).
+               errors: Literal["raise", "skip"] = "raise", pooled: bool = False) -> list:
+        """One [tokens_i, out_hidden] tensor per image (ImageEmbedding with return_extras); with
+        pooled=True one [hidden] pooled embedding per image (in ImageEmbedding.extras["pooled"] with
+        return_extras).
 
         Partial failure: every input is loaded first. errors="raise" raises one ImageLoadError
         naming every input that failed, before any encoding; errors="skip" encodes the others and
@@ -121,9 +146,12 @@ class Encoder:
         if not loaded:
             return results
         pixel_values, grid_thw = self.processor(loaded)
-        out = self.encode_pixels(pixel_values, grid_thw, return_extras=True)
-        for i, piece in zip(ok, split_per_image(out, self.output_tokens(grid_thw))):
-            results[i] = piece if return_extras else piece.embeddings
+        out = self.encode_pixels(pixel_values, grid_thw, return_extras=True, pooled=pooled)
+        vectors = out.extras.pop("pooled", None)  # [N, hidden], one row per image
+        for k, (i, piece) in enumerate(zip(ok, split_per_image(out, self.output_tokens(grid_thw)))):
+            if vectors is not None:
+                piece.extras["pooled"] = vectors[k]
+            results[i] = piece if return_extras else (piece.extras["pooled"] if pooled else piece.embeddings)
         return results
 
     def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:

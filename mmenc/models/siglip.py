@@ -71,6 +71,11 @@ class SiglipVisionConfig(TowerConfigBase):
             raise ValueError(f"{type(self).__name__}: image_size={self.image_size} is smaller than "
                              f"patch_size={self.patch_size}; expected at least one patch per side")
 
+    def processor_defaults(self) -> dict[str, Any]:
+        """SigLIP's preprocessor_config.json has neither: the patch size, and the image size the position
+        table was trained at."""
+        return {"patch_size": self.patch_size, "size": {"height": self.image_size, "width": self.image_size}}
+
     @property
     def temporal_patch_size(self) -> int:
         """Frames per pixel row: 1 (a grid row of t frames is t images)."""
@@ -105,6 +110,9 @@ class Siglip2VisionConfig(SiglipVisionConfig):
         if math.isqrt(self.num_patches) ** 2 != self.num_patches:
             raise ValueError(f"Siglip2VisionConfig.num_patches={self.num_patches} is not a square; expected "
                              f"side * side learned positions (e.g. 256)")
+
+    def processor_defaults(self) -> dict[str, Any]:
+        return {"patch_size": self.patch_size}
 
     @property
     def num_positions(self) -> int:
@@ -276,7 +284,8 @@ SIGLIP_VLM_SPEC = register_model(ModelSpec(
     architectures=("PaliGemmaForConditionalGeneration", "Gemma3ForConditionalGeneration"),
     tower_cls=SiglipVisionTower,
     config_from_hf=SiglipVLMVisionConfig.from_hf,
-    weight_prefixes=("model.vision_tower.vision_model.", "vision_tower.vision_model."),
+    # published checkpoints: vision_tower.vision_model.*; transformers 5 writes vision_tower.* (tried last)
+    weight_prefixes=("model.vision_tower.vision_model.", "vision_tower.vision_model.", "vision_tower."),
     processor_from_hf=lazy_processor("mmenc.preprocess.siglip:siglip_from_hf"),
 ))
 
