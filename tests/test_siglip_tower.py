@@ -189,6 +189,17 @@ def test_default_backend_close_to_pil():
         assert torch.equal(g_tv, g_pil) and err < bound, f"{make.__name__}: torchvision vs pil {err} >= {bound}"
 
 
+@pytest.mark.parametrize("make", [siglip_from_hf, siglip2_from_hf])
+def test_parallel_preprocessor_gives_the_same_pixels(make):
+    """mmenc.preprocess.Preprocessor (per image, worker threads) equals the processor's own call."""
+    from mmenc.preprocess import Preprocessor
+
+    proc = make({})
+    pixel_values, grid = proc(_images(rgb_only=True))
+    out = Preprocessor(proc).run(_images(rgb_only=True))
+    assert torch.equal(out[1], grid) and torch.equal(out[0], pixel_values)
+
+
 def test_naflex_size_rule():
     assert naflex_size(224, 224, 16, 256) == (256, 256)  # upscaled to fill the budget
     h, w = naflex_size(1, 1000, 16, 256)

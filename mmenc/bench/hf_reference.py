@@ -78,8 +78,7 @@ class Siglip2HFTower(_SiglipInputs):
     def convert(self, pixel_values, grid_thw):
         from mmenc.testing.checkpoints import hf_siglip2_batch
 
-        padded, mask, shapes = hf_siglip2_batch(pixel_values.cpu(), grid_thw)
-        return padded.to(self.device, pixel_values.dtype), mask.to(self.device), shapes.to(self.device)
+        return hf_siglip2_batch(pixel_values, grid_thw)  # on pixel_values' device
 
     @torch.inference_mode()
     def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:

@@ -216,7 +216,7 @@ TINY_SIGLIP_VISION = dict(hidden_size=32, num_attention_heads=2, num_hidden_laye
 TINY_SIGLIP2_VISION = dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=2, intermediate_size=40,
                            patch_size=4, num_patches=36, num_channels=3, vision_use_head=True)
 TINY_SIGLIP_TEXT = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=48,
-                        vocab_size=64, max_position_embeddings=16)
+                        vocab_size=64, max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1)
 
 
 def save_siglip(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None, version: int = 1):
@@ -263,11 +263,11 @@ def hf_siglip2_batch(pixel_values: torch.Tensor, grid_thw: torch.Tensor):
     pixel_attention_mask [N, L], spatial_shapes [N, 2]), L the longest frame."""
     frames = siglip_frames(pixel_values, grid_thw)
     longest = max(patches.shape[0] for patches, _, _ in frames)
-    padded = torch.zeros(len(frames), longest, frames[0][0].shape[-1])
+    padded = pixel_values.new_zeros(len(frames), longest, frames[0][0].shape[-1])
     mask = torch.zeros(len(frames), longest, dtype=torch.int32)
     for i, (patches, _, _) in enumerate(frames):
         padded[i, :patches.shape[0]], mask[i, :patches.shape[0]] = patches, 1
-    return padded, mask, torch.tensor([[h, w] for _, h, w in frames])
+    return padded, mask.to(padded.device), torch.tensor([[h, w] for _, h, w in frames], device=padded.device)
 
 
 def hf_siglip2_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
