@@ -61,6 +61,9 @@ def test_pooled_matches_transformers(version, siglip, siglip2):
     err = assert_close(got, want, f"SigLIP{version} pooled", TOL)
     print(f"SigLIP{version} pooled: relative error {err:.2e} (tolerance {TOL:.0e})")
     assert torch.equal(out.extras["pooled"], got) and out.embeddings.shape[0] == int(GRID.prod(-1).sum())
+    with Encoder(str(folder), device="cpu") as enc:  # zero images: an empty [0, hidden]
+        empty = enc.encode_pixels(pixels[:0], GRID[:0], pooled=True)
+    assert empty.shape == (0, got.shape[1])
 
 
 def test_same_size_frames_run_dense_and_match_transformers(siglip):

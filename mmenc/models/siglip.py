@@ -245,6 +245,8 @@ class SiglipVisionTower(VisionTower):
             raise ValueError(f"this {type(self.config).__name__} checkpoint has no attention-pooling head "
                              f"(vision_use_head is false, as in VLM checkpoints); pooled embeddings need a "
                              f"standalone SigLIP/SigLIP2 checkpoint (SiglipModel, SiglipVisionModel, ...)")
+        if grid_thw.shape[0] == 0:
+            return embeddings.new_zeros(0, embeddings.shape[-1])
         plan = self.plan(grid_thw, embeddings.device)
         if embeddings.shape[0] != plan.num_patches:
             raise ValueError(f"embeddings has {embeddings.shape[0]} rows but grid_thw describes {plan.num_patches} "
