@@ -19,7 +19,6 @@ image embedding of an image-embedding model (transformers' pooler_output).
 """
 import dataclasses
 import math
-from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import torch
