@@ -79,6 +79,13 @@ STAGES: dict[str, Stage] = {
     "graphs": Stage("mmenc bench --compile --cuda-graphs vs transformers", lambda out: [
         Step([*MMENC, "bench", "--compile", "--cuda-graphs", "--json", str(out / "bench_qwen25_graphs.json")], 240)]),
     "families": Stage("mmenc bench for the other families' largest towers", _families),
+    "siglip": Stage("SigLIP so400m/14 at 384 px and SigLIP2 so400m/16 NaFlex (mixed aspect ratios) vs transformers",
+                    lambda out: [
+        Step([*MMENC, "bench", "--model", "google/siglip-so400m-patch14-384", "--workload", "siglip-32x384px",
+              "--json", str(out / "bench_siglip.json")], 200),
+        Step([*MMENC, "bench", "--model", "google/siglip2-so400m-patch16-naflex", "--workload", "naflex256-mix-32",
+              "--workload", "naflex1024-mix-32", "--json", str(out / "bench_siglip2.json")], 240),
+        Step(_script("siglip_e2e.py", "--json", str(out / "siglip_e2e.json")), 300)]),
     "kimi": Stage("Kimi-K2.5 MoonViT vs transformers' remote-code tower", lambda out: [
         Step(_script("kimi_vs_transformers.py", "--compile", "--json", str(out / "kimi_compile.json")), 240)]),
     "multigpu": Stage("1 GPU vs 2 GPUs, data and weights modes, both stagings", lambda out: [

@@ -3,6 +3,8 @@ the platform's own choice, eager and compiled), against transformers' fp32 resul
 weights: relative error < 2e-2, or at most 1.25x transformers' own bf16 error where bf16 arithmetic
 alone exceeds 2e-2 on the random test weights (both errors are printed). Head sizes are the published ones (80 for Qwen2/2.5-VL, 72 for
 Qwen3-VL and MoonViT, 96 for GLM-4.1V) on small widths, so the kernels run their real tile shapes."""
+import functools
+
 import pytest
 import torch
 
@@ -27,6 +29,14 @@ FAMILIES = {
               ck.hf_tower_output, 1176, [[1, 16, 16], [1, 8, 12], [1, 8, 8], [1, 2, 2]]),
     "kimi_k25": (ck.save_kimi_k25, dict(hidden_size=144, num_attention_heads=2, intermediate_size=256),
                  ck.hf_kimi_embeddings, 588, [[1, 16, 16], [1, 8, 12], [1, 2, 2]]),
+    # SigLIP: frames of the table's size, a dense [B, S] batch; SigLIP2: NaFlex sizes packed
+    "siglip": (ck.save_siglip, dict(hidden_size=144, num_attention_heads=2, intermediate_size=256, patch_size=14,
+                                    image_size=224), lambda m, pv, g: ck.hf_siglip_outputs(m, pv, g)[0], 588,
+               [[1, 16, 16]] * 3),
+    "siglip2": (functools.partial(ck.save_siglip, version=2), dict(hidden_size=144, num_attention_heads=2,
+                                                                   intermediate_size=256, patch_size=16,
+                                                                   num_patches=256),
+                lambda m, pv, g: ck.hf_siglip2_outputs(m, pv, g)[0], 768, [[1, 16, 16], [1, 12, 21], [1, 2, 2]]),
 }
 
 
@@ -60,7 +70,7 @@ def family(request, tmp_path_factory):
 def test_bf16_parity_with_transformers(family, choice):
     name, folder, pixels, grid, reference, hf_err = family
     backend = None if choice.startswith("auto") else AttentionBackendEnum[choice]
-    head_size = 72 if name in ("qwen3_vl", "kimi_k25") else (96 if name == "glm4v" else 80)
+    head_size = 72 if name in ("qwen3_vl", "kimi_k25", "siglip", "siglip2") else (96 if name == "glm4v" else 80)
     if backend is not None and backend not in _cuda_backends(head_size):
         pytest.skip(f"{choice} cannot run head_size={head_size} bf16 here")
     config = MultiModalConfig(mm_encoder_attn_backend=backend, compile=choice.endswith("compile"))

@@ -16,6 +16,10 @@ HF_TOWERS: dict[str, tuple[str, str, str]] = {
     "Qwen3VLForConditionalGeneration": ("qwen3_vl", "Qwen3VLVisionModel", "Qwen3VLVisionConfig"),
     "Qwen3VLMoeForConditionalGeneration": ("qwen3_vl_moe", "Qwen3VLMoeVisionModel", "Qwen3VLMoeVisionConfig"),
     "Glm4vForConditionalGeneration": ("glm4v", "Glm4vVisionModel", "Glm4vVisionConfig"),
+    "SiglipModel": ("siglip", "SiglipVisionModel", "SiglipVisionConfig"),
+    "SiglipVisionModel": ("siglip", "SiglipVisionModel", "SiglipVisionConfig"),
+    "Siglip2Model": ("siglip2", "Siglip2VisionModel", "Siglip2VisionConfig"),
+    "Siglip2VisionModel": ("siglip2", "Siglip2VisionModel", "Siglip2VisionConfig"),
 }
 
 
@@ -31,6 +35,63 @@ class HFTower:
         if isinstance(out, torch.Tensor):
             return out
         return out.pooler_output if getattr(out, "pooler_output", None) is not None else out[0]
+
+
+class _SiglipInputs(HFTower):
+    """A SigLIP(2) tower takes images, not mmenc's (pixel_values, grid_thw): the conversion is made once
+    per input (outside the timed call when the same tensor comes back). The pooling head is skipped, as
+    mmenc's encode_pixels skips it; embeddings are last_hidden_state on the valid tokens [T, hidden]."""
+
+    def __init__(self, module: torch.nn.Module, device: torch.device):
+        super().__init__(module, device)
+        module.use_head = False
+        self._key, self._inputs = None, None
+
+    def inputs(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor):
+        key = (pixel_values.data_ptr(), tuple(pixel_values.shape), tuple(map(tuple, grid_thw.tolist())))
+        if key != self._key:
+            self._key, self._inputs = key, self.convert(pixel_values, grid_thw.cpu())
+        return self._inputs
+
+
+class SiglipHFTower(_SiglipInputs):
+    """SiglipVisionModel on [B, C, h*p, w*p] images, one batch per frame size, positions interpolated."""
+
+    def convert(self, pixel_values, grid_thw):
+        from mmenc.testing.checkpoints import siglip_frames
+
+        p, groups = self.module.config.patch_size, {}
+        for patches, h, w in siglip_frames(pixel_values, grid_thw):
+            groups.setdefault((h, w), []).append(patches.view(h, w, -1, p, p).permute(2, 0, 3, 1, 4))
+        return [torch.stack(frames).flatten(2, 3).flatten(3, 4) for frames in groups.values()]
+
+    @torch.inference_mode()
+    def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        outs = [self.module(pixel_values=images, interpolate_pos_encoding=True).last_hidden_state.flatten(0, 1)
+                for images in self.inputs(pixel_values, grid_thw)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+class Siglip2HFTower(_SiglipInputs):
+    """Siglip2VisionModel on transformers' padded NaFlex batch (pixel_attention_mask, spatial_shapes)."""
+
+    def convert(self, pixel_values, grid_thw):
+        from mmenc.testing.checkpoints import hf_siglip2_batch
+
+        return hf_siglip2_batch(pixel_values, grid_thw)  # on pixel_values' device
+
+    @torch.inference_mode()
+    def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        padded, mask, shapes = self.inputs(pixel_values, grid_thw)
+        out = self.module(pixel_values=padded, pixel_attention_mask=mask, spatial_shapes=shapes).last_hidden_state
+        return out[mask.bool()]
+
+
+# architecture -> how to call its transformers tower, where not HFTower's (pixel_values, grid_thw=...)
+HF_CALLS: dict[str, type] = {
+    "SiglipModel": SiglipHFTower, "SiglipVisionModel": SiglipHFTower,
+    "Siglip2Model": Siglip2HFTower, "Siglip2VisionModel": Siglip2HFTower,
+}
 
 
 def hf_tower_available(architecture: str) -> str | None:
@@ -72,5 +133,5 @@ def build_hf_tower(loaded, attn_implementation: str = "sdpa") -> HFTower:
         if missing or unexpected:
             raise ValueError(f"checkpoint tensors do not fit transformers' {cls_name}: missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}")
-    return HFTower(tower, loaded.device)
+    return HF_CALLS.get(architecture, HFTower)(tower, loaded.device)
 

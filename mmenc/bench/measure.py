@@ -15,6 +15,14 @@ import torch
 WORKLOADS: dict[str, list[tuple[int, int, int]]] = {
     "8x1036px": [(1, 74, 74)] * 8,
     "32x448px": [(1, 32, 32)] * 32,
+    # SigLIP so400m/14 at 384 px (27x27 patches), a dense [32, 729] batch
+    "siglip-32x384px": [(1, 27, 27)] * 32,
+    # SigLIP2 NaFlex, patch 16: the processor's grids for 4:3, 3:4, 16:9, 9:16, 1:1, 1:2, 2:1, 3:1 photos at
+    # max_num_patches 256 and 1024 (mmenc.preprocess.siglip.naflex_size), 4 of each
+    "naflex256-mix-32": [(1, 14, 18), (1, 18, 14), (1, 12, 21), (1, 21, 12), (1, 16, 16), (1, 11, 22), (1, 22, 11),
+                         (1, 9, 27)] * 4,
+    "naflex1024-mix-32": [(1, 27, 36), (1, 36, 27), (1, 24, 42), (1, 42, 24), (1, 32, 32), (1, 22, 44),
+                          (1, 44, 22), (1, 18, 54)] * 4,
 }
 
 

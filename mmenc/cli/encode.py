@@ -38,6 +38,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         f"take over {CALL_SECONDS:.0f} s, so progress keeps moving. Images are decoded and resized "
                         "in parallel threads, ahead of the tower")
     add_image_args(p)
+    p.add_argument("--pooled", action="store_true",
+                   help="write one pooled image embedding [hidden] per image (SigLIP/SigLIP2 attention-pooling "
+                        "head) instead of the token embeddings")
     from mmenc.cli.encode_ray import add_ray_encode_args
 
     add_ray_encode_args(p)  # --ray: the Ray Data job (mmenc/ray), a folder of shards
@@ -135,7 +138,7 @@ def _encode_and_save(encoder, paths: list[str], args, output: pathlib.Path,
     interrupted = False
     try:
         with Progress(len(paths), unit="images", label="mmenc encode", enabled=not args.quiet) as progress:
-            encode_all(encoder, paths, args.batch_size, results, progress)
+            encode_all(encoder, paths, args.batch_size, results, progress, pooled=args.pooled)
     except KeyboardInterrupt:
         print(f"\nmmenc encode: interrupted after {results.images} of {len(paths)} images", file=sys.stderr)
         interrupted = True
@@ -149,10 +152,12 @@ def _encode_and_save(encoder, paths: list[str], args, output: pathlib.Path,
     return written, interrupted, seconds
 
 
-def encode_all(encoder, paths: list[str], batch_size: int, results: Results, progress: Progress) -> None:
+def encode_all(encoder, paths: list[str], batch_size: int, results: Results, progress: Progress,
+               pooled: bool = False) -> None:
     """Decode and resize in the encoder's Preprocessor threads (ahead of the tower, chunks of at most
     max_batch_patches patches), encode each chunk in calls sized by CallSizer, and put each image's
-    embeddings into `results` as soon as its call returns. A file that fails is named and skipped."""
+    embeddings into `results` as soon as its call returns (pooled: one [hidden] vector per image, the
+    tower's pooling head). A file that fails is named and skipped."""
     sizer = CallSizer(batch_size)
     chunks = encoder.preprocessor.iter_chunks(paths, max_batch_patches=encoder.max_batch_patches, errors="skip")
     try:
@@ -167,10 +172,11 @@ def encode_all(encoder, paths: list[str], batch_size: int, results: Results, pro
             while done < len(good):
                 call = slice(done, done + sizer.size())
                 begin = time.perf_counter()
-                out = encoder.encode_pixels(torch.cat(pieces[call]), grids[call])  # [tokens of the call, out_hidden]
+                out = encoder.encode_pixels(torch.cat(pieces[call]), grids[call], pooled=pooled)  # [tokens|images, D]
                 sizer.observe(len(good[call]), time.perf_counter() - begin)
-                for path, emb, grid in zip(good[call], out.split(encoder.output_tokens(grids[call])), grids[call]):
-                    results.tensors[path] = emb.float().cpu().contiguous()
+                rows = [1] * len(good[call]) if pooled else encoder.output_tokens(grids[call])
+                for path, emb, grid in zip(good[call], out.split(rows), grids[call]):
+                    results.tensors[path] = (emb[0] if pooled else emb).float().cpu().contiguous()
                     results.tensors[f"{path}.grid_thw"] = grid.clone()
                     results.tokens += emb.shape[0]
                     results.images += 1

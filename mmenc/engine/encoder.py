@@ -6,6 +6,9 @@
     pixel_values, grid_thw = enc.preprocess(images)          # exactly the HF image processor's output
     flat = enc.encode_pixels(pixel_values, grid_thw)         # [sum tokens_i, out_hidden], image order
 
+Image-embedding towers (SigLIP, SigLIP2 with their attention-pooling head) give one vector per image
+with `pooled=True`: encode -> one [hidden] tensor per image; encode_pixels -> [N, hidden] (with
+return_extras: TowerOutput.extras["pooled"]). The head runs in this process (not with worker processes).
 Towers with extra outputs (Qwen3-VL's deepstack features) return them with `return_extras=True`:
 encode_pixels then gives a TowerOutput (`.embeddings` first, `.extras` beside), encode gives
 ImageEmbedding objects. With tensor_parallel_size > 1 the Encoder starts and owns its worker
@@ -99,10 +102,16 @@ class Encoder:
 
     @torch.inference_mode()
     def encode_pixels(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor,
-                      return_extras: bool = False) -> torch.Tensor | TowerOutput:
+                      return_extras: bool = False, pooled: bool = False) -> torch.Tensor | TowerOutput:
         """Embeddings [sum of tokens per image, out_hidden] in image order (dtype of the tower).
         Inputs larger than max_batch_patches run as several tower calls over whole images. Zero
-        images (grid_thw [0, 3], pixel_values [0, F]) give an empty result [0, out_hidden]."""
+        images (grid_thw [0, 3], pixel_values [0, F]) give an empty result [0, out_hidden].
+        pooled=True: the tower's pooled image embeddings [N, hidden] instead (see `pool`); with
+        return_extras, the TowerOutput carries them as extras["pooled"]."""
+        if pooled:
+            out = self.encode_pixels(pixel_values, grid_thw, return_extras=True)
+            vectors = self.pool(out.embeddings, grid_thw)
+            return TowerOutput(out.embeddings, {**out.extras, "pooled": vectors}) if return_extras else vectors
         if pixel_values.dim() > 2:  # [P, C, p, p] (Kimi's processor) -> one row per patch
             pixel_values = pixel_values.reshape(pixel_values.shape[0], -1)
         grid_thw = _check_grid(pixel_values, grid_thw)
@@ -115,10 +124,26 @@ class Encoder:
         check_finite(out.embeddings, self.output_tokens(grid_thw), self.strict)
         return out if return_extras else out.embeddings
 
+    @torch.inference_mode()
+    def pool(self, embeddings: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        """The tower's pooling head over its embeddings [tokens, hidden] of grid_thw -> [N, hidden], one
+        row per image (SigLIP/SigLIP2 checkpoints with a head). Raises ValueError naming the model otherwise."""
+        tower = self.loaded.tower
+        if not hasattr(tower, "pool"):
+            raise ValueError(f"pooled=True: {self.model_name!r} ({type(tower).__name__}) has no pooled image "
+                             f"embedding; use a SigLIP or SigLIP2 checkpoint, or pooled=False")
+        if any(p.device.type == "meta" for p in tower.parameters()):
+            raise ValueError(f"pooled=True runs the pooling head in this process, but with tensor_parallel_size="
+                             f"{self.tensor_parallel_size} the weights live in worker processes; use "
+                             f"tensor_parallel_size=1 (or torchrun) for pooled embeddings")
+        return tower.pool(embeddings, torch.as_tensor(grid_thw, dtype=torch.int64).cpu())
+
     def encode(self, images: Sequence[Any], return_extras: bool = False,
-               errors: Literal["raise", "skip"] = "raise") -> list:
+               errors: Literal["raise", "skip"] = "raise", pooled: bool = False) -> list:
         """One [tokens_i, out_hidden] tensor per image (ImageEmbedding with return_extras), on the
         tower's device. Inputs: paths, bytes, PIL images, numpy arrays (see mmenc.preprocess).
+        pooled=True: one [hidden] pooled embedding per image instead (the tower's pooling head, see
+        `pool`; in ImageEmbedding.extras["pooled"] with return_extras).
 
         Partial failure: every input is tried. errors="raise" raises one ImageLoadError naming every
         input that failed (index, name, reason) and returns nothing (the tower stops at the first
@@ -129,13 +154,13 @@ class Encoder:
         items = list(images)
         results: list = [None] * len(items)
         failures: list[LoadFailure] = []
-        for index, value in self._pipeline(items, stop_on_failure=errors == "raise"):
+        for index, value in self._pipeline(items, stop_on_failure=errors == "raise", pooled=pooled):
             if isinstance(value, LoadFailure):
                 failures.append(value)
                 if errors == "skip":
                     logger.warning("skipped: %s", value.message)  # the message names the input
             else:
-                results[index] = value if return_extras else value.embeddings
+                results[index] = value if return_extras else (value.extras["pooled"] if pooled else value.embeddings)
         if failures and errors == "raise":
             lines = "\n".join(f"  [{f.index}] {f.message}" for f in failures)
             raise ImageLoadError(f"{len(failures)} of {len(items)} images failed to preprocess:\n{lines}")
@@ -188,12 +213,13 @@ class Encoder:
             self._empty = empty_output(meta, self.device)
         return self._empty
 
-    def _pipeline(self, images: Iterable[Any], *, stop_on_failure: bool
+    def _pipeline(self, images: Iterable[Any], *, stop_on_failure: bool, pooled: bool = False
                   ) -> Iterator[tuple[int, ImageEmbedding | LoadFailure]]:
         """(index, ImageEmbedding | LoadFailure) in input order. Chunk k's results are handed out
         after chunk k+1's tower call is queued, so on CUDA the device never waits for the host
         between chunks (the finite check reads chunk k's flag then). stop_on_failure: no tower call
-        after the first failure (encode with errors="raise" only collects the failures then)."""
+        after the first failure (encode with errors="raise" only collects the failures then).
+        pooled: each ImageEmbedding also carries extras["pooled"] [hidden] (see `pool`)."""
         chunks = self.preprocessor.iter_chunks(images, max_batch_patches=self.max_batch_patches, errors="skip")
         held: tuple[Chunk, TowerOutput | None, torch.Tensor | None] | None = None
         failed = False
@@ -207,6 +233,9 @@ class Encoder:
                         pixel_values = pixel_values.reshape(pixel_values.shape[0], -1)
                     with self._lock:  # per tower call: other threads' calls interleave between chunks
                         out = self.runner.run(pixel_values, chunk.grid_thw)
+                        if pooled:  # [N, hidden], one row per image: not token-aligned, handed out by _deliver
+                            out = TowerOutput(out.embeddings, {**out.extras, "pooled": self.pool(out.embeddings,
+                                                                                                 chunk.grid_thw)})
                     flag = finite_flag(out.embeddings)  # queued on the device, read one chunk later
                 if held is not None:
                     yield from self._deliver(*held)
@@ -222,7 +251,13 @@ class Encoder:
         if out is not None:
             tokens = self.output_tokens(chunk.grid_thw)
             check_finite(out.embeddings, tokens, self.strict, flag=flag, indices=chunk.indices)
-            items += list(zip(chunk.indices, split_per_image(out, tokens)))
+            extras = dict(out.extras)
+            vectors = extras.pop("pooled", None)
+            pieces = split_per_image(TowerOutput(out.embeddings, extras), tokens)
+            if vectors is not None:
+                for piece, vector in zip(pieces, vectors):
+                    piece.extras["pooled"] = vector
+            items += list(zip(chunk.indices, pieces))
         yield from sorted(items, key=lambda pair: pair[0])
 
     def _chunks(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor):

@@ -53,8 +53,10 @@ class LoadedTower:
 
     @functools.cached_property
     def processor(self) -> Any:
-        """The model's image processor (built on first use)."""
-        return self.spec.processor_from_hf(self.preprocessor_config)
+        """The model's image processor (built on first use), from preprocessor_config.json over the keys
+        the tower implies (its config's processor_defaults())."""
+        defaults = getattr(self.config, "processor_defaults", dict)()
+        return self.spec.processor_from_hf({**defaults, **self.preprocessor_config})
 
     @property
     def spatial_merge_size(self) -> int:

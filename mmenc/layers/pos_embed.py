@@ -4,7 +4,11 @@ A checkpoint holds `side * side` learned vectors for a side x side grid. A frame
 gets each patch's vector by interpolating that grid, one axis at a time:
   "bilinear", align_corners=True   -- corners map to corners (Qwen3-VL);
   "bicubic",  align_corners=False  -- half-pixel centres, Keys kernel a=-0.75, taps clamped to the
-                                      border (GLM-4.1V: F.grid_sample(..., padding_mode="border")).
+                                      border (GLM-4.1V: F.grid_sample(..., padding_mode="border");
+                                      SigLIP at other sizes: F.interpolate(mode="bicubic"));
+  "bilinear_antialias"             -- F.interpolate(mode="bilinear", align_corners=False, antialias=True):
+                                      half-pixel centres, a triangle widened by the shrink factor when
+                                      downsampling, weights normalised (SigLIP2 NaFlex).
 The taps (table rows) and weights of one (h, w) frame are built on the host once and cached; the
 lookup is one weighted `embedding_bag` over the whole pack, so no [T, taps, dim] intermediate.
 """
@@ -18,7 +22,21 @@ from mmenc.backends.device import to_device
 from mmenc.layers.grid import Grid, LRUCache
 from mmenc.layers.rotary import grid_positions
 
-_MODES = {"bilinear": (0, 2), "bicubic": (-1, 4)}  # mode -> (first tap offset from floor, taps per axis)
+_MODES = {"bilinear": (0, 2), "bicubic": (-1, 4), "bilinear_antialias": (0, 0)}  # -> (first tap offset, taps/axis)
+
+
+def antialias_axis_taps(size: int, side: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Bilinear antialiased resampling of a `side`-long axis to `size` positions (as F.interpolate with
+    antialias=True): (taps int64 [size, n], weights float64 [size, n]), n the widest support; unused
+    slots point at row 0 with weight 0."""
+    scale = side / size
+    support = max(scale, 1.0)
+    center = (torch.arange(size, dtype=torch.float64) + 0.5) * scale - 0.5
+    dense = (1 - (torch.arange(side, dtype=torch.float64)[None, :] - center[:, None]).abs() / support).clamp(min=0)
+    dense = dense / dense.sum(-1, keepdim=True)  # [size, side]
+    n = int((dense > 0).sum(-1).max())
+    weights, taps = dense.topk(n, dim=-1)  # the nonzero taps first; zeros after them
+    return torch.where(weights > 0, taps, torch.zeros_like(taps)), weights
 
 
 def axis_taps(size: int, side: int, mode: str = "bilinear",
@@ -30,6 +48,8 @@ def axis_taps(size: int, side: int, mode: str = "bilinear",
     """
     if mode not in _MODES:
         raise ValueError(f"interpolation mode {mode!r} is not known; expected one of {', '.join(_MODES)}")
+    if mode == "bilinear_antialias":
+        return antialias_axis_taps(size, side)
     first, n = _MODES[mode]
     i = torch.arange(size, dtype=torch.float64)
     if align_corners:
@@ -89,6 +109,8 @@ class InterpolatedPosEmbed(nn.Module):
 
     def taps(self, grid: Grid, device=None) -> tuple[torch.Tensor, torch.Tensor]:
         parts = [self.frame_taps(h, w) for _, h, w in grid]
+        width = max(i.shape[1] for i, _ in parts)  # antialiased taps vary per size: pad with weight 0
+        parts = [(F.pad(i, (0, width - i.shape[1])), F.pad(wt, (0, width - wt.shape[1]))) for i, wt in parts]
         index = torch.cat([i.repeat(t, 1) for (t, _, _), (i, _) in zip(grid, parts)])
         weight = torch.cat([wt.repeat(t, 1) for (t, _, _), (_, wt) in zip(grid, parts)])
         return to_device(index, device), to_device(weight, device)

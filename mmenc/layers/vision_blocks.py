@@ -64,6 +64,8 @@ class VisionAttention(nn.Module):
 
     forward(x [T, dim], cu_seqlens int32 [N+1], max_seqlen int, rotary=(cos, sin) float32 [T, head_dim]
     or None) -> [T, dim]. The same cu_seqlens tensor (from make_cu_seqlens) should serve every layer.
+    Dense batches of equal-length sequences (fixed-size towers): x [B, S, dim] with cu_seqlens=None,
+    max_seqlen=None (and no rotary) -> [B, S, dim], each row one sequence.
     """
 
     def __init__(self, dim: int, num_heads: int, head_dim: int | None = None, qkv_bias: bool = True,
@@ -82,6 +84,10 @@ class VisionAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        if x.dim() == 3 and cu_seqlens is None and rotary is None:  # dense [B, S, dim]
+            qkv = self.qkv(x).view(*x.shape[:2], 3, self.local_heads, self.head_dim)  # [B, S, 3, H, D]
+            out = self.attn(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])  # [B, S, H, D]
+            return self.proj(out.reshape(*x.shape[:2], self.local_heads * self.head_dim))
         seq = x.shape[0]
         qkv = self.qkv(x).view(seq, 3, self.local_heads, self.head_dim)  # [T, 3, H, D]
         if rotary is not None:
@@ -131,7 +137,8 @@ class VisionBlock(nn.Module):
     """Pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)).
 
     norm: "rms" or "layer"; mlp: "gated" (GatedVisionMLP) or "plain" (VisionMLP).
-    forward(x [T, dim], cu_seqlens, max_seqlen, rotary) -> [T, dim].
+    forward(x [T, dim], cu_seqlens, max_seqlen, rotary) -> [T, dim]; or a dense batch x [B, S, dim]
+    with cu_seqlens=None -> [B, S, dim] (see VisionAttention).
     """
 
     def __init__(self, dim: int, num_heads: int, mlp_hidden: int, *, norm: str = "rms", norm_eps: float = 1e-6,

@@ -86,6 +86,11 @@ class TowerConfigBase:
         """Fields a family computes from several keys (or from outside vision_config); none by default."""
         return {}
 
+    def processor_defaults(self) -> dict[str, Any]:
+        """preprocessor_config.json keys the tower implies, used where the checkpoint's file lacks them (or
+        there is none: built-ins), e.g. SigLIP's patch size and image size; none by default."""
+        return {}
+
     @property
     def head_dim(self) -> int:
         return getattr(self, self.width_field) // self.num_heads

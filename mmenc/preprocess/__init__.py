@@ -23,6 +23,7 @@ from mmenc.preprocess.qwen_vl import (
     qwen2_vl_from_hf,
     qwen3_vl_from_hf,
 )
+from mmenc.preprocess.siglip import SiglipProcessor, SiglipProcessorConfig, siglip2_from_hf, siglip_from_hf
 
 qwen2_5_vl_from_hf = qwen2_vl_from_hf  # transformers maps qwen2_5_vl to the Qwen2-VL processor
 
@@ -32,6 +33,8 @@ PROCESSORS: dict[str, Callable[..., Any]] = {
     "qwen3_vl": qwen3_vl_from_hf,
     "glm4v": glm4v_from_hf,
     "kimi_k25": kimi_k25_from_hf,
+    "siglip": siglip_from_hf,
+    "siglip2": siglip2_from_hf,
 }
 
 
@@ -51,4 +54,5 @@ __all__ = [
     "QwenVLProcessor", "QwenVLProcessorConfig", "KimiProcessor", "KimiProcessorConfig",
     "qwen2_vl_from_hf", "qwen2_5_vl_from_hf", "qwen3_vl_from_hf", "glm4v_from_hf", "kimi_k25_from_hf",
     "PROCESSORS", "get_processor",
+    "SiglipProcessor", "SiglipProcessorConfig", "siglip_from_hf", "siglip2_from_hf",
 ]

@@ -30,19 +30,25 @@ def check_backend(backend: str) -> str:
     return backend
 
 
-def resize_uint8(images: torch.Tensor, height: int, width: int, backend: str) -> torch.Tensor:
-    """Bicubic resize. images uint8 [B, C, H, W] -> uint8 [B, C, height, width]."""
+_PIL_RESAMPLE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
+
+
+def resize_uint8(images: torch.Tensor, height: int, width: int, backend: str, resample: str = "bicubic") -> torch.Tensor:
+    """Bicubic (or resample="bilinear", antialiased likewise) resize.
+    images uint8 [B, C, H, W] -> uint8 [B, C, height, width]."""
+    if resample not in _PIL_RESAMPLE:
+        raise ValueError(f"resample={resample!r} not supported; expected one of {tuple(_PIL_RESAMPLE)}")
     if tuple(images.shape[-2:]) == (height, width):
         return images
     if backend == "pil":
         out = np.empty((images.shape[0], height, width, images.shape[1]), dtype=np.uint8)
         for i, img in enumerate(images.permute(0, 2, 3, 1).cpu().numpy()):
-            out[i] = np.asarray(Image.fromarray(img).resize((width, height), Image.Resampling.BICUBIC))
+            out[i] = np.asarray(Image.fromarray(img).resize((width, height), _PIL_RESAMPLE[resample]))
         return torch.from_numpy(out).permute(0, 3, 1, 2).to(images.device)
     if images.device.type == "cpu":
-        return F.interpolate(images, size=(height, width), mode="bicubic", align_corners=False,
+        return F.interpolate(images, size=(height, width), mode=resample, align_corners=False,
                              antialias=True)
-    out = F.interpolate(images.float(), size=(height, width), mode="bicubic", align_corners=False,
+    out = F.interpolate(images.float(), size=(height, width), mode=resample, align_corners=False,
                         antialias=True)
     return out.clamp_(0, 255).round_().to(torch.uint8)
 
