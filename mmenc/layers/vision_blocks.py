@@ -148,21 +148,21 @@ class VisionBlock(nn.Module):
 
     norm: "rms" or "layer"; mlp: "gated" (GatedVisionMLP) or "plain" (VisionMLP); proj_bias: the
     attention output's bias (default: as qkv_bias); layer_scale: x + ls1 * attn(...), x + ls2 * mlp(...)
-    with learned per-channel scales ls1, ls2 [dim]; qk_norm: see VisionAttention.
+    with learned per-channel scales ls1, ls2 [dim]; qk_norm, qk_norm_eps: see VisionAttention.
     forward(x [T, dim] or [B, S, dim], cu_seqlens (None for [B, S, dim]), max_seqlen, rotary) -> x's shape.
     """
 
     def __init__(self, dim: int, num_heads: int, mlp_hidden: int, *, norm: str = "rms", norm_eps: float = 1e-6,
                  mlp: str = "gated", act: str = "silu", qkv_bias: bool = True, mlp_bias: bool = True,
                  proj_bias: bool | None = None, head_dim: int | None = None, rotary_interleaved: bool = False,
-                 layer_scale: bool = False, qk_norm: bool = False,
+                 layer_scale: bool = False, qk_norm: bool = False, qk_norm_eps: float = 1e-6,
                  multimodal_config: MultiModalConfig | None = None, prefix: str = "", device=None, dtype=None):
         super().__init__()
         self.norm1 = make_norm(norm, dim, norm_eps, device=device, dtype=dtype)
         self.norm2 = make_norm(norm, dim, norm_eps, device=device, dtype=dtype)
         self.attn = VisionAttention(dim, num_heads, head_dim, qkv_bias=qkv_bias,
                                     proj_bias=qkv_bias if proj_bias is None else proj_bias,
-                                    rotary_interleaved=rotary_interleaved, qk_norm=qk_norm, qk_norm_eps=norm_eps,
+                                    rotary_interleaved=rotary_interleaved, qk_norm=qk_norm, qk_norm_eps=qk_norm_eps,
                                     multimodal_config=multimodal_config,
                                     prefix=_join(prefix, "attn"), device=device, dtype=dtype)
         mlps = {"gated": GatedVisionMLP, "plain": VisionMLP}

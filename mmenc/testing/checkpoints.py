@@ -257,6 +257,46 @@ def hf_pixtral_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor
     return (torch.cat(list(feats)) if isinstance(feats, (list, tuple)) else feats.reshape(-1, feats.shape[-1])), []
 
 
+# InternViT: 2 layers, a 6x6 learned position grid (84 px tiles; other tile sizes resample it), layer
+# scales, under InternVL's projector (pixel shuffle 0.5) and a tiny Qwen2 text model.
+TINY_INTERNVL_VISION = dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=2, intermediate_size=40,
+                            image_size=[84, 84], patch_size=[14, 14], attention_bias=True, use_qk_norm=False,
+                            norm_type="layer_norm", use_mean_pooling=True)
+
+
+def save_internvl(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None):
+    """InternVLForConditionalGeneration with a tiny InternViT; the CLS token and position table (zeros
+    at init) and the layer scales are random too."""
+    from transformers import InternVLConfig, InternVLForConditionalGeneration
+
+    config = InternVLConfig(vision_config={**TINY_INTERNVL_VISION, **(vision or {})},
+                            text_config=dict(TINY_TEXT, model_type="qwen2"), dtype=torch.float32)
+    model = _seeded(InternVLForConditionalGeneration, config, seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("cls_token", "position_embeddings")):
+                p.normal_()
+    return _save(model, folder, max_shard_size), model
+
+
+def hf_internvl_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """transformers' InternVL embeddings on the same pixels, tile by tile: its vision tower, the CLS
+    token dropped, its pixel_shuffle on the (h, w) patch grid, its projector (get_image_features
+    itself assumes square tiles; these are its steps for any h x w)."""
+    inner, patch = model.model, model.config.vision_config.patch_size
+    patch = patch[0] if isinstance(patch, (list, tuple)) else patch
+    frames = [(h, w) for t, h, w in grid_thw.tolist() for _ in range(t)]
+    rows = pixel_values.reshape(pixel_values.shape[0], -1, patch, patch).split([h * w for h, w in frames])
+    out = []
+    with torch.no_grad():
+        for patches, (h, w) in zip(rows, frames):
+            image = patches.view(h, w, -1, patch, patch).permute(2, 0, 3, 1, 4).reshape(1, -1, h * patch, w * patch)
+            feats = inner.vision_tower(pixel_values=image).last_hidden_state[:, 1:]  # [1, h*w, D]
+            feats = inner.pixel_shuffle(feats.reshape(1, h, w, -1), scale_factor=model.config.downsample_ratio)
+            out.append(inner.multi_modal_projector(feats.reshape(-1, feats.shape[-1])))
+    return torch.cat(out), []
+
+
 # ---- the table the generic tower tests read: one row per tower family ----
 
 def hf_glm4v_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
@@ -333,4 +373,6 @@ FAMILIES: dict[str, FamilyCase] = {
     "LlavaForConditionalGeneration": FamilyCase(functools.partial(save_pixtral, llava=True,
                                                                   vision=dict(patch_size=16, image_size=16 * 16)),
                                                 hf_pixtral_outputs, (3, 16, 16), "mistralai/Pixtral-", hf_tower=None),
+    "InternVLForConditionalGeneration": FamilyCase(save_internvl, hf_internvl_outputs, (3, 14, 14), "OpenGVLab/InternVL",
+                                                   hf_tower=None),
 }
