@@ -156,3 +156,15 @@ def test_processor_per_image_path_equals_batch_call():
     want_pv, want_grid = proc(ims)
     assert torch.equal(grid, want_grid) and torch.equal(pv, want_pv)
     assert sum(p.rows for p in plans) == pv.shape[0]
+
+
+def test_bench_reference_equals_the_tower(six_b):
+    """`mmenc bench`'s transformers side (tower + projector on a batch of equal tiles)."""
+    from mmenc.bench.hf_reference import build_hf_tower
+
+    folder, _ = six_b
+    loaded = build_tower(str(folder), device="cpu")
+    grid = torch.tensor([[3, 6, 6], [1, 6, 6]])
+    pixels = ck.FAMILIES["InternVLForConditionalGeneration"].pixels(grid, seed=2).flatten(1)
+    assert_close(build_hf_tower(loaded)(pixels, grid), run_tower(loaded, pixels, grid).embeddings,
+                 "InternVL bench reference", TOL)

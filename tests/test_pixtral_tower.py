@@ -150,3 +150,20 @@ def test_processor_per_image_path_equals_batch_call():
     want_pv, want_grid = proc(ims)
     assert torch.equal(grid, want_grid) and torch.equal(pv, want_pv)
     assert max(max(h, w) for _, h, w in grid.tolist()) * 16 <= 512 + 15
+
+
+@pytest.mark.parametrize("arch", ["Mistral3ForConditionalGeneration", "LlavaForConditionalGeneration"])
+def test_bench_reference_equals_the_tower(arch, tmp_path):
+    """`mmenc bench`'s transformers side (tower + projector on padded images) on a tiny checkpoint."""
+    from mmenc.bench.hf_reference import build_hf_tower, hf_tower_available
+    from mmenc.engine.runner import run_tower
+    from mmenc.testing import checkpoints as ck
+
+    case = ck.FAMILIES[arch]
+    folder, _ = case.save(tmp_path)
+    loaded = build_tower(str(folder), device="cpu")
+    assert hf_tower_available(arch) is None
+    grid = torch.tensor([[1, 4, 6], [1, 8, 2], [1, 2, 2]])
+    pixels = case.pixels(grid, seed=1).flatten(1)  # the bench's flat rows
+    assert_close(build_hf_tower(loaded)(pixels, grid), run_tower(loaded, pixels, grid).embeddings,
+                 f"{arch}: bench reference", 1e-5)

@@ -15,6 +15,10 @@ import torch
 WORKLOADS: dict[str, list[tuple[int, int, int]]] = {
     "8x1036px": [(1, 74, 74)] * 8,
     "32x448px": [(1, 32, 32)] * 32,
+    # native-resolution towers (Pixtral, SigLIP2 NaFlex): 8 images of mixed aspect ratios, longest side 64
+    # patches (1024 px at patch 16): square, 4:3, 3:4, 16:9, 9:16, 2.3:1, and two smaller squares
+    "8xmixed-aspect": [(1, 64, 64), (1, 64, 48), (1, 48, 64), (1, 64, 36), (1, 36, 64), (1, 64, 28), (1, 44, 44),
+                       (1, 32, 32)],
 }
 
 
