@@ -168,3 +168,19 @@ def test_bench_reference_equals_the_tower(six_b):
     pixels = ck.FAMILIES["InternVLForConditionalGeneration"].pixels(grid, seed=2).flatten(1)
     assert_close(build_hf_tower(loaded)(pixels, grid), run_tower(loaded, pixels, grid).embeddings,
                  "InternVL bench reference", TOL)
+
+
+def test_encoder_end_to_end_one_embedding_per_image(six_b):
+    """Encoder.encode: one tensor per image, 256 rows per tile (thumbnail included), tiles as
+    transformers' processor counts them; equal to encode_pixels."""
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
+
+    from mmenc import Encoder
+
+    folder, _ = six_b
+    enc = Encoder(str(folder), device="cpu", dtype="float32")
+    ims = _images()[:4]
+    out = enc.encode(ims)
+    tiles = torch.as_tensor(GotOcr2ImageProcessorPil(**_hf_kwargs())(images=ims, return_tensors="pt")["num_patches"])
+    assert [o.shape[0] for o in out] == (tiles * 256).tolist()
+    assert_close(torch.cat(list(out)), enc.encode_pixels(*enc.preprocess(ims)), "encode vs encode_pixels", 1e-6)

@@ -167,3 +167,22 @@ def test_bench_reference_equals_the_tower(arch, tmp_path):
     pixels = case.pixels(grid, seed=1).flatten(1)  # the bench's flat rows
     assert_close(build_hf_tower(loaded)(pixels, grid), run_tower(loaded, pixels, grid).embeddings,
                  f"{arch}: bench reference", 1e-5)
+
+
+def test_encoder_end_to_end_one_embedding_per_image(tmp_path):
+    """Encoder.encode on images of different sizes: one tensor per image, (h/28)*(w/28) rows for the
+    sizes transformers' processor picks (Mistral3: patch 14, merge 2), equal to encode_pixels."""
+    from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
+
+    from mmenc import Encoder
+    from mmenc.testing import checkpoints as ck
+
+    folder, _ = ck.save_pixtral(tmp_path)
+    enc = Encoder(str(folder), device="cpu", dtype="float32")
+    ims = _images()[:4]
+    out = enc.encode(ims)
+    sizes = PixtralImageProcessorPil(size={"longest_edge": 1540})(images=ims, patch_size={"height": 28, "width": 28},
+                                                                  return_tensors="pt")["image_sizes"]
+    assert [o.shape[0] for o in out] == [int(h) // 28 * (int(w) // 28) for h, w in sizes]
+    flat = enc.encode_pixels(*enc.preprocess(ims))
+    assert_close(torch.cat(list(out)), flat, "encode vs encode_pixels", 1e-6)
