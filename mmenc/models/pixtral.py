@@ -90,8 +90,9 @@ class PixtralVisionConfig(TowerConfigBase):
         """The projector's kind and sizes from the top level and text_config; unsupported variants
         (another vision tower under Llava, features from another layer) raise ValueError."""
         if vision.get("model_type", "pixtral") != "pixtral":
-            raise ValueError(f"vision_config.model_type={vision['model_type']!r}; this tower is Pixtral's "
-                             f"(model_type 'pixtral')")
+            raise ValueError(f"vision_config.model_type={vision['model_type']!r}; mmenc serves "
+                             f"{'/'.join(config.get('architectures') or ['this architecture'])} only with a Pixtral "
+                             f"tower (vision_config.model_type 'pixtral')")
         text = config.get("text_config") or {}
         llava = config.get("model_type") == "llava" or "LlavaForConditionalGeneration" in (config.get("architectures")
                                                                                             or [])
