@@ -37,7 +37,7 @@ class ProjectedTower:
         if self.architecture == "InternVLForConditionalGeneration":
             return self._internvl(pixel_values, grid_thw)
         images, sizes = pixtral_images(pixel_values, grid_thw, self.patch)
-        sizes = torch.tensor(sizes, device=self.device)
+        sizes = torch.tensor(sizes)  # on the host, as the processor returns them (no device syncs when sliced)
         feats = self.vision(images, image_sizes=sizes).last_hidden_state.squeeze(0)  # [T, D]
         if self.architecture == "Mistral3ForConditionalGeneration":
             return self.projector(feats, sizes)
