@@ -178,9 +178,9 @@ class VisionBlock(nn.Module):
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None, max_seqlen: int | None,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         attn = self.attn(self.norm1(x), cu_seqlens, max_seqlen, rotary)
-        x = x + (attn if self.ls1 is None else self.ls1 * attn)
+        x = x + attn if self.ls1 is None else torch.addcmul(x, self.ls1, attn)  # one kernel: x + ls1 * attn
         mlp = self.mlp(self.norm2(x))
-        return x + (mlp if self.ls2 is None else self.ls2 * mlp)
+        return x + mlp if self.ls2 is None else torch.addcmul(x, self.ls2, mlp)
 
 
 class PatchMerger(nn.Module):
