@@ -68,7 +68,9 @@ class VisionAttention(nn.Module):
 
     forward(x [T, dim], cu_seqlens int32 [N+1], max_seqlen int, rotary=(cos, sin) float32 [T, head_dim]
     or None) -> [T, dim]. The same cu_seqlens tensor (from make_cu_seqlens) should serve every layer.
-    A dense batch x [B, S, dim] with cu_seqlens=None attends within each of its B rows.
+    A dense batch x [B, S, dim] attends within each of its B rows given cu_seqlens=None, or within the
+    segments of cu_seqlens over its B*S tokens (a fixed-size tower passes its batch's uniform segments,
+    made once per grid: a compiled block then does no host work).
     qk_norm: RMSNorm of q and of k over all heads together (q_norm, k_norm; InternViT-6B), eps qk_norm_eps.
     """
 
@@ -103,10 +105,9 @@ class VisionAttention(nn.Module):
         if rotary is not None:  # packed tokens only: cos, sin [T, D]
             qk = apply_rotary(qk, *rotary, interleaved=self.rotary_interleaved)
         q, k = qk.unbind(-3)
-        batched = len(lead) == 1  # packed [T, ...] -> [1, T, ...]
-        if batched:
-            q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
-        out = self.attn(q, k, v, cu_seqlens, max_seqlen)  # [B, S, H, D]
+        if len(lead) == 1 or cu_seqlens is not None:  # packed: [T, ...] or [B, S, ...] -> [1, T, ...]
+            q, k, v = (t.reshape(1, -1, self.local_heads, self.head_dim) for t in (q, k, v))
+        out = self.attn(q, k, v, cu_seqlens, max_seqlen)  # [1, T, H, D] or [B, S, H, D]
         return self.proj(out.reshape(*lead, self.local_heads * self.head_dim))
 
 

@@ -12,8 +12,9 @@ grid row (tiles, h, w) per image; every tile is its own sequence. Per tile the t
 Embeddings the language model consumes: transformers' InternVLModel.get_image_features(...).pooler_output,
 tiles concatenated: [tiles * h*w / 4, text hidden] per image.
 
-Tiles of one size (the normal case) run as one dense [tiles, 1 + h*w] batch (no cu_seqlens); tiles
-of different sizes are packed (one segment per tile). Patches are permuted on input from the
+Tiles of one size (the normal case) run as one dense [tiles, 1 + h*w, D] batch (attention over its
+rows, given as uniform segments made once per grid); tiles of different sizes are packed (one segment
+per tile, CLS rows interleaved). Patches are permuted on input from the
 processor's raster order to merge-block order, so the pixel shuffle is a reshape.
 """
 import dataclasses
@@ -148,7 +149,8 @@ class InternPosEmbed(InterpolatedPosEmbed):
 class InternPlan:
     """What a forward derives from grid_thw, once (device tensors, cached per grid).
 
-    Dense (every tile h x w): `tiles` sequences of 1 + h*w, `order` [h*w] and taps for one tile.
+    Dense (every tile h x w): x [tiles, 1 + h*w, D]; `order` [h*w] and taps for one tile; cu_seqlens
+    its uniform rows (passed to attention so a compiled block needs no host work).
     Packed (mixed sizes): `order` [T] over all patches, taps for every patch, and `patch_slots` /
     `cls_slots`: each patch's / tile's CLS row in the packed sequence of T + tiles rows."""
 
@@ -224,8 +226,9 @@ class InternVisionTower(VisionTower):
         if len(sizes) == 1:
             (h, w), = sizes
             index, weight = self.pos_embed.frame_taps(h, w)
+            cu, max_len = make_cu_seqlens([1 + h * w] * tiles, device)  # the dense batch's rows, made once
             return InternPlan(num_patches(grid), tiles, True, _raster_to_blocks(h, w, self.merge).to(device),
-                              index.to(device), weight.to(device))
+                              index.to(device), weight.to(device), cu, max_len)
         orders, patch_slots, cls_slots, offset, slot = [], [], [], 0, 0
         for h, w in ((h, w) for t, h, w in grid for _ in range(t)):
             orders.append(_raster_to_blocks(h, w, self.merge) + offset)
@@ -252,15 +255,13 @@ class InternVisionTower(VisionTower):
             x = self.patch_embed(pixels.view(plan.tiles, -1, pixels.shape[-1])[:, plan.order].flatten(0, 1))
             x = (x.view(plan.tiles, -1, x.shape[-1]) + pos.to(x.dtype))
             x = torch.cat([cls.expand(plan.tiles, 1, -1), x], dim=1)
-            cu, max_len = None, None
         else:  # packed [T + tiles, D], one segment per tile
             patches = self.patch_embed(pixels[plan.order])
             x = patches.new_empty(plan.num_patches + plan.tiles, patches.shape[-1])
             x[plan.patch_slots] = patches + pos.to(patches.dtype)
             x[plan.cls_slots] = cls
-            cu, max_len = plan.cu_seqlens, plan.max_seqlen
         for block in self.encoder.layer:
-            x = block(x, cu, max_len)
+            x = block(x, plan.cu_seqlens, plan.max_seqlen)
         if self.layernorm is not None:
             x = self.layernorm(x)
         x = x[:, 1:].reshape(-1, x.shape[-1]) if plan.dense else x[plan.patch_slots]  # CLS dropped
