@@ -2,7 +2,8 @@
 the platform's own choice, eager and compiled), against transformers' fp32 result on the same
 weights: relative error < 2e-2, or at most 1.25x transformers' own bf16 error where bf16 arithmetic
 alone exceeds 2e-2 on the random test weights (both errors are printed). Head sizes are the published ones (80 for Qwen2/2.5-VL, 72 for
-Qwen3-VL and MoonViT, 96 for GLM-4.1V) on small widths, so the kernels run their real tile shapes."""
+Qwen3-VL and MoonViT, 96 for GLM-4.1V, 64 for Pixtral, 128 for InternViT-6B) on small widths, so the kernels run
+their real tile shapes."""
 import functools
 
 import pytest
@@ -37,6 +38,12 @@ FAMILIES = {
                                                                    intermediate_size=256, patch_size=16,
                                                                    num_patches=256),
                 lambda m, pv, g: ck.hf_siglip2_outputs(m, pv, g)[0], 768, [[1, 16, 16], [1, 12, 21], [1, 2, 2]]),
+    "pixtral": (ck.save_pixtral, dict(hidden_size=128, num_attention_heads=2, head_dim=64, intermediate_size=256),
+                lambda m, pv, g: ck.hf_pixtral_outputs(m, pv, g)[0], 588, [[1, 16, 16], [1, 8, 12], [1, 2, 2]]),
+    # InternViT-6B's head size 128 and its q/k norm; tiles of one size: the dense [tiles, 1 + h*w] path
+    "internvl": (ck.save_internvl, dict(hidden_size=256, num_attention_heads=2, intermediate_size=256,
+                                        norm_type="rms_norm", use_qk_norm=True, attention_bias=False),
+                 lambda m, pv, g: ck.hf_internvl_outputs(m, pv, g)[0], 588, [[3, 6, 6], [1, 6, 6]]),
 }
 
 

@@ -115,9 +115,9 @@ def test_no_safetensors(saved, tmp_path):
 
 def test_unknown_architecture(saved, tmp_path):
     config = json.loads((saved[0] / "config.json").read_text())
-    config["architectures"] = ["LlavaForConditionalGeneration"]
+    config["architectures"] = ["Blip2ForConditionalGeneration"]
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"\['LlavaForConditionalGeneration'\] are not supported; supported: "
+    with pytest.raises(ValueError, match=r"\['Blip2ForConditionalGeneration'\] are not supported; supported: "
                                          r".*Qwen2_5_VLForConditionalGeneration"):
         build_tower(str(tmp_path))
 

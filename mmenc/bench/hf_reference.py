@@ -8,6 +8,8 @@ Calling the result with (pixel_values, grid_thw) returns the merged embeddings [
 import importlib
 import torch
 
+from mmenc.bench.hf_vlm_towers import HF_PROJECTED_TOWERS, build_projected_tower
+
 # architecture -> (transformers.models.<module>, tower class, vision config class)
 HF_TOWERS: dict[str, tuple[str, str, str]] = {
     "Qwen2VLForConditionalGeneration": ("qwen2_vl", "Qwen2VisionTransformerPretrainedModel", "Qwen2VLVisionConfig"),
@@ -96,6 +98,8 @@ HF_CALLS: dict[str, type] = {
 
 def hf_tower_available(architecture: str) -> str | None:
     """None if transformers can build this architecture's tower here, else the reason."""
+    if architecture in HF_PROJECTED_TOWERS:  # Pixtral, InternVL: tower + projector (mmenc/bench/hf_vlm_towers.py)
+        return None
     if architecture not in HF_TOWERS:
         return (f"no transformers tower registered for {architecture} (Kimi: its embeddings include the "
                 f"projector; compare with benchmarks/kimi_vs_transformers.py)")
@@ -111,6 +115,8 @@ def hf_tower_available(architecture: str) -> str | None:
 
 def build_hf_tower(loaded, attn_implementation: str = "sdpa") -> HFTower:
     """transformers' tower for `loaded` (a mmenc LoadedTower), same dtype, device and weights."""
+    if any(a in HF_PROJECTED_TOWERS for a in loaded.hf_config.get("architectures", [])):
+        return build_projected_tower(loaded, attn_implementation)
     architecture = next(a for a in loaded.hf_config.get("architectures", []) if a in HF_TOWERS)
     module, cls_name, cfg_name = HF_TOWERS[architecture]
     modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")

@@ -23,6 +23,10 @@ WORKLOADS: dict[str, list[tuple[int, int, int]]] = {
                          (1, 9, 27)] * 4,
     "naflex1024-mix-32": [(1, 27, 36), (1, 36, 27), (1, 24, 42), (1, 42, 24), (1, 32, 32), (1, 22, 44),
                           (1, 44, 22), (1, 18, 54)] * 4,
+    # native-resolution towers (Pixtral, SigLIP2 NaFlex): 8 images of mixed aspect ratios, longest side 64
+    # patches (1024 px at patch 16): square, 4:3, 3:4, 16:9, 9:16, 2.3:1, and two smaller squares
+    "8xmixed-aspect": [(1, 64, 64), (1, 64, 48), (1, 48, 64), (1, 64, 36), (1, 36, 64), (1, 64, 28), (1, 44, 44),
+                       (1, 32, 32)],
 }
 
 

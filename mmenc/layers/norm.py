@@ -1,7 +1,10 @@
-"""Normalisations used by vision towers: RMSNorm and LayerNorm, both with `device=None, dtype=None`."""
+"""Normalisations used by vision towers: RMSNorm, LayerNorm, and ShardedRMSNorm (an RMSNorm over a width
+split across tensor-parallel ranks), all with `device=None, dtype=None`."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from mmenc.distributed.parallel_state import get_tp_rank, get_tp_size, tp_all_reduce
 
 
 class RMSNorm(nn.Module):
@@ -22,6 +25,42 @@ class RMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+class ShardedRMSNorm(nn.Module):
+    """RMSNorm over `width` features of which this rank holds `shard` (its slice, in rank order, as a
+    column-parallel output): the mean square is summed over the tensor-parallel group, so every rank
+    normalises by the statistics of the whole width (InternViT-6B's q/k norm over all heads).
+
+    x [..., shard] -> [..., shard] in x's dtype. Parameter: weight [shard], loaded from the
+    checkpoint's full [width] by this rank's slice.
+    """
+
+    def __init__(self, width: int, shard: int, eps: float = 1e-6, device=None, dtype=None):
+        super().__init__()
+        self.width, self.eps = width, eps
+        self.tp_size = get_tp_size()
+        self.rank = get_tp_rank() if self.tp_size > 1 else 0
+        if shard * self.tp_size != width:
+            raise ValueError(f"ShardedRMSNorm: shard={shard} x tensor-parallel size {self.tp_size} != width={width}; "
+                             f"expected the width split evenly over the ranks")
+        self.weight = nn.Parameter(torch.ones(shard, device=device, dtype=dtype), requires_grad=False)
+        self.weight.weight_loader = self._load
+
+    def _load(self, param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
+        if tuple(loaded.shape) != (self.width,):
+            raise ValueError(f"tensor has shape {tuple(loaded.shape)}; expected ({self.width},)")
+        param.data.copy_(loaded.narrow(0, self.rank * param.shape[0], param.shape[0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        xf = x.float()
+        square_sum = tp_all_reduce(xf.pow(2).sum(-1, keepdim=True))  # [..., 1] over the whole width
+        return (xf * torch.rsqrt(square_sum / self.width + self.eps)).to(x.dtype) * self.weight
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]} of {self.width}, eps={self.eps}"
 
 
 class LayerNorm(nn.LayerNorm):

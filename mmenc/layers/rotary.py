@@ -9,6 +9,10 @@ Two layouts:
       (x_i, x_{i+D/2}) -- Qwen2-VL / Qwen2.5-VL / Qwen3-VL.
   interleaved=True: angles alternate per frequency (row_0, col_0, row_1, ...), adjacent pairs
       (x_{2i}, x_{2i+1}) rotate -- complex-number style (MoonViT; pass col_first=True for x before y).
+
+Frequencies: by default the row and column axes share inv_freq above; with axis_freqs="alternate"
+(Pixtral) the D/2 frequencies theta ** (-2i / D) are dealt out alternately, the even ones to the
+row axis and the odd ones to the column axis.
 """
 import torch
 
@@ -22,6 +26,21 @@ def vision_inv_freq(head_dim: int, theta: float = 10000.0) -> torch.Tensor:
         raise ValueError(f"2-D rotary needs head_dim divisible by 4, got head_dim={head_dim}")
     half = head_dim // 2
     return 1.0 / (theta ** (torch.arange(0, half, 2, dtype=torch.float32) / half))
+
+
+def axis_inv_freq(head_dim: int, theta: float = 10000.0, axis_freqs: str = "shared") -> torch.Tensor:
+    """float32 [2, head_dim // 4]: the row axis' frequencies, then the column axis'.
+
+    "shared": both rows are `vision_inv_freq`; "alternate": the head_dim // 2 frequencies
+    theta ** (-2i / head_dim), even i for rows and odd i for columns (Pixtral's axial rope).
+    """
+    if axis_freqs == "shared":
+        return vision_inv_freq(head_dim, theta).expand(2, -1).clone()
+    if axis_freqs == "alternate":
+        vision_inv_freq(head_dim, theta)  # the head_dim check
+        full = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))  # [D/2]
+        return torch.stack([full[0::2], full[1::2]])
+    raise ValueError(f"axis_freqs={axis_freqs!r} is not known; expected 'shared' or 'alternate'")
 
 
 def grid_positions(h: int, w: int, merge_size: int = 1) -> torch.Tensor:
@@ -48,10 +67,10 @@ class VisionRotary2D:
     """
 
     def __init__(self, head_dim: int, theta: float = 10000.0, merge_size: int = 1, interleaved: bool = False,
-                 col_first: bool = False, cache_size: int = 256):
+                 col_first: bool = False, cache_size: int = 256, axis_freqs: str = "shared"):
         self.head_dim, self.merge_size = head_dim, merge_size
         self.interleaved, self.col_first = interleaved, col_first
-        self.inv_freq = vision_inv_freq(head_dim, theta)
+        self.inv_freq = axis_inv_freq(head_dim, theta, axis_freqs)  # [2, D/4]: (first axis, second axis)
         self._inv_freq_on: dict[str, torch.Tensor] = {}
         self._frames = LRUCache(cache_size)
 
@@ -71,7 +90,7 @@ class VisionRotary2D:
         if key not in self._inv_freq_on:
             self._inv_freq_on[key] = self.inv_freq.to(positions.device)
         pos = positions.flip(-1) if self.col_first else positions
-        freqs = pos.to(torch.float32)[:, :, None] * self._inv_freq_on[key]  # [T, 2, D/4]
+        freqs = pos.to(torch.float32)[:, :, None] * self._inv_freq_on[key]  # [T, 2, D/4] (axis, frequency)
         if self.interleaved:
             return freqs.transpose(1, 2).reshape(pos.shape[0], -1)  # a0, b0, a1, b1, ...
         return freqs.reshape(pos.shape[0], -1)  # a0..a_{D/4-1}, b0..b_{D/4-1}

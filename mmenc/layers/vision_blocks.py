@@ -7,8 +7,12 @@ set when the block is built (`mmenc.distributed.parallel_state`; none set: unsha
   VisionAttention  QKVParallelLinear -> rotary -> MMEncoderAttention -> RowParallelLinear
   VisionMLP        fc1 (column) -> act -> fc2 (row)
   GatedVisionMLP   gate_up_proj (merged column) -> act(gate) * up -> down_proj (row)   (SwiGLU)
-  VisionBlock      pre-norm residual block: x + attn(norm1(x)); x + mlp(norm2(x))
+  VisionBlock      pre-norm residual block: x + attn(norm1(x)); x + mlp(norm2(x)) (optionally
+                   with a learned per-channel layer scale on each branch, InternViT's lambda_1/2)
   PatchMerger      norm -> merge m x m neighbouring patches -> fc1 (column) -> GELU -> fc2 (row)
+
+Attention and blocks take x [T, dim] (packed, with cu_seqlens) or [B, S, dim] (a dense batch of B
+equal-length sequences, cu_seqlens=None: fixed-size towers).
 
 Names follow the Qwen-VL checkpoints where they can (attn.qkv, attn.proj, mlp.fc1, norm1, ...).
 """
@@ -20,7 +24,7 @@ from mmenc.config import MultiModalConfig
 from mmenc.layers.activation import ActAndMul, get_act_fn
 from mmenc.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
                                  ReplicatedLinear, RowParallelLinear)
-from mmenc.layers.norm import make_norm
+from mmenc.layers.norm import ShardedRMSNorm, make_norm
 from mmenc.layers.rotary import apply_rotary
 
 
@@ -64,12 +68,15 @@ class VisionAttention(nn.Module):
 
     forward(x [T, dim], cu_seqlens int32 [N+1], max_seqlen int, rotary=(cos, sin) float32 [T, head_dim]
     or None) -> [T, dim]. The same cu_seqlens tensor (from make_cu_seqlens) should serve every layer.
-    Dense batches of equal-length sequences (fixed-size towers): x [B, S, dim] with cu_seqlens=None,
-    max_seqlen=None (and no rotary) -> [B, S, dim], each row one sequence.
+    A dense batch x [B, S, dim] attends within each of its B rows given cu_seqlens=None, or within the
+    segments of cu_seqlens over its B*S tokens (a fixed-size tower passes its batch's uniform segments,
+    made once per grid: a compiled block then does no host work).
+    qk_norm: RMSNorm of q and of k over all heads together (q_norm, k_norm; InternViT-6B), eps qk_norm_eps.
     """
 
     def __init__(self, dim: int, num_heads: int, head_dim: int | None = None, qkv_bias: bool = True,
-                 proj_bias: bool = True, rotary_interleaved: bool = False,
+                 proj_bias: bool = True, rotary_interleaved: bool = False, qk_norm: bool = False,
+                 qk_norm_eps: float = 1e-6,
                  multimodal_config: MultiModalConfig | None = None, prefix: str = "", device=None, dtype=None):
         super().__init__()
         head_dim = dim // num_heads if head_dim is None else head_dim
@@ -81,23 +88,27 @@ class VisionAttention(nn.Module):
                                        multimodal_config=multimodal_config, dtype=dtype, device=device)
         self.proj = RowParallelLinear(num_heads * head_dim, dim, bias=proj_bias, prefix=_join(prefix, "proj"),
                                       device=device, dtype=dtype)
+        self.q_norm = self.k_norm = None
+        if qk_norm:
+            width, shard = num_heads * head_dim, self.local_heads * head_dim
+            self.q_norm = ShardedRMSNorm(width, shard, qk_norm_eps, device=device, dtype=dtype)
+            self.k_norm = ShardedRMSNorm(width, shard, qk_norm_eps, device=device, dtype=dtype)
 
-    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None, max_seqlen: int | None,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        if x.dim() == 3 and cu_seqlens is None and rotary is None:  # dense [B, S, dim]
-            qkv = self.qkv(x).view(*x.shape[:2], 3, self.local_heads, self.head_dim)  # [B, S, 3, H, D]
-            out = self.attn(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2])  # [B, S, H, D]
-            return self.proj(out.reshape(*x.shape[:2], self.local_heads * self.head_dim))
-        seq = x.shape[0]
-        qkv = self.qkv(x).view(seq, 3, self.local_heads, self.head_dim)  # [T, 3, H, D]
-        if rotary is not None:
-            qk = apply_rotary(qkv[:, :2], *rotary, interleaved=self.rotary_interleaved)  # [T, 2, H, D]
-            q, k = qk.unbind(1)
-        else:
-            q, k = qkv[:, 0], qkv[:, 1]
-        v = qkv[:, 2]
-        out = self.attn(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), cu_seqlens, max_seqlen)  # [1, T, H, D]
-        return self.proj(out.reshape(seq, self.local_heads * self.head_dim))
+        lead = x.shape[:-1]  # (T,) packed or (B, S) dense
+        qkv = self.qkv(x).view(*lead, 3, self.local_heads, self.head_dim)  # [..., 3, H, D]
+        qk, v = qkv[..., :2, :, :], qkv[..., 2, :, :]  # [..., 2, H, D], [..., H, D]
+        if self.q_norm is not None:
+            qk = torch.stack([self.q_norm(qk[..., 0, :, :].flatten(-2)), self.k_norm(qk[..., 1, :, :].flatten(-2))],
+                             dim=-2).unflatten(-1, (self.local_heads, self.head_dim))
+        if rotary is not None:  # packed tokens only: cos, sin [T, D]
+            qk = apply_rotary(qk, *rotary, interleaved=self.rotary_interleaved)
+        q, k = qk.unbind(-3)
+        if len(lead) == 1 or cu_seqlens is not None:  # packed: [T, ...] or [B, S, ...] -> [1, T, ...]
+            q, k, v = (t.reshape(1, -1, self.local_heads, self.head_dim) for t in (q, k, v))
+        out = self.attn(q, k, v, cu_seqlens, max_seqlen)  # [1, T, H, D] or [B, S, H, D]
+        return self.proj(out.reshape(*lead, self.local_heads * self.head_dim))
 
 
 class VisionMLP(nn.Module):
@@ -136,31 +147,41 @@ class GatedVisionMLP(nn.Module):
 class VisionBlock(nn.Module):
     """Pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)).
 
-    norm: "rms" or "layer"; mlp: "gated" (GatedVisionMLP) or "plain" (VisionMLP).
-    forward(x [T, dim], cu_seqlens, max_seqlen, rotary) -> [T, dim]; or a dense batch x [B, S, dim]
-    with cu_seqlens=None -> [B, S, dim] (see VisionAttention).
+    norm: "rms" or "layer"; mlp: "gated" (GatedVisionMLP) or "plain" (VisionMLP); proj_bias: the
+    attention output's bias (default: as qkv_bias); layer_scale: x + ls1 * attn(...), x + ls2 * mlp(...)
+    with learned per-channel scales ls1, ls2 [dim]; qk_norm, qk_norm_eps: see VisionAttention.
+    forward(x [T, dim] or [B, S, dim], cu_seqlens (None for [B, S, dim]), max_seqlen, rotary) -> x's shape.
     """
 
     def __init__(self, dim: int, num_heads: int, mlp_hidden: int, *, norm: str = "rms", norm_eps: float = 1e-6,
                  mlp: str = "gated", act: str = "silu", qkv_bias: bool = True, mlp_bias: bool = True,
-                 head_dim: int | None = None, rotary_interleaved: bool = False,
+                 proj_bias: bool | None = None, head_dim: int | None = None, rotary_interleaved: bool = False,
+                 layer_scale: bool = False, qk_norm: bool = False, qk_norm_eps: float = 1e-6,
                  multimodal_config: MultiModalConfig | None = None, prefix: str = "", device=None, dtype=None):
         super().__init__()
         self.norm1 = make_norm(norm, dim, norm_eps, device=device, dtype=dtype)
         self.norm2 = make_norm(norm, dim, norm_eps, device=device, dtype=dtype)
-        self.attn = VisionAttention(dim, num_heads, head_dim, qkv_bias=qkv_bias, proj_bias=qkv_bias,
-                                    rotary_interleaved=rotary_interleaved, multimodal_config=multimodal_config,
+        self.attn = VisionAttention(dim, num_heads, head_dim, qkv_bias=qkv_bias,
+                                    proj_bias=qkv_bias if proj_bias is None else proj_bias,
+                                    rotary_interleaved=rotary_interleaved, qk_norm=qk_norm, qk_norm_eps=qk_norm_eps,
+                                    multimodal_config=multimodal_config,
                                     prefix=_join(prefix, "attn"), device=device, dtype=dtype)
         mlps = {"gated": GatedVisionMLP, "plain": VisionMLP}
         if mlp not in mlps:
             raise ValueError(f"mlp kind {mlp!r} is not known; expected 'gated' or 'plain'")
         self.mlp = mlps[mlp](dim, mlp_hidden, act=act, bias=mlp_bias, prefix=_join(prefix, "mlp"), device=device,
                              dtype=dtype)
+        self.ls1 = self.ls2 = None
+        if layer_scale:
+            self.ls1 = nn.Parameter(torch.ones(dim, device=device, dtype=dtype), requires_grad=False)
+            self.ls2 = nn.Parameter(torch.ones(dim, device=device, dtype=dtype), requires_grad=False)
 
-    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None, max_seqlen: int | None,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cu_seqlens, max_seqlen, rotary)
-        return x + self.mlp(self.norm2(x))
+        attn = self.attn(self.norm1(x), cu_seqlens, max_seqlen, rotary)
+        x = x + attn if self.ls1 is None else torch.addcmul(x, self.ls1, attn)  # one kernel: x + ls1 * attn
+        mlp = self.mlp(self.norm2(x))
+        return x + mlp if self.ls2 is None else torch.addcmul(x, self.ls2, mlp)
 
 
 class PatchMerger(nn.Module):
@@ -168,22 +189,23 @@ class PatchMerger(nn.Module):
 
     The input holds a block's patches contiguously (merge-block order). forward(x [T, context_dim])
     -> [T / merge_size^2, out_dim]. The norm runs on each patch (context_dim), or with
-    norm_after_merge=True on the merged vector (Qwen3-VL's post-shuffle norm).
-    Parameters: ln_q, fc1 (column-parallel), fc2 (row-parallel).
+    norm_after_merge=True on the merged vector (Qwen3-VL's post-shuffle norm, InternVL's projector).
+    Parameters: ln_q, fc1 (column-parallel, to mid_dim: default the merged width), fc2 (row-parallel).
     """
 
     def __init__(self, out_dim: int, context_dim: int, merge_size: int = 2, *, norm: str = "rms",
                  norm_eps: float = 1e-6, act: str = "gelu", norm_after_merge: bool = False,
-                 prefix: str = "merger", device=None, dtype=None):
+                 mid_dim: int | None = None, prefix: str = "merger", device=None, dtype=None):
         super().__init__()
         self.hidden = context_dim * merge_size ** 2
         self.norm_after_merge = norm_after_merge
         self.ln_q = make_norm(norm, self.hidden if norm_after_merge else context_dim, norm_eps,
                               device=device, dtype=dtype)
-        self.fc1 = ColumnParallelLinear(self.hidden, self.hidden, bias=True, prefix=_join(prefix, "fc1"),
+        mid_dim = self.hidden if mid_dim is None else mid_dim
+        self.fc1 = ColumnParallelLinear(self.hidden, mid_dim, bias=True, prefix=_join(prefix, "fc1"),
                                         device=device, dtype=dtype)
         self.act = get_act_fn(act)
-        self.fc2 = RowParallelLinear(self.hidden, out_dim, bias=True, prefix=_join(prefix, "fc2"), device=device,
+        self.fc2 = RowParallelLinear(mid_dim, out_dim, bias=True, prefix=_join(prefix, "fc2"), device=device,
                                      dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -13,8 +13,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image, load_images
+from mmenc.preprocess.internvl import InternVLProcessor, internvl_from_hf
 from mmenc.preprocess.kimi import KimiProcessor, KimiProcessorConfig, kimi_k25_from_hf
 from mmenc.preprocess.pipeline import Chunk, Preprocessed, Preprocessor
+from mmenc.preprocess.pixtral import PixtralProcessor, mistral3_from_hf, pixtral_from_hf
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
 from mmenc.preprocess.qwen_vl import (
     QwenVLProcessor,
@@ -35,6 +37,9 @@ PROCESSORS: dict[str, Callable[..., Any]] = {
     "kimi_k25": kimi_k25_from_hf,
     "siglip": siglip_from_hf,
     "siglip2": siglip2_from_hf,
+    "pixtral": pixtral_from_hf,
+    "mistral3": mistral3_from_hf,
+    "internvl": internvl_from_hf,
 }
 
 
@@ -55,4 +60,5 @@ __all__ = [
     "qwen2_vl_from_hf", "qwen2_5_vl_from_hf", "qwen3_vl_from_hf", "glm4v_from_hf", "kimi_k25_from_hf",
     "PROCESSORS", "get_processor",
     "SiglipProcessor", "SiglipProcessorConfig", "siglip_from_hf", "siglip2_from_hf",
+    "PixtralProcessor", "pixtral_from_hf", "mistral3_from_hf", "InternVLProcessor", "internvl_from_hf",
 ]
