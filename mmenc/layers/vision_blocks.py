@@ -4,7 +4,8 @@ Every block takes `device=None, dtype=None`. Its parallel linears shard over the
 set when the block is built (`mmenc.distributed.parallel_state`; none set: unsharded, as in data mode).
 
   PatchEmbed       Conv3d/Conv2d with stride == kernel, as one matmul over flattened patches
-  VisionAttention  QKVParallelLinear -> rotary -> MMEncoderAttention -> RowParallelLinear
+  VisionAttention  QKVParallelLinear -> [per-head RMSNorm of q, k] -> rotary -> MMEncoderAttention
+                   -> RowParallelLinear
   VisionMLP        fc1 (column) -> act -> fc2 (row)
   GatedVisionMLP   gate_up_proj (merged column) -> act(gate) * up -> down_proj (row)   (SwiGLU)
   VisionBlock      pre-norm residual block: x + attn(norm1(x)); x + mlp(norm2(x))
@@ -20,7 +21,7 @@ from mmenc.config import MultiModalConfig
 from mmenc.layers.activation import ActAndMul, get_act_fn
 from mmenc.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
                                  ReplicatedLinear, RowParallelLinear)
-from mmenc.layers.norm import make_norm
+from mmenc.layers.norm import RMSNorm, make_norm
 from mmenc.layers.rotary import apply_rotary
 
 
@@ -64,14 +65,20 @@ class VisionAttention(nn.Module):
 
     forward(x [T, dim], cu_seqlens int32 [N+1], max_seqlen int, rotary=(cos, sin) float32 [T, head_dim]
     or None) -> [T, dim]. The same cu_seqlens tensor (from make_cu_seqlens) should serve every layer.
+    qk_norm_eps: when set, q and k are RMS-normalised per head (q_norm, k_norm [head_dim]) before the
+    rotary (GLM-OCR).
     """
 
     def __init__(self, dim: int, num_heads: int, head_dim: int | None = None, qkv_bias: bool = True,
-                 proj_bias: bool = True, rotary_interleaved: bool = False,
+                 proj_bias: bool = True, rotary_interleaved: bool = False, qk_norm_eps: float | None = None,
                  multimodal_config: MultiModalConfig | None = None, prefix: str = "", device=None, dtype=None):
         super().__init__()
         head_dim = dim // num_heads if head_dim is None else head_dim
         self.rotary_interleaved = rotary_interleaved
+        self.qk_norm = qk_norm_eps is not None
+        if self.qk_norm:
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps, device=device, dtype=dtype)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps, device=device, dtype=dtype)
         self.qkv = QKVParallelLinear(dim, head_dim, num_heads, bias=qkv_bias, prefix=_join(prefix, "qkv"),
                                      device=device, dtype=dtype)
         self.num_heads, self.head_dim, self.local_heads = num_heads, head_dim, self.qkv.num_heads_per_rank
@@ -84,11 +91,12 @@ class VisionAttention(nn.Module):
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         seq = x.shape[0]
         qkv = self.qkv(x).view(seq, 3, self.local_heads, self.head_dim)  # [T, 3, H, D]
+        qk = qkv[:, :2]  # [T, 2, H, D]
+        if self.qk_norm:
+            qk = torch.stack([self.q_norm(qk[:, 0]), self.k_norm(qk[:, 1])], dim=1)
         if rotary is not None:
-            qk = apply_rotary(qkv[:, :2], *rotary, interleaved=self.rotary_interleaved)  # [T, 2, H, D]
-            q, k = qk.unbind(1)
-        else:
-            q, k = qkv[:, 0], qkv[:, 1]
+            qk = apply_rotary(qk, *rotary, interleaved=self.rotary_interleaved)
+        q, k = qk.unbind(1)
         v = qkv[:, 2]
         out = self.attn(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), cu_seqlens, max_seqlen)  # [1, T, H, D]
         return self.proj(out.reshape(seq, self.local_heads * self.head_dim))
@@ -136,13 +144,14 @@ class VisionBlock(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, mlp_hidden: int, *, norm: str = "rms", norm_eps: float = 1e-6,
                  mlp: str = "gated", act: str = "silu", qkv_bias: bool = True, mlp_bias: bool = True,
-                 head_dim: int | None = None, rotary_interleaved: bool = False,
+                 head_dim: int | None = None, rotary_interleaved: bool = False, qk_norm_eps: float | None = None,
                  multimodal_config: MultiModalConfig | None = None, prefix: str = "", device=None, dtype=None):
         super().__init__()
         self.norm1 = make_norm(norm, dim, norm_eps, device=device, dtype=dtype)
         self.norm2 = make_norm(norm, dim, norm_eps, device=device, dtype=dtype)
         self.attn = VisionAttention(dim, num_heads, head_dim, qkv_bias=qkv_bias, proj_bias=qkv_bias,
-                                    rotary_interleaved=rotary_interleaved, multimodal_config=multimodal_config,
+                                    rotary_interleaved=rotary_interleaved, qk_norm_eps=qk_norm_eps,
+                                    multimodal_config=multimodal_config,
                                     prefix=_join(prefix, "attn"), device=device, dtype=dtype)
         mlps = {"gated": GatedVisionMLP, "plain": VisionMLP}
         if mlp not in mlps:

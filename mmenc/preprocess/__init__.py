@@ -14,6 +14,7 @@ from typing import Any
 
 from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image, load_images
 from mmenc.preprocess.kimi import KimiProcessor, KimiProcessorConfig, kimi_k25_from_hf
+from mmenc.preprocess.ocr import RasterPatchProcessor, ernie4_5_vl_from_hf, hunyuan_vl_from_hf, paddleocr_vl_from_hf
 from mmenc.preprocess.pipeline import Chunk, Preprocessed, Preprocessor
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
 from mmenc.preprocess.qwen_vl import (
@@ -32,6 +33,10 @@ PROCESSORS: dict[str, Callable[..., Any]] = {
     "qwen3_vl": qwen3_vl_from_hf,
     "glm4v": glm4v_from_hf,
     "kimi_k25": kimi_k25_from_hf,
+    "glm_ocr": glm4v_from_hf,  # GLM-OCR ships Glm46VImageProcessor: GLM-4.1V's algorithm and defaults
+    "paddleocr_vl": paddleocr_vl_from_hf,
+    "ernie4_5_vl_moe": ernie4_5_vl_from_hf,
+    "hunyuan_vl": hunyuan_vl_from_hf,
 }
 
 

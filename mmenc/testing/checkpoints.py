@@ -161,6 +161,22 @@ def save_glm4v(folder, vision: dict | None = None, seed: int = 0, max_shard_size
     return _save(model, folder, max_shard_size), model
 
 
+# GLM-OCR: GLM-4.1V lineage without a position table; q/k norms, biased MLP, merger 3 * out_hidden wide.
+TINY_GLM_OCR_VISION = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=40, out_hidden_size=24,
+                           patch_size=14, temporal_patch_size=2, spatial_merge_size=2, in_channels=3,
+                           hidden_act="silu", rms_norm_eps=1e-5, attention_bias=True)
+
+
+def save_glm_ocr(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None, dtype=torch.float32):
+    """GlmOcrForConditionalGeneration (ImportError where transformers lacks it)."""
+    from transformers import GlmOcrConfig, GlmOcrForConditionalGeneration
+
+    text = dict(TINY_TEXT, rope_parameters=dict(_TINY_ROPE, mrope_section=[2, 3, 3], partial_rotary_factor=0.5))
+    config = GlmOcrConfig(vision_config={**TINY_GLM_OCR_VISION, **(vision or {})}, text_config=text, dtype=dtype)
+    model = _seeded(GlmOcrForConditionalGeneration, config, seed).to(dtype)
+    return _save(model, folder, max_shard_size), model
+
+
 def hf_tower_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
     """(embeddings [tokens, out_hidden], deepstack features list or []) from transformers' own tower;
     older transformers returned Qwen3-VL's as a tuple (embeddings, deepstack list)."""
@@ -277,6 +293,7 @@ FAMILIES: dict[str, FamilyCase] = {
     "Glm4vMoeForConditionalGeneration": FamilyCase(functools.partial(save_glm4v, moe=True,
                                                                      vision=dict(attention_bias=True)),
                                                    hf_glm4v_outputs, _QWEN_PIXELS, "zai-org/GLM-4"),
+    "GlmOcrForConditionalGeneration": FamilyCase(save_glm_ocr, hf_tower_outputs, _QWEN_PIXELS, "zai-org/GLM-OCR"),
     "Kimi_K25ForConditionalGeneration": FamilyCase(save_kimi_k25, hf_kimi_outputs, (3, 14, 14), "moonshotai/Kimi-",
                                                    aliases=("KimiK25ForConditionalGeneration",
                                                             "KimiVLForConditionalGeneration"), hf_tower=None),
