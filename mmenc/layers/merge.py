@@ -2,15 +2,30 @@
 
   ConvDownsample  a merge x merge convolution with stride merge, run as one matmul over each block's
                   m*m contiguous patches: x [T, dim] -> [T / m^2, out_dim] (replicated over TP ranks)
+  merge_block_order  raster-ordered pixel rows -> merge-block order, as a gather index (host, int64 [T])
   GatedMerger     proj (column, gathered) -> LayerNorm (eps 1e-5) -> GELU -> SwiGLU (GatedVisionMLP)
                   x [N, dim] -> [N, dim]  (GLM-4.1V / GLM-4.5V / GLM-OCR `merger`)
 """
 import torch
 import torch.nn as nn
 
+from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ColumnParallelLinear, ReplicatedLinear
 from mmenc.layers.norm import LayerNorm
+from mmenc.layers.rotary import grid_positions
 from mmenc.layers.vision_blocks import GatedVisionMLP
+
+
+def merge_block_order(grid: Grid, merge_size: int) -> torch.Tensor:
+    """int64 [T] on the host: row i of a merge-block-ordered pack is row order[i] of the pack whose
+    frames hold their patches in raster order (processors that emit raster rows: PaddleOCR-VL, HunyuanOCR)."""
+    parts, offset = [], 0
+    for t, h, w in grid:
+        pos = grid_positions(h, w, merge_size)  # [h*w, 2] (row, col) in merge-block order
+        raster = pos[:, 0] * w + pos[:, 1]
+        parts.append((torch.arange(t)[:, None] * h * w + raster).reshape(-1) + offset)
+        offset += t * h * w
+    return torch.cat(parts)
 
 
 class ConvDownsample(ReplicatedLinear):

@@ -177,6 +177,35 @@ def save_glm_ocr(folder, vision: dict | None = None, seed: int = 0, max_shard_si
     return _save(model, folder, max_shard_size), model
 
 
+# PaddleOCR-VL: a 6x6 learned position table (image_size / patch_size), resampled up and down; the
+# projector (pre_norm, linear_1, linear_2) is part of mmenc's tower.
+TINY_PADDLEOCR_VISION = dict(hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=2,
+                             num_channels=3, image_size=84, patch_size=14, spatial_merge_size=2,
+                             hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6)
+
+
+def save_paddleocr_vl(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None, dtype=torch.float32):
+    """PaddleOCRVLForConditionalGeneration (ImportError where transformers lacks it)."""
+    from transformers import PaddleOCRVLConfig, PaddleOCRVLForConditionalGeneration
+
+    text = dict(TINY_TEXT, head_dim=16, rope_parameters=dict(_TINY_ROPE, mrope_section=[2, 3, 3]))
+    config = PaddleOCRVLConfig(vision_config={**TINY_PADDLEOCR_VISION, **(vision or {})}, text_config=text,
+                               dtype=dtype)
+    model = _seeded(PaddleOCRVLForConditionalGeneration, config, seed)
+    _randomise_position_table(model, "embeddings.position_embedding.weight")
+    model = model.to(dtype)
+    return _save(model, folder, max_shard_size), model
+
+
+def hf_image_features(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """(embeddings the language model consumes, []) from transformers' `model.model.get_image_features`:
+    tower and projector (PaddleOCR-VL, ERNIE-4.5-VL, HunyuanOCR), per-image splits concatenated."""
+    with torch.no_grad():
+        out = model.model.get_image_features(pixel_values, grid_thw)
+    pooled = out.pooler_output if hasattr(out, "pooler_output") else out
+    return (torch.cat(list(pooled)) if isinstance(pooled, (list, tuple)) else pooled), []
+
+
 def hf_tower_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
     """(embeddings [tokens, out_hidden], deepstack features list or []) from transformers' own tower;
     older transformers returned Qwen3-VL's as a tuple (embeddings, deepstack list)."""
@@ -294,6 +323,8 @@ FAMILIES: dict[str, FamilyCase] = {
                                                                      vision=dict(attention_bias=True)),
                                                    hf_glm4v_outputs, _QWEN_PIXELS, "zai-org/GLM-4"),
     "GlmOcrForConditionalGeneration": FamilyCase(save_glm_ocr, hf_tower_outputs, _QWEN_PIXELS, "zai-org/GLM-OCR"),
+    "PaddleOCRVLForConditionalGeneration": FamilyCase(save_paddleocr_vl, hf_image_features, (3, 14, 14),
+                                                      "PaddlePaddle/PaddleOCR-VL", hf_tower=None),
     "Kimi_K25ForConditionalGeneration": FamilyCase(save_kimi_k25, hf_kimi_outputs, (3, 14, 14), "moonshotai/Kimi-",
                                                    aliases=("KimiK25ForConditionalGeneration",
                                                             "KimiVLForConditionalGeneration"), hf_tower=None),
