@@ -161,6 +161,16 @@ def save_glm4v(folder, vision: dict | None = None, seed: int = 0, max_shard_size
     return _save(model, folder, max_shard_size), model
 
 
+def _unit_scale(model, parts: tuple[str, ...]) -> None:
+    """Matrices (and conv kernels) of the named submodules drawn with std 1/sqrt(fan_in), so every
+    layer (attention included) moves the output by O(1) and a wrong rotary or position shows in the
+    parity error (transformers' std 0.02 init leaves attention a ~1e-3 contribution in a tiny tower)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2 and any(part in name for part in parts) and "position_embedding" not in name:
+                p.normal_(std=(p[0].numel()) ** -0.5)
+
+
 # GLM-OCR: GLM-4.1V lineage without a position table; q/k norms, biased MLP, merger 3 * out_hidden wide.
 TINY_GLM_OCR_VISION = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=40, out_hidden_size=24,
                            patch_size=14, temporal_patch_size=2, spatial_merge_size=2, in_channels=3,
@@ -173,7 +183,9 @@ def save_glm_ocr(folder, vision: dict | None = None, seed: int = 0, max_shard_si
 
     text = dict(TINY_TEXT, rope_parameters=dict(_TINY_ROPE, mrope_section=[2, 3, 3], partial_rotary_factor=0.5))
     config = GlmOcrConfig(vision_config={**TINY_GLM_OCR_VISION, **(vision or {})}, text_config=text, dtype=dtype)
-    model = _seeded(GlmOcrForConditionalGeneration, config, seed).to(dtype)
+    model = _seeded(GlmOcrForConditionalGeneration, config, seed)
+    _unit_scale(model, ("visual.",))
+    model = model.to(dtype)
     return _save(model, folder, max_shard_size), model
 
 
@@ -192,6 +204,7 @@ def save_paddleocr_vl(folder, vision: dict | None = None, seed: int = 0, max_sha
     config = PaddleOCRVLConfig(vision_config={**TINY_PADDLEOCR_VISION, **(vision or {})}, text_config=text,
                                dtype=dtype)
     model = _seeded(PaddleOCRVLForConditionalGeneration, config, seed)
+    _unit_scale(model, ("visual.", "projector."))
     _randomise_position_table(model, "embeddings.position_embedding.weight")
     model = model.to(dtype)
     return _save(model, folder, max_shard_size), model
@@ -204,6 +217,38 @@ def hf_image_features(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor)
         out = model.model.get_image_features(pixel_values, grid_thw)
     pooled = out.pooler_output if hasattr(out, "pooler_output") else out
     return (torch.cat(list(pooled)) if isinstance(pooled, (list, tuple)) else pooled), []
+
+
+# ERNIE-4.5-VL: Qwen2-VL-style tower (QuickGELU, LayerNorm) and its resampler (frame pairs merged).
+TINY_ERNIE_VISION = dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=40, hidden_act="quick_gelu",
+                         in_channels=3, patch_size=14, spatial_merge_size=2, temporal_merge_size=2, rms_norm_eps=1e-6)
+
+
+def save_ernie4_5_vl(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None, dtype=torch.float32):
+    """Ernie4_5_VLMoeForConditionalGeneration under a one-layer dense text model (ImportError where
+    transformers lacks it)."""
+    from transformers import Ernie4_5_VLMoeConfig, Ernie4_5_VLMoeForConditionalGeneration
+
+    text = dict(TINY_TEXT, rope_parameters=dict(_TINY_ROPE, mrope_section=[3, 3, 2]), mlp_layer_types=["dense"],
+                moe_num_experts=2, moe_k=1, moe_num_shared_experts=1,
+                moe_intermediate_size=[16, 8])
+    config = Ernie4_5_VLMoeConfig(vision_config={**TINY_ERNIE_VISION, **(vision or {})}, text_config=text,
+                                  dtype=dtype)
+    model = _seeded(Ernie4_5_VLMoeForConditionalGeneration, config, seed)
+    _unit_scale(model, ("vision_tower.", "resampler_model."))
+    model = model.to(dtype)
+    return _save(model, folder, max_shard_size), model
+
+
+def hf_ernie_features(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """transformers' ERNIE-4.5-VL embeddings per grid row, in order: get_image_features for t == 1,
+    get_video_features (frame pairs merged) for t > 1."""
+    outs, rows = [], pixel_values.split(grid_thw.prod(-1).tolist())
+    with torch.no_grad():
+        for part, g in zip(rows, grid_thw.split(1)):
+            get = model.model.get_video_features if int(g[0, 0]) > 1 else model.model.get_image_features
+            outs.extend(get(part, g).pooler_output)
+    return torch.cat(outs), []
 
 
 def hf_tower_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
@@ -325,6 +370,9 @@ FAMILIES: dict[str, FamilyCase] = {
     "GlmOcrForConditionalGeneration": FamilyCase(save_glm_ocr, hf_tower_outputs, _QWEN_PIXELS, "zai-org/GLM-OCR"),
     "PaddleOCRVLForConditionalGeneration": FamilyCase(save_paddleocr_vl, hf_image_features, (3, 14, 14),
                                                       "PaddlePaddle/PaddleOCR-VL", hf_tower=None),
+    "Ernie4_5_VLMoeForConditionalGeneration": FamilyCase(
+        save_ernie4_5_vl, hf_ernie_features, (3 * 14 * 14,), "baidu/ERNIE-4.5-VL-",
+        aliases=("Ernie4_5_VL_MoeForConditionalGeneration",), hf_tower=None),
     "Kimi_K25ForConditionalGeneration": FamilyCase(save_kimi_k25, hf_kimi_outputs, (3, 14, 14), "moonshotai/Kimi-",
                                                    aliases=("KimiK25ForConditionalGeneration",
                                                             "KimiVLForConditionalGeneration"), hf_tower=None),
