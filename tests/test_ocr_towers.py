@@ -113,3 +113,62 @@ def test_parallel_modes_equal_one_process(tmp_path):
         cases.append((str(folder), pixels, GRID, run_tower(build_tower(str(folder), device="cpu"), pixels, GRID)))
     assert cases, "no OCR family could be written by this transformers"
     mp.spawn(check_modes_match, args=(2, free_port(), cases), nprocs=2, join=True)
+
+
+def _meta_parameters(*modules_and_configs) -> int:
+    with torch.device("meta"):
+        return sum(p.numel() for cls, cfg in modules_and_configs for p in cls(cfg).parameters())
+
+
+@pytest.mark.parametrize("name", ["PaddlePaddle/PaddleOCR-VL", "baidu/ERNIE-4.5-VL-424B-A47B-PT", "tencent/HunyuanOCR"])
+def test_builtin_parameter_count_equals_transformers(name):
+    """Built-in sizes: mmenc's tower (with its projector / resampler / merger) has exactly the parameters of
+    transformers' modules built from the same config.json dict (full config, so the language width counts)."""
+    import transformers
+
+    from mmenc.models.registry import get_builtin_config
+
+    _, hf_config = get_builtin_config(name)
+    model_type = hf_config["model_type"]
+    config_cls = transformers.AutoConfig.for_model(model_type).__class__
+    config = config_cls(vision_config=dict(hf_config["vision_config"]), text_config=dict(hf_config["text_config"]))
+    modeling = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    names = {"paddleocr_vl": [("PaddleOCRVisionModel", True), ("PaddleOCRProjector", False)],
+             "ernie4_5_vl_moe": [("Ernie4_5_VLMoeVisionTransformerPretrainedModel", True),
+                                 ("Ernie4_5_VLMoeVariableResolutionResamplerModel", False)],
+             "hunyuan_vl": [("HunYuanVLVisionTransformer", True)]}[model_type]
+    parts = [(getattr(modeling, cls), config.vision_config if vision else config) for cls, vision in names]
+    theirs = _meta_parameters(*parts)
+    ours = sum(p.numel() for p in build_tower(name, load_format="dummy", device="meta").tower.parameters())
+    print(f"{name}: {ours / 1e6:.1f}M parameters (transformers: {theirs / 1e6:.1f}M)")
+    assert ours == theirs, f"{name}: {ours} parameters, transformers' modules have {theirs}"
+
+
+def test_ernie_video_pairs_frames_and_drops_an_odd_last_one(tmp_path):
+    """A 3-frame row: frames (0, 1) merge into one set of tokens, frame 2 is dropped (transformers'
+    resampler does the same); a 4-frame row gives two sets. Compared with transformers' tower + resampler."""
+    case = ck.FAMILIES["Ernie4_5_VLMoeForConditionalGeneration"]
+    try:
+        folder, hf_model = case.save(tmp_path)
+    except ImportError:
+        pytest.skip("this transformers cannot write ERNIE-4.5-VL")
+    loaded = build_tower(str(folder), device="cpu")
+    for t in (3, 4):
+        grid = torch.tensor([[t, 4, 6]])
+        pixels = case.pixels(grid, seed=t)
+        out = run_tower(loaded, pixels, grid).embeddings
+        assert out.shape[0] == loaded.output_tokens(grid)[0] == (t // 2) * 6
+        with torch.no_grad():  # transformers' get_video_features cannot split an odd t's rows; call the parts
+            hidden = hf_model.model.vision_tower(pixels, grid).last_hidden_state
+            want = hf_model.model.resampler_model(hidden, grid)
+        err = ck.relative_error(out, want)
+        assert err < 1e-5, f"t={t}: relative error {err:.2e} exceeds 1e-5"
+
+
+def test_hunyuan_output_layout():
+    from mmenc.models.hunyuan_vl import output_layout
+
+    # 2 images: 4x4 patches (2x2 merged, 4 rows) and 2x4 patches (1x2 merged, 2 rows); 6 merged rows
+    # in all, so newline = 6, begin = 7, end = 8
+    got = output_layout(((1, 4, 4), (1, 2, 4)), 2).tolist()
+    assert got == [7, 0, 1, 6, 2, 3, 6, 8, 7, 4, 5, 6, 8], got

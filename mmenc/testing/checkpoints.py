@@ -251,6 +251,32 @@ def hf_ernie_features(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor)
     return torch.cat(outs), []
 
 
+# HunyuanOCR: a 6x6 position grid (max_image_size / patch_size) after a class row; merger with newlines.
+TINY_HUNYUAN_VISION = dict(hidden_size=32, intermediate_size=40, num_hidden_layers=2, num_attention_heads=2,
+                           num_channels=3, patch_size=16, spatial_merge_size=2, max_image_size=96,
+                           hidden_act="gelu", rms_norm_eps=1e-5, text_hidden_size=32)
+
+
+def save_hunyuan_vl(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None, dtype=torch.float32):
+    """HunYuanVLForConditionalGeneration (ImportError where transformers lacks it); the merger's
+    newline / begin / end vectors random."""
+    from transformers import HunYuanVLConfig, HunYuanVLForConditionalGeneration
+
+    config = HunYuanVLConfig(vision_config={**TINY_HUNYUAN_VISION, **(vision or {})},
+                             text_config=dict(TINY_TEXT, head_dim=16), dtype=dtype)
+    model = _seeded(HunYuanVLForConditionalGeneration, config, seed)
+    _unit_scale(model, ("vision_tower.",))
+    _randomise_position_table(model, "embeddings.position_embedding.weight")
+    model = model.to(dtype)
+    return _save(model, folder, max_shard_size), model
+
+
+def hf_hunyuan_features(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """transformers' HunyuanOCR embeddings (get_image_features), a (t, h, w) row as t images (1, h, w)."""
+    frames = torch.cat([torch.tensor([[1, h, w]]).repeat(t, 1) for t, h, w in grid_thw.tolist()])
+    return hf_image_features(model, pixel_values, frames)
+
+
 def hf_tower_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
     """(embeddings [tokens, out_hidden], deepstack features list or []) from transformers' own tower;
     older transformers returned Qwen3-VL's as a tuple (embeddings, deepstack list)."""
@@ -373,6 +399,8 @@ FAMILIES: dict[str, FamilyCase] = {
     "Ernie4_5_VLMoeForConditionalGeneration": FamilyCase(
         save_ernie4_5_vl, hf_ernie_features, (3 * 14 * 14,), "baidu/ERNIE-4.5-VL-",
         aliases=("Ernie4_5_VL_MoeForConditionalGeneration",), hf_tower=None),
+    "HunYuanVLForConditionalGeneration": FamilyCase(save_hunyuan_vl, hf_hunyuan_features, (3 * 16 * 16,),
+                                                    "tencent/HunyuanOCR", hf_tower=None),
     "Kimi_K25ForConditionalGeneration": FamilyCase(save_kimi_k25, hf_kimi_outputs, (3, 14, 14), "moonshotai/Kimi-",
                                                    aliases=("KimiK25ForConditionalGeneration",
                                                             "KimiVLForConditionalGeneration"), hf_tower=None),
