@@ -16,6 +16,7 @@ HF_TOWERS: dict[str, tuple[str, str, str]] = {
     "Qwen3VLForConditionalGeneration": ("qwen3_vl", "Qwen3VLVisionModel", "Qwen3VLVisionConfig"),
     "Qwen3VLMoeForConditionalGeneration": ("qwen3_vl_moe", "Qwen3VLMoeVisionModel", "Qwen3VLMoeVisionConfig"),
     "Glm4vForConditionalGeneration": ("glm4v", "Glm4vVisionModel", "Glm4vVisionConfig"),
+    "GlmOcrForConditionalGeneration": ("glm_ocr", "GlmOcrVisionModel", "GlmOcrVisionConfig"),
 }
 
 
@@ -35,6 +36,15 @@ class HFTower:
 
 def hf_tower_available(architecture: str) -> str | None:
     """None if transformers can build this architecture's tower here, else the reason."""
+    from mmenc.bench.hf_projected import HF_PROJECTED  # towers whose output includes the projector
+
+    if architecture in HF_PROJECTED:
+        module, cls = HF_PROJECTED[architecture][0], HF_PROJECTED[architecture][2][0][1]
+        try:
+            found = hasattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), cls)
+        except ImportError as e:
+            return f"transformers cannot be imported for {architecture}: {e}"
+        return None if found else f"this transformers version has no {cls}"
     if architecture not in HF_TOWERS:
         return (f"no transformers tower registered for {architecture} (Kimi: its embeddings include the "
                 f"projector; compare with benchmarks/kimi_vs_transformers.py)")
@@ -50,6 +60,10 @@ def hf_tower_available(architecture: str) -> str | None:
 
 def build_hf_tower(loaded, attn_implementation: str = "sdpa") -> HFTower:
     """transformers' tower for `loaded` (a mmenc LoadedTower), same dtype, device and weights."""
+    from mmenc.bench.hf_projected import HF_PROJECTED, build_projected
+
+    if any(a in HF_PROJECTED for a in loaded.hf_config.get("architectures", [])):
+        return HFTower(build_projected(loaded, attn_implementation), loaded.device)
     architecture = next(a for a in loaded.hf_config.get("architectures", []) if a in HF_TOWERS)
     module, cls_name, cfg_name = HF_TOWERS[architecture]
     modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")

@@ -15,6 +15,11 @@ import torch
 WORKLOADS: dict[str, list[tuple[int, int, int]]] = {
     "8x1036px": [(1, 74, 74)] * 8,
     "32x448px": [(1, 32, 32)] * 32,
+    # OCR towers: 8 document pages of ~1000x1400 px as their processors size them (patch 14, factor 28:
+    # 1008x1400 -> 72x100 patches; GLM-OCR, PaddleOCR-VL, ERNIE-4.5-VL) and (patch 16, factor 32:
+    # 992x1408 -> 62x88 patches; HunyuanOCR)
+    "8xpage-p14": [(1, 72, 100)] * 8,
+    "8xpage-p16": [(1, 62, 88)] * 8,
 }
 
 
