@@ -172,3 +172,24 @@ def test_hunyuan_output_layout():
     # in all, so newline = 6, begin = 7, end = 8
     got = output_layout(((1, 4, 4), (1, 2, 4)), 2).tolist()
     assert got == [7, 0, 1, 6, 2, 3, 6, 8, 7, 4, 5, 6, 8], got
+
+
+@pytest.mark.parametrize("arch", OCR_ARCHS)
+def test_bench_reference_matches_mmenc(arch, tmp_path):
+    """`mmenc bench`'s transformers side (hf_reference / hf_projected) on a checkpoint folder gives mmenc's
+    embeddings, so its side-by-side timing compares the same computation."""
+    from mmenc.bench.hf_reference import build_hf_tower, hf_tower_available
+
+    case = ck.FAMILIES[arch]
+    try:
+        folder, _ = case.save(tmp_path)
+    except ImportError:
+        pytest.skip(f"this transformers cannot write {arch}")
+    assert hf_tower_available(arch) is None
+    loaded = build_tower(str(folder), device="cpu")
+    grid = torch.tensor([[1, 4, 6], [1, 6, 4]])
+    pixels = case.pixels(grid, seed=7).reshape(int(grid.prod(-1).sum()), -1)  # as `mmenc bench` passes them
+    want = run_tower(loaded, pixels, grid).embeddings
+    got = build_hf_tower(loaded)(pixels, grid)
+    err = ck.relative_error(want, got)
+    assert err < 1e-5, f"{arch}: mmenc vs bench reference relative error {err:.2e} exceeds 1e-5"
