@@ -171,7 +171,8 @@ ERNIE4_5_VL_SPEC = register_model(ModelSpec(
     config_from_hf=Ernie4_5VisionConfig.from_hf,
     # one group: the tower and its resampler sit side by side; save_pretrained writes the published names
     # (model.vision_model.*, resampler MLPs as spatial_linear.0/2/3), transformers' modules use vision_tower
-    weight_prefixes=(("model.vision_model.", "model.resampler_model."), ("model.vision_tower.", "model.resampler_model.")),
+    weight_prefixes=(("model.vision_model.", "model.resampler_model."),
+                     ("model.vision_tower.", "model.resampler_model.")),
     processor_from_hf=lazy_processor("mmenc.preprocess.ocr:ernie4_5_vl_from_hf"),
     builtin_configs={
         "baidu/ERNIE-4.5-VL-28B-A3B-PT": _builtin(2560),
