@@ -274,7 +274,7 @@ def save_hunyuan_vl(folder, vision: dict | None = None, seed: int = 0, max_shard
 def hf_hunyuan_features(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
     """transformers' HunyuanOCR embeddings (get_image_features), a (t, h, w) row as t images (1, h, w)."""
     frames = torch.cat([torch.tensor([[1, h, w]]).repeat(t, 1) for t, h, w in grid_thw.tolist()])
-    return hf_image_features(model, pixel_values, frames)
+    return hf_image_features(model, pixel_values, frames.to(grid_thw.device))
 
 
 def hf_tower_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
