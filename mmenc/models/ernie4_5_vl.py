@@ -29,7 +29,8 @@ from mmenc.layers.plan import PackPlan, frame_plan
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, VisionBlock
 from mmenc.layers.weights import WeightMap
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
+from mmenc.models.base import (ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config,
+                               language_width, lazy_processor)
 from mmenc.models.registry import register_model
 
 
@@ -64,8 +65,9 @@ class Ernie4_5VisionConfig(TowerConfigBase):
 
     @classmethod
     def hf_computed(cls, vision: dict[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-        text = config.get("text_config") or {}
-        out = {"out_hidden_size": int(text["hidden_size"])} if text.get("hidden_size") else {}
+        text = config.get("text_config") or (config if "vision_config" in config else {})
+        width = language_width(config)
+        out = {} if width is None else {"out_hidden_size": width}
         if text.get("rms_norm_eps") is not None:
             out["text_rms_norm_eps"] = float(text["rms_norm_eps"])
         return out

@@ -31,7 +31,8 @@ from mmenc.layers.norm import RMSNorm
 from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.layers.vision_blocks import PatchEmbed, VisionBlock
 from mmenc.layers.weights import WeightMap
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
+from mmenc.models.base import (ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config,
+                               language_width, lazy_processor)
 from mmenc.models.registry import register_model
 
 
@@ -70,8 +71,8 @@ class HunyuanVisionConfig(TowerConfigBase):
     @classmethod
     def hf_computed(cls, vision: dict[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
         """transformers' HunYuanVLConfig sets the merger's width to text_config.hidden_size when there is one."""
-        text = config.get("text_config") or {}
-        return {"out_hidden_size": int(text["hidden_size"])} if text.get("hidden_size") else {}
+        width = language_width(config)
+        return {} if width is None else {"out_hidden_size": width}
 
     @property
     def position_side(self) -> int:

@@ -28,7 +28,8 @@ from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock
 from mmenc.layers.weights import WeightMap
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
+from mmenc.models.base import (ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config,
+                               language_width, lazy_processor)
 from mmenc.models.registry import register_model
 
 
@@ -63,8 +64,8 @@ class PaddleOCRVisionConfig(TowerConfigBase):
 
     @classmethod
     def hf_computed(cls, vision: dict[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-        text = config.get("text_config") or {}
-        return {"out_hidden_size": int(text["hidden_size"])} if text.get("hidden_size") else {}
+        width = language_width(config)
+        return {} if width is None else {"out_hidden_size": width}
 
     @property
     def num_positions(self) -> int:
