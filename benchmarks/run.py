@@ -59,6 +59,22 @@ def _families(out: pathlib.Path) -> list[Step]:
     return steps
 
 
+# OCR-lineage towers (issue 15): largest published size -> its realistic workload (document pages)
+OCR_FAMILIES = {"zai-org/GLM-OCR": "8xpage-p14", "PaddlePaddle/PaddleOCR-VL": "8xpage-p14",
+                "baidu/ERNIE-4.5-VL-424B-A47B-PT": "8xpage-p14", "tencent/HunyuanOCR": "8xpage-p16"}
+
+
+def _ocr(out: pathlib.Path) -> list[Step]:
+    steps = []
+    for model, workload in OCR_FAMILIES.items():
+        tag = model.replace("/", "_")
+        load = ["--model", model, "--load-format", "dummy", "--workload", workload, "--workload", "32x448px"]
+        steps.append(Step([*MMENC, "bench", *load, "--json", str(out / f"bench_{tag}.json")], 240))
+        steps.append(Step([*MMENC, "bench", *load, "--compile", "--json", str(out / f"bench_{tag}_compile.json")],
+                          300))
+    return steps
+
+
 STAGES: dict[str, Stage] = {
     "env": Stage("versions, GPUs and the attention backends chosen here", lambda out: [
         Step([PY, "-c", "import torch, transformers; print('torch', torch.__version__, 'transformers', "
@@ -86,6 +102,8 @@ STAGES: dict[str, Stage] = {
         Step([*MMENC, "bench", "--model", "google/siglip2-so400m-patch16-naflex", "--workload", "naflex256-mix-32",
               "--workload", "naflex1024-mix-32", "--json", str(out / "bench_siglip2.json")], 240),
         Step(_script("siglip_e2e.py", "--json", str(out / "siglip_e2e.json")), 300)]),
+    "ocr": Stage("mmenc bench for GLM-OCR, PaddleOCR-VL, ERNIE-4.5-VL, HunyuanOCR vs transformers, eager and "
+                 "compiled (document pages and 448 px crops)", _ocr),
     "kimi": Stage("Kimi-K2.5 MoonViT vs transformers' remote-code tower", lambda out: [
         Step(_script("kimi_vs_transformers.py", "--compile", "--json", str(out / "kimi_compile.json")), 240)]),
     "multigpu": Stage("1 GPU vs 2 GPUs, data and weights modes, both stagings", lambda out: [

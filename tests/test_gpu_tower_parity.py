@@ -44,7 +44,17 @@ FAMILIES = {
     "internvl": (ck.save_internvl, dict(hidden_size=256, num_attention_heads=2, intermediate_size=256,
                                         norm_type="rms_norm", use_qk_norm=True, attention_bias=False),
                  lambda m, pv, g: ck.hf_internvl_outputs(m, pv, g)[0], 588, [[3, 6, 6], [1, 6, 6]]),
+    # OCR-lineage towers (published head sizes: GLM-OCR 64, PaddleOCR-VL 72, ERNIE-4.5-VL 80, HunyuanOCR 72)
+    "glm_ocr": (ck.save_glm_ocr, dict(hidden_size=128, num_heads=2, intermediate_size=256, out_hidden_size=64),
+                ck.hf_tower_output, 1176, QWEN_GRIDS),
+    "paddleocr_vl": (ck.save_paddleocr_vl, dict(hidden_size=144, num_attention_heads=2, intermediate_size=256),
+                     lambda m, pv, g: ck.hf_image_features(m, pv, g)[0], 588, QWEN_GRIDS),
+    "ernie4_5_vl": (ck.save_ernie4_5_vl, dict(hidden_size=160, num_heads=2, intermediate_size=256),
+                    lambda m, pv, g: ck.hf_ernie_features(m, pv, g)[0], 588, QWEN_GRIDS),
+    "hunyuan_vl": (ck.save_hunyuan_vl, dict(hidden_size=144, num_attention_heads=2, intermediate_size=256),
+                   lambda m, pv, g: ck.hf_hunyuan_features(m, pv, g)[0], 768, QWEN_GRIDS),
 }
+OCR_HEAD_SIZES = {"glm_ocr": 64, "paddleocr_vl": 72, "ernie4_5_vl": 80, "hunyuan_vl": 72}
 
 
 def _cuda_backends(head_size):
@@ -65,7 +75,7 @@ def family(request, tmp_path_factory):
         pytest.skip(f"transformers lacks {request.param}: {e}")
     grid = torch.tensor(grids)
     pixels = ck.random_pixels(grid, features, seed=1)
-    hf_pixels = pixels.view(-1, 3, 14, 14) if request.param == "kimi_k25" else pixels
+    hf_pixels = pixels.view(-1, 3, 14, 14) if request.param in ("kimi_k25", "paddleocr_vl") else pixels
     reference = ref_fn(model.float(), hf_pixels, grid)
     hf_bf16 = ref_fn(model.to("cuda", torch.bfloat16), hf_pixels.to("cuda", torch.bfloat16), grid.cuda())
     model.to("cpu")
@@ -77,7 +87,8 @@ def family(request, tmp_path_factory):
 def test_bf16_parity_with_transformers(family, choice):
     name, folder, pixels, grid, reference, hf_err = family
     backend = None if choice.startswith("auto") else AttentionBackendEnum[choice]
-    head_size = 72 if name in ("qwen3_vl", "kimi_k25", "siglip", "siglip2") else (96 if name == "glm4v" else 80)
+    head_size = OCR_HEAD_SIZES.get(name) or (72 if name in ("qwen3_vl", "kimi_k25", "siglip", "siglip2") else
+                                             (96 if name == "glm4v" else 80))
     if backend is not None and backend not in _cuda_backends(head_size):
         pytest.skip(f"{choice} cannot run head_size={head_size} bf16 here")
     config = MultiModalConfig(mm_encoder_attn_backend=backend, compile=choice.endswith("compile"))

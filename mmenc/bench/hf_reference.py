@@ -22,6 +22,7 @@ HF_TOWERS: dict[str, tuple[str, str, str]] = {
     "SiglipVisionModel": ("siglip", "SiglipVisionModel", "SiglipVisionConfig"),
     "Siglip2Model": ("siglip2", "Siglip2VisionModel", "Siglip2VisionConfig"),
     "Siglip2VisionModel": ("siglip2", "Siglip2VisionModel", "Siglip2VisionConfig"),
+    "GlmOcrForConditionalGeneration": ("glm_ocr", "GlmOcrVisionModel", "GlmOcrVisionConfig"),
 }
 
 
@@ -100,6 +101,15 @@ def hf_tower_available(architecture: str) -> str | None:
     """None if transformers can build this architecture's tower here, else the reason."""
     if architecture in HF_PROJECTED_TOWERS:  # Pixtral, InternVL: tower + projector (mmenc/bench/hf_vlm_towers.py)
         return None
+    from mmenc.bench.hf_projected import HF_PROJECTED  # towers whose output includes the projector
+
+    if architecture in HF_PROJECTED:
+        module, cls = HF_PROJECTED[architecture][0], HF_PROJECTED[architecture][2][0][1]
+        try:
+            found = hasattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), cls)
+        except ImportError as e:
+            return f"transformers cannot be imported for {architecture}: {e}"
+        return None if found else f"this transformers version has no {cls}"
     if architecture not in HF_TOWERS:
         return (f"no transformers tower registered for {architecture} (Kimi: its embeddings include the "
                 f"projector; compare with benchmarks/kimi_vs_transformers.py)")
@@ -117,6 +127,10 @@ def build_hf_tower(loaded, attn_implementation: str = "sdpa") -> HFTower:
     """transformers' tower for `loaded` (a mmenc LoadedTower), same dtype, device and weights."""
     if any(a in HF_PROJECTED_TOWERS for a in loaded.hf_config.get("architectures", [])):
         return build_projected_tower(loaded, attn_implementation)
+    from mmenc.bench.hf_projected import HF_PROJECTED, build_projected
+
+    if any(a in HF_PROJECTED for a in loaded.hf_config.get("architectures", [])):
+        return HFTower(build_projected(loaded, attn_implementation), loaded.device)
     architecture = next(a for a in loaded.hf_config.get("architectures", []) if a in HF_TOWERS)
     module, cls_name, cfg_name = HF_TOWERS[architecture]
     modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")

@@ -27,6 +27,11 @@ WORKLOADS: dict[str, list[tuple[int, int, int]]] = {
     # patches (1024 px at patch 16): square, 4:3, 3:4, 16:9, 9:16, 2.3:1, and two smaller squares
     "8xmixed-aspect": [(1, 64, 64), (1, 64, 48), (1, 48, 64), (1, 64, 36), (1, 36, 64), (1, 64, 28), (1, 44, 44),
                        (1, 32, 32)],
+    # OCR towers: 8 document pages of ~1000x1400 px as their processors size them (patch 14, factor 28:
+    # 1008x1400 -> 72x100 patches; GLM-OCR, PaddleOCR-VL, ERNIE-4.5-VL) and (patch 16, factor 32:
+    # 992x1408 -> 62x88 patches; HunyuanOCR)
+    "8xpage-p14": [(1, 72, 100)] * 8,
+    "8xpage-p16": [(1, 62, 88)] * 8,
 }
 
 

@@ -76,10 +76,11 @@ class InterpolatedPosEmbed(nn.Module):
     `taps(grid, device)` -> (index int64 [T, n*n], weight float32 [T, n*n]) for a pack, patches of
     each frame in `grid_positions(h, w, merge_size)` order (merge-block order), frames repeated t
     times; compute it once per forward. `forward(index, weight)` -> [T, dim] float32.
+    leading_rows: rows stored before the grid in `weight` and never read (HunyuanOCR's class token).
     """
 
     def __init__(self, num_positions: int, dim: int, *, mode: str = "bilinear", align_corners: bool = False,
-                 merge_size: int = 1, device=None, dtype=None, cache_size: int = 256):
+                 merge_size: int = 1, leading_rows: int = 0, device=None, dtype=None, cache_size: int = 256):
         super().__init__()
         side = math.isqrt(num_positions)
         if side * side != num_positions:
@@ -88,7 +89,9 @@ class InterpolatedPosEmbed(nn.Module):
         if mode not in _MODES:
             raise ValueError(f"interpolation mode {mode!r} is not known; expected one of {', '.join(_MODES)}")
         self.side, self.mode, self.align_corners, self.merge_size = side, mode, align_corners, merge_size
-        self.weight = nn.Parameter(torch.empty(num_positions, dim, device=device, dtype=dtype), requires_grad=False)
+        self.leading_rows = leading_rows
+        self.weight = nn.Parameter(torch.empty(leading_rows + num_positions, dim, device=device, dtype=dtype),
+                                   requires_grad=False)
         self._frames = LRUCache(cache_size)
 
     def extra_repr(self) -> str:
@@ -102,7 +105,7 @@ class InterpolatedPosEmbed(nn.Module):
             cols_t, cols_w = axis_taps(w, self.side, self.mode, self.align_corners)
             pos = grid_positions(h, w, self.merge_size)  # [h*w, 2] (row, col)
             r, c = pos[:, 0], pos[:, 1]
-            index = rows_t[r][:, :, None] * self.side + cols_t[c][:, None, :]  # [h*w, n, n]
+            index = rows_t[r][:, :, None] * self.side + cols_t[c][:, None, :] + self.leading_rows  # [h*w, n, n]
             weight = rows_w[r][:, :, None] * cols_w[c][:, None, :]
             return index.flatten(1), weight.flatten(1).float()
         return self._frames.get((h, w), make)

@@ -4,7 +4,8 @@ Every block takes `device=None, dtype=None`. Its parallel linears shard over the
 set when the block is built (`mmenc.distributed.parallel_state`; none set: unsharded, as in data mode).
 
   PatchEmbed       Conv3d/Conv2d with stride == kernel, as one matmul over flattened patches
-  VisionAttention  QKVParallelLinear -> rotary -> MMEncoderAttention -> RowParallelLinear
+  VisionAttention  QKVParallelLinear -> [per-head RMSNorm of q, k] -> rotary -> MMEncoderAttention
+                   -> RowParallelLinear
   VisionMLP        fc1 (column) -> act -> fc2 (row)
   GatedVisionMLP   gate_up_proj (merged column) -> act(gate) * up -> down_proj (row)   (SwiGLU)
   VisionBlock      pre-norm residual block: x + attn(norm1(x)); x + mlp(norm2(x)) (optionally
@@ -24,7 +25,7 @@ from mmenc.config import MultiModalConfig
 from mmenc.layers.activation import ActAndMul, get_act_fn
 from mmenc.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
                                  ReplicatedLinear, RowParallelLinear)
-from mmenc.layers.norm import ShardedRMSNorm, make_norm
+from mmenc.layers.norm import RMSNorm, ShardedRMSNorm, make_norm
 from mmenc.layers.rotary import apply_rotary
 
 
@@ -71,11 +72,13 @@ class VisionAttention(nn.Module):
     A dense batch x [B, S, dim] attends within each of its B rows given cu_seqlens=None, or within the
     segments of cu_seqlens over its B*S tokens (a fixed-size tower passes its batch's uniform segments,
     made once per grid: a compiled block then does no host work).
-    qk_norm: RMSNorm of q and of k over all heads together (q_norm, k_norm; InternViT-6B), eps qk_norm_eps.
+    qk_norm: RMS-normalise q and k before the rotary (q_norm, k_norm, eps qk_norm_eps): "head", each
+    head on its own ([head_dim] weights; GLM-OCR), or "all", all heads together ([heads*head_dim]
+    weights, statistics summed over tensor-parallel ranks; InternViT-6B); None: no q/k norm.
     """
 
     def __init__(self, dim: int, num_heads: int, head_dim: int | None = None, qkv_bias: bool = True,
-                 proj_bias: bool = True, rotary_interleaved: bool = False, qk_norm: bool = False,
+                 proj_bias: bool = True, rotary_interleaved: bool = False, qk_norm: str | None = None,
                  qk_norm_eps: float = 1e-6,
                  multimodal_config: MultiModalConfig | None = None, prefix: str = "", device=None, dtype=None):
         super().__init__()
@@ -88,8 +91,13 @@ class VisionAttention(nn.Module):
                                        multimodal_config=multimodal_config, dtype=dtype, device=device)
         self.proj = RowParallelLinear(num_heads * head_dim, dim, bias=proj_bias, prefix=_join(prefix, "proj"),
                                       device=device, dtype=dtype)
-        self.q_norm = self.k_norm = None
-        if qk_norm:
+        if qk_norm not in (None, "head", "all"):
+            raise ValueError(f"{prefix or 'VisionAttention'}: qk_norm={qk_norm!r}; expected None, 'head' or 'all'")
+        self.qk_norm, self.q_norm, self.k_norm = qk_norm, None, None
+        if qk_norm == "head":
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps, device=device, dtype=dtype)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps, device=device, dtype=dtype)
+        elif qk_norm == "all":
             width, shard = num_heads * head_dim, self.local_heads * head_dim
             self.q_norm = ShardedRMSNorm(width, shard, qk_norm_eps, device=device, dtype=dtype)
             self.k_norm = ShardedRMSNorm(width, shard, qk_norm_eps, device=device, dtype=dtype)
@@ -99,7 +107,9 @@ class VisionAttention(nn.Module):
         lead = x.shape[:-1]  # (T,) packed or (B, S) dense
         qkv = self.qkv(x).view(*lead, 3, self.local_heads, self.head_dim)  # [..., 3, H, D]
         qk, v = qkv[..., :2, :, :], qkv[..., 2, :, :]  # [..., 2, H, D], [..., H, D]
-        if self.q_norm is not None:
+        if self.qk_norm == "head":
+            qk = torch.stack([self.q_norm(qk[..., 0, :, :]), self.k_norm(qk[..., 1, :, :])], dim=-3)
+        elif self.qk_norm == "all":
             qk = torch.stack([self.q_norm(qk[..., 0, :, :].flatten(-2)), self.k_norm(qk[..., 1, :, :].flatten(-2))],
                              dim=-2).unflatten(-1, (self.local_heads, self.head_dim))
         if rotary is not None:  # packed tokens only: cos, sin [T, D]
@@ -156,7 +166,7 @@ class VisionBlock(nn.Module):
     def __init__(self, dim: int, num_heads: int, mlp_hidden: int, *, norm: str = "rms", norm_eps: float = 1e-6,
                  mlp: str = "gated", act: str = "silu", qkv_bias: bool = True, mlp_bias: bool = True,
                  proj_bias: bool | None = None, head_dim: int | None = None, rotary_interleaved: bool = False,
-                 layer_scale: bool = False, qk_norm: bool = False, qk_norm_eps: float = 1e-6,
+                 layer_scale: bool = False, qk_norm: str | None = None, qk_norm_eps: float = 1e-6,
                  multimodal_config: MultiModalConfig | None = None, prefix: str = "", device=None, dtype=None):
         super().__init__()
         self.norm1 = make_norm(norm, dim, norm_eps, device=device, dtype=dtype)

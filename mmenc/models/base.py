@@ -43,6 +43,18 @@ def vision_config_dict(config: Mapping[str, Any]) -> dict[str, Any]:
     return dict(vision)
 
 
+def language_width(config: Mapping[str, Any]) -> int | None:
+    """The language model's hidden size in a full config.json dict: text_config.hidden_size, or the
+    top-level hidden_size of a flat config (text keys at the root beside vision_config); None for a
+    vision config alone or when neither is given."""
+    text = config.get("text_config")
+    if isinstance(text, Mapping) and text.get("hidden_size"):
+        return int(text["hidden_size"])
+    if "vision_config" in config and config.get("hidden_size"):
+        return int(config["hidden_size"])
+    return None
+
+
 def _as_field_type(field: dataclasses.Field, value: Any) -> Any:
     """JSON value -> the field's type where JSON cannot say it: lists -> tuples, ints -> floats, bools."""
     if typing.get_origin(field.type) is tuple or field.type is tuple:

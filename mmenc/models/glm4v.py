@@ -23,8 +23,8 @@ import torch.nn as nn
 
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
-from mmenc.layers.linear import ColumnParallelLinear, ReplicatedLinear
-from mmenc.layers.norm import LayerNorm, RMSNorm
+from mmenc.layers.merge import ConvDownsample, GatedMerger
+from mmenc.layers.norm import RMSNorm
 from mmenc.layers.plan import PackPlan, frame_plan
 from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.layers.rotary import VisionRotary2D
@@ -91,21 +91,6 @@ class Glm4vBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class Glm4vMerger(GatedVisionMLP):
-    """x [N, dim] -> SwiGLU(GELU(LayerNorm(proj(x)))) [N, dim]. proj is column-parallel with its
-    output gathered (the LayerNorm needs the whole vector); gate_up / down split as in GatedVisionMLP."""
-
-    def __init__(self, dim: int, context_dim: int, act: str, device=None, dtype=None):
-        super().__init__(dim, context_dim, act=act, bias=False, prefix="merger", device=device, dtype=dtype)
-        self.proj = ColumnParallelLinear(dim, dim, bias=False, gather_output=True, prefix="merger.proj",
-                                         device=device, dtype=dtype)
-        self.post_projection_norm = LayerNorm(dim, eps=1e-5, device=device, dtype=dtype)
-        self.act1 = nn.GELU()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return super().forward(self.act1(self.post_projection_norm(self.proj(x))))
-
-
 class Glm4vVisionTower(VisionTower):
     """forward(pixel_values [T, C*tp*p*p], grid_thw int64 [N, 3] on CPU) -> TowerOutput with
     embeddings [T / merge^2, out_hidden_size], images in grid order."""
@@ -132,17 +117,8 @@ class Glm4vVisionTower(VisionTower):
                                      for i in range(config.depth)])
         self.post_layernorm = RMSNorm(dim, eps, **dd)
         # merge x merge conv, stride merge: one matmul over a block's m*m contiguous patches
-        self.downsample = ReplicatedLinear(m * m * dim, config.out_hidden_size, bias=True, prefix="downsample", **dd)
-        self.downsample.weight.weight_loader = self._load_downsample_weight
-        self.merger = Glm4vMerger(config.out_hidden_size, config.intermediate_size, config.hidden_act, **dd)
-
-    def _load_downsample_weight(self, param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
-        out, dim, m = self.config.out_hidden_size, self.config.hidden_size, self.merge
-        if tuple(loaded.shape) != (out, dim, m, m):
-            raise ValueError(f"tensor has shape {tuple(loaded.shape)}; expected the downsample convolution "
-                             f"weight {(out, dim, m, m)}")
-        # [out, C, m, m] -> [out, m, m, C]: input rows are m*m patches of C features each
-        param.data.copy_(loaded.permute(0, 2, 3, 1).reshape(param.shape))
+        self.downsample = ConvDownsample(dim, config.out_hidden_size, m, **dd)
+        self.merger = GatedMerger(config.out_hidden_size, config.intermediate_size, config.hidden_act, **dd)
 
     def make_plan(self, grid: Grid, device) -> PackPlan:
         return frame_plan(grid, device, self.rotary, self.pos_embed)
@@ -155,7 +131,7 @@ class Glm4vVisionTower(VisionTower):
         for block in self.blocks:
             x = block(x, plan.cu_seqlens, plan.max_seqlen, rotary)
         x = self.post_layernorm(x)
-        x = self.downsample(x.reshape(-1, self.merge ** 2 * x.shape[-1]))  # [T / m^2, out_hidden]
+        x = self.downsample(x)  # [T / m^2, out_hidden]
         return TowerOutput(self.merger(x))
 
 

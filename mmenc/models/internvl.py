@@ -208,7 +208,7 @@ class InternVisionTower(VisionTower):
         self.encoder.layer = nn.ModuleList([
             VisionBlock(dim, config.num_heads, config.intermediate_size, norm=_NORMS[config.norm],
                         norm_eps=config.norm_eps, mlp="plain", act=config.hidden_act, qkv_bias=config.qkv_bias,
-                        proj_bias=True, layer_scale=True, qk_norm=config.qk_norm, multimodal_config=multimodal_config,
+                        proj_bias=True, layer_scale=True, qk_norm="all" if config.qk_norm else None, multimodal_config=multimodal_config,
                         prefix=f"encoder.layer.{i}", **dd)
             for i in range(config.depth)])
         self.layernorm = LayerNorm(dim, config.norm_eps, **dd) if config.final_norm else None

@@ -15,6 +15,7 @@ from typing import Any
 from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image, load_images
 from mmenc.preprocess.internvl import InternVLProcessor, internvl_from_hf
 from mmenc.preprocess.kimi import KimiProcessor, KimiProcessorConfig, kimi_k25_from_hf
+from mmenc.preprocess.ocr import RasterPatchProcessor, ernie4_5_vl_from_hf, hunyuan_vl_from_hf, paddleocr_vl_from_hf
 from mmenc.preprocess.pipeline import Chunk, Preprocessed, Preprocessor
 from mmenc.preprocess.pixtral import PixtralProcessor, mistral3_from_hf, pixtral_from_hf
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
@@ -40,6 +41,10 @@ PROCESSORS: dict[str, Callable[..., Any]] = {
     "pixtral": pixtral_from_hf,
     "mistral3": mistral3_from_hf,
     "internvl": internvl_from_hf,
+    "glm_ocr": glm4v_from_hf,  # GLM-OCR ships Glm46VImageProcessor: GLM-4.1V's algorithm and defaults
+    "paddleocr_vl": paddleocr_vl_from_hf,
+    "ernie4_5_vl_moe": ernie4_5_vl_from_hf,
+    "hunyuan_vl": hunyuan_vl_from_hf,
 }
 
 
