@@ -16,7 +16,7 @@ import torch
 import torch.multiprocessing as mp
 
 from mmenc.engine.runner import LoadedTower, build_tower, run_tower
-from mmenc.models.base import TowerOutput
+from mmenc.models.base import TowerOutput, vlm_config_dict
 from mmenc.models.registry import builtin_model_names, get_builtin_config, supported_architectures
 from mmenc.testing import checkpoints as ck
 from mmenc.testing.compare import assert_close, relative_error
@@ -191,7 +191,8 @@ def test_builtin_builds_on_meta(name, prepared):
     grid = torch.tensor([[1, 4, 4], [1, 4, 6]])  # images: Kimi-VL takes no video
     pixels = torch.empty(int(grid.prod(-1).sum()), *case.patch_shape, device="meta")
     out = run_tower(loaded, pixels, grid).embeddings
-    text_width = (hf_config.get("text_config") or hf_config)["hidden_size"]
+    vlm = vlm_config_dict(hf_config)  # Qwen-Omni: under thinker_config
+    text_width = (vlm.get("text_config") or vlm)["hidden_size"]
     assert tuple(out.shape) == (sum(loaded.output_tokens(grid)), text_width), \
         f"{name}: output {tuple(out.shape)}, expected ({sum(loaded.output_tokens(grid))}, {text_width})"
     ours = sum(p.numel() for p in loaded.tower.parameters())

@@ -6,7 +6,10 @@ it keeps transformers' random init and the mmenc tower is given those same weigh
 Calling the result with (pixel_values, grid_thw) returns the merged embeddings [tokens, out_hidden].
 """
 import importlib
+
 import torch
+
+from mmenc.models.base import vision_config_dict
 
 # architecture -> (transformers.models.<module>, tower class, vision config class)
 HF_TOWERS: dict[str, tuple[str, str, str]] = {
@@ -16,6 +19,8 @@ HF_TOWERS: dict[str, tuple[str, str, str]] = {
     "Qwen3VLForConditionalGeneration": ("qwen3_vl", "Qwen3VLVisionModel", "Qwen3VLVisionConfig"),
     "Qwen3VLMoeForConditionalGeneration": ("qwen3_vl_moe", "Qwen3VLMoeVisionModel", "Qwen3VLMoeVisionConfig"),
     "Glm4vForConditionalGeneration": ("glm4v", "Glm4vVisionModel", "Glm4vVisionConfig"),
+    "Qwen3OmniMoeForConditionalGeneration": ("qwen3_omni_moe", "Qwen3OmniMoeVisionEncoder",
+                                             "Qwen3OmniMoeVisionEncoderConfig"),
 }
 
 
@@ -54,7 +59,7 @@ def build_hf_tower(loaded, attn_implementation: str = "sdpa") -> HFTower:
     module, cls_name, cfg_name = HF_TOWERS[architecture]
     modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
     configuration = importlib.import_module(f"transformers.models.{module}.configuration_{module}")
-    vision = dict(loaded.hf_config.get("vision_config", {}))
+    vision = vision_config_dict(loaded.hf_config)
     config = getattr(configuration, cfg_name)(**vision)
     config._attn_implementation = attn_implementation
     tower = getattr(modeling, cls_name)._from_config(config, attn_implementation=attn_implementation,

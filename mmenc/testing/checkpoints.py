@@ -171,6 +171,39 @@ def hf_tower_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) 
     return out.pooler_output, list(getattr(out, "deepstack_features", None) or [])
 
 
+# Qwen3-Omni: Qwen3-VL's tiny tower under a thinker (tiny MoE text model and audio encoder; no talker).
+TINY_OMNI_AUDIO = dict(num_mel_bins=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=16, d_model=16,
+                       output_dim=32, n_window=4, n_window_infer=8, downsample_hidden_size=8)
+
+
+def save_qwen3_omni(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None, dtype=torch.float32):
+    """Qwen3OmniMoeForConditionalGeneration without audio output; its tower saves as thinker.visual.*."""
+    from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
+
+    text = dict(TINY_TEXT, head_dim=16, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                rope_parameters=dict(_TINY_ROPE, mrope_section=[2, 3, 3]))
+    thinker = dict(vision_config={**TINY_QWEN3_VISION, **(vision or {})}, text_config=text,
+                   audio_config=dict(TINY_OMNI_AUDIO))
+    config = Qwen3OmniMoeConfig(thinker_config=thinker, enable_audio_output=False, dtype=dtype)
+    model = _seeded(Qwen3OmniMoeForConditionalGeneration, config, seed)
+    _randomise_position_table(model, "visual.pos_embed.weight")
+    model = model.to(dtype)
+    return _save(model, folder, max_shard_size), model
+
+
+def hf_omni_vision(model):
+    """transformers' Qwen3-Omni vision encoder (thinker.model.visual; thinker.visual in older versions)."""
+    thinker = model.thinker
+    return getattr(getattr(thinker, "model", thinker), "visual", None) or thinker.visual
+
+
+def hf_omni_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """(embeddings, deepstack features) of transformers' Qwen3-Omni vision encoder."""
+    with torch.no_grad():
+        out = hf_omni_vision(model)(pixel_values, grid_thw=grid_thw)
+    return out.pooler_output, list(out.deepstack_features)
+
+
 # Kimi-K2.5: MoonViT with a 6x6 learned position grid (grids below, at and above it resample it), up to
 # 4 frames per video chunk, under a tiny DeepSeek-V3 text model.
 TINY_KIMI_VISION = dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=2, intermediate_size=40,
@@ -257,8 +290,11 @@ class FamilyCase:
 def hf_tower_parameters(case: FamilyCase, hf_model, hf_config: dict) -> int:
     """Parameters of transformers' tower (case.hf_tower's class) built on the meta device from
     `hf_config`'s vision_config (a full config.json dict, e.g. a built-in one)."""
-    tower_cls = type(case.hf_tower(hf_model))
-    vision_config = type(hf_model.config)(vision_config=dict(hf_config["vision_config"])).vision_config
+    from mmenc.models.base import vision_config_dict
+
+    tower = case.hf_tower(hf_model)
+    tower_cls = type(tower)
+    vision_config = type(tower.config)(**vision_config_dict(hf_config))
     with torch.device("meta"):
         return sum(p.numel() for p in tower_cls(vision_config).parameters())
 
@@ -277,6 +313,8 @@ FAMILIES: dict[str, FamilyCase] = {
     "Glm4vMoeForConditionalGeneration": FamilyCase(functools.partial(save_glm4v, moe=True,
                                                                      vision=dict(attention_bias=True)),
                                                    hf_glm4v_outputs, _QWEN_PIXELS, "zai-org/GLM-4"),
+    "Qwen3OmniMoeForConditionalGeneration": FamilyCase(save_qwen3_omni, hf_omni_outputs, (3 * 2 * 16 * 16,),
+                                                       "Qwen/Qwen3-Omni-", hf_tower=hf_omni_vision),
     "Kimi_K25ForConditionalGeneration": FamilyCase(save_kimi_k25, hf_kimi_outputs, (3, 14, 14), "moonshotai/Kimi-",
                                                    aliases=("KimiK25ForConditionalGeneration",
                                                             "KimiVLForConditionalGeneration"), hf_tower=None),
