@@ -21,7 +21,28 @@ HF_TOWERS: dict[str, tuple[str, str, str]] = {
     "Glm4vForConditionalGeneration": ("glm4v", "Glm4vVisionModel", "Glm4vVisionConfig"),
     "Qwen3OmniMoeForConditionalGeneration": ("qwen3_omni_moe", "Qwen3OmniMoeVisionEncoder",
                                              "Qwen3OmniMoeVisionEncoderConfig"),
+    "Llama4ForConditionalGeneration": ("llama4", "Llama4VisionModel", "Llama4VisionConfig"),  # + projector, below
 }
+
+
+def _llama4_with_projector(cls, text_hidden: int):
+    """transformers' Llama4VisionModel plus the model's multi_modal_projector.linear_1, called on
+    mmenc's rows: (pixel_values [T, C, p, p] or [T, C*p*p], grid_thw of (tiles, s, s)) -> [T / 4, text_hidden],
+    what Llama 4's language model receives. State names as the checkpoint's tower group, prefixes removed."""
+    from mmenc.testing.checkpoints import llama4_tiles
+
+    class Llama4VisionAndProjector(cls):
+        def __init__(self, config):
+            super().__init__(config)
+            self.linear_1 = torch.nn.Linear(config.vision_output_dim, text_hidden, bias=False)
+
+        def forward(self, pixel_values, grid_thw):
+            p, c = self.config.patch_size, self.config.num_channels
+            tiles = llama4_tiles(pixel_values.reshape(-1, c, p, p), grid_thw.cpu())
+            features = super().forward(tiles).last_hidden_state
+            return self.linear_1(features.reshape(-1, features.shape[-1]))
+
+    return Llama4VisionAndProjector
 
 
 class HFTower:
@@ -62,8 +83,10 @@ def build_hf_tower(loaded, attn_implementation: str = "sdpa") -> HFTower:
     vision = vision_config_dict(loaded.hf_config)
     config = getattr(configuration, cfg_name)(**vision)
     config._attn_implementation = attn_implementation
-    tower = getattr(modeling, cls_name)._from_config(config, attn_implementation=attn_implementation,
-                                                     dtype=loaded.dtype)
+    tower_cls = getattr(modeling, cls_name)
+    if architecture == "Llama4ForConditionalGeneration":
+        tower_cls = _llama4_with_projector(tower_cls, loaded.config.out_hidden_size)
+    tower = tower_cls._from_config(config, attn_implementation=attn_implementation, dtype=loaded.dtype)
     tower = tower.to(loaded.device).eval()
     if loaded.load_format == "dummy":  # share transformers' random weights with the mmenc tower
         with torch.no_grad():

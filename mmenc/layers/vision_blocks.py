@@ -64,6 +64,8 @@ class VisionAttention(nn.Module):
 
     forward(x [T, dim], cu_seqlens int32 [N+1], max_seqlen int, rotary=(cos, sin) float32 [T, head_dim]
     or None) -> [T, dim]. The same cu_seqlens tensor (from make_cu_seqlens) should serve every layer.
+    Fixed-size towers pass a dense batch instead: x [B, S, dim] with cu_seqlens None (each row attends
+    to itself) and rotary tables [S, head_dim] shared by the rows -> [B, S, dim].
     """
 
     def __init__(self, dim: int, num_heads: int, head_dim: int | None = None, qkv_bias: bool = True,
@@ -80,18 +82,21 @@ class VisionAttention(nn.Module):
         self.proj = RowParallelLinear(num_heads * head_dim, dim, bias=proj_bias, prefix=_join(prefix, "proj"),
                                       device=device, dtype=dtype)
 
-    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None, max_seqlen: int | None,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        seq = x.shape[0]
-        qkv = self.qkv(x).view(seq, 3, self.local_heads, self.head_dim)  # [T, 3, H, D]
+        lead = x.shape[:-1]  # (T,) packed or (B, S) dense
+        qkv = self.qkv(x).view(*lead, 3, self.local_heads, self.head_dim)  # [..., 3, H, D]
         if rotary is not None:
-            qk = apply_rotary(qkv[:, :2], *rotary, interleaved=self.rotary_interleaved)  # [T, 2, H, D]
-            q, k = qk.unbind(1)
+            qk = qkv[..., :2, :, :] if x.dim() == 2 else qkv[..., :2, :, :].transpose(0, 1)  # token dim first
+            qk = apply_rotary(qk, *rotary, interleaved=self.rotary_interleaved)  # [T | S (, B), 2, H, D]
+            q, k = (qk if x.dim() == 2 else qk.transpose(0, 1)).unbind(-3)
         else:
-            q, k = qkv[:, 0], qkv[:, 1]
-        v = qkv[:, 2]
-        out = self.attn(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), cu_seqlens, max_seqlen)  # [1, T, H, D]
-        return self.proj(out.reshape(seq, self.local_heads * self.head_dim))
+            q, k = qkv[..., 0, :, :], qkv[..., 1, :, :]
+        v = qkv[..., 2, :, :]
+        if x.dim() == 2:  # packed: one sequence of T tokens split by cu_seqlens
+            q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+        out = self.attn(q, k, v, cu_seqlens, max_seqlen)  # [B, S, H, D]
+        return self.proj(out.reshape(*lead, self.local_heads * self.head_dim))
 
 
 class VisionMLP(nn.Module):
@@ -131,7 +136,8 @@ class VisionBlock(nn.Module):
     """Pre-norm transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)).
 
     norm: "rms" or "layer"; mlp: "gated" (GatedVisionMLP) or "plain" (VisionMLP).
-    forward(x [T, dim], cu_seqlens, max_seqlen, rotary) -> [T, dim].
+    forward(x [T, dim], cu_seqlens, max_seqlen, rotary) -> [T, dim]; or dense x [B, S, dim] with
+    cu_seqlens None (see VisionAttention).
     """
 
     def __init__(self, dim: int, num_heads: int, mlp_hidden: int, *, norm: str = "rms", norm_eps: float = 1e-6,
@@ -150,7 +156,7 @@ class VisionBlock(nn.Module):
         self.mlp = mlps[mlp](dim, mlp_hidden, act=act, bias=mlp_bias, prefix=_join(prefix, "mlp"), device=device,
                              dtype=dtype)
 
-    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+    def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None, max_seqlen: int | None,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), cu_seqlens, max_seqlen, rotary)
         return x + self.mlp(self.norm2(x))

@@ -204,6 +204,47 @@ def hf_omni_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -
     return out.pooler_output, list(out.deepstack_features)
 
 
+# Llama 4: 56 px tiles of 14 px patches (4 x 4 patches, 2 x 2 tokens after the pixel shuffle), 2 layers.
+TINY_LLAMA4_VISION = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=128,
+                          image_size=56, patch_size=14, projector_input_dim=24, projector_output_dim=24,
+                          vision_output_dim=24, pixel_shuffle_ratio=0.5)
+TINY_LLAMA4_TEXT = dict(TINY_TEXT, head_dim=16, intermediate_size_mlp=48, num_local_experts=2, num_experts_per_tok=1)
+
+
+def save_llama4(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None, dtype=torch.float32):
+    """Llama4ForConditionalGeneration; the tower saves as vision_model.*, its projector as
+    multi_modal_projector.linear_1. Learned position table and CLS token made as large as the patches."""
+    from transformers import Llama4Config, Llama4ForConditionalGeneration
+
+    config = Llama4Config(vision_config={**TINY_LLAMA4_VISION, **(vision or {})}, text_config=dict(TINY_LLAMA4_TEXT),
+                          dtype=dtype)
+    model = _seeded(Llama4ForConditionalGeneration, config, seed)
+    _randomise_position_table(model, "positional_embedding_vlm")
+    _randomise_position_table(model, "class_embedding")
+    if dtype != torch.float32:  # Module.to(dtype) would also cast the complex rotary buffer to real
+        model = model.to(dtype)
+    return _save(model, folder, max_shard_size), model
+
+
+def llama4_tiles(pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+    """mmenc's Llama 4 rows [T, C, p, p] (tiles' patches in raster order) -> transformers' tiles
+    [tiles, C, s*p, s*p]."""
+    tiles, s = int(grid_thw[:, 0].sum()), int(grid_thw[0, 1])
+    c, p = pixel_values.shape[1], pixel_values.shape[-1]
+    x = pixel_values.reshape(tiles, s, s, c, p, p).permute(0, 3, 1, 4, 2, 5)  # tiles, C, s, p, s, p
+    return x.reshape(tiles, c, s * p, s * p)
+
+
+def hf_llama4_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """transformers' Llama 4 image embeddings as its language model receives them: vision_model, then
+    multi_modal_projector, [tiles * tokens per tile, text hidden]."""
+    with torch.no_grad():
+        inner = getattr(model, "model", model)
+        out = inner.vision_model(llama4_tiles(pixel_values, grid_thw))
+        features = out.last_hidden_state
+        return inner.multi_modal_projector(features.reshape(-1, features.shape[-1])), []
+
+
 # Kimi-K2.5: MoonViT with a 6x6 learned position grid (grids below, at and above it resample it), up to
 # 4 frames per video chunk, under a tiny DeepSeek-V3 text model.
 TINY_KIMI_VISION = dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=2, intermediate_size=40,
@@ -269,6 +310,9 @@ class FamilyCase:
     hf_tower: hf_model -> the transformers module holding exactly the parameters of mmenc's tower
         (built again at the built-ins' sizes on the meta device to compare parameter counts),
         or None where no transformers module does (MoonViT: tower and projector live apart).
+    grid: the grid_thw rows the generic tests run (None: their mixed-size GRID); fixed-size towers
+        give rows of their tile size, e.g. Llama 4's (tiles, s, s).
+    meta_grid: grid_thw rows for the built-in sizes on the meta device (None: [[1, 4, 4], [1, 4, 6]]).
     """
 
     save: Callable[..., tuple[pathlib.Path, Any]]
@@ -277,6 +321,8 @@ class FamilyCase:
     builtin_prefix: str
     aliases: tuple[str, ...] = ()
     hf_tower: Callable[[Any], Any] | None = hf_vision
+    grid: tuple[tuple[int, int, int], ...] | None = None
+    meta_grid: tuple[tuple[int, int, int], ...] | None = None
 
     @property
     def patch_features(self) -> int:
@@ -315,6 +361,9 @@ FAMILIES: dict[str, FamilyCase] = {
                                                    hf_glm4v_outputs, _QWEN_PIXELS, "zai-org/GLM-4"),
     "Qwen3OmniMoeForConditionalGeneration": FamilyCase(save_qwen3_omni, hf_omni_outputs, (3 * 2 * 16 * 16,),
                                                        "Qwen/Qwen3-Omni-", hf_tower=hf_omni_vision),
+    "Llama4ForConditionalGeneration": FamilyCase(save_llama4, hf_llama4_outputs, (3, 14, 14), "meta-llama/Llama-4-",
+                                                 hf_tower=None, grid=((1, 4, 4), (3, 4, 4), (2, 4, 4), (1, 4, 4)),
+                                                 meta_grid=((1, 24, 24), (2, 24, 24))),
     "Kimi_K25ForConditionalGeneration": FamilyCase(save_kimi_k25, hf_kimi_outputs, (3, 14, 14), "moonshotai/Kimi-",
                                                    aliases=("KimiK25ForConditionalGeneration",
                                                             "KimiVLForConditionalGeneration"), hf_tower=None),
