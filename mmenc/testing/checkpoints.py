@@ -226,9 +226,9 @@ def save_llama4(folder, vision: dict | None = None, seed: int = 0, max_shard_siz
     return _save(model, folder, max_shard_size), model
 
 
-def llama4_tiles(pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-    """mmenc's Llama 4 rows [T, C, p, p] (tiles' patches in raster order) -> transformers' tiles
-    [tiles, C, s*p, s*p]."""
+def square_tiles(pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+    """mmenc's fixed-size rows [T, C, p, p] (Llama 4 tiles', Ovis2 crops' patches, each in raster order) ->
+    transformers' images [tiles, C, s*p, s*p]."""
     tiles, s = int(grid_thw[:, 0].sum()), int(grid_thw[0, 1])
     c, p = pixel_values.shape[1], pixel_values.shape[-1]
     x = pixel_values.reshape(tiles, s, s, c, p, p).permute(0, 3, 1, 4, 2, 5)  # tiles, C, s, p, s, p
@@ -240,9 +240,38 @@ def hf_llama4_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor)
     multi_modal_projector, [tiles * tokens per tile, text hidden]."""
     with torch.no_grad():
         inner = getattr(model, "model", model)
-        out = inner.vision_model(llama4_tiles(pixel_values, grid_thw))
+        out = inner.vision_model(square_tiles(pixel_values, grid_thw))
         features = out.last_hidden_state
         return inner.multi_modal_projector(features.reshape(-1, features.shape[-1])), []
+
+
+# Ovis2: 56 px crops (4 x 4 patches, hidden stride 2: 2 x 2 tokens each), a 40-entry visual vocabulary.
+TINY_OVIS2_VISION = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=40,
+                         image_size=56, patch_size=14, hidden_stride=2, vocab_size=40, num_visual_indicator_tokens=5,
+                         qkv_bias=True)
+
+
+def save_ovis2(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None, dtype=torch.float32):
+    """Ovis2ForConditionalGeneration (qkv bias on, so that path loads too); the tower saves as
+    model.vision_tower.*, the visual embedding table as model.visual_embeddings_table."""
+    from transformers import Ovis2Config, Ovis2ForConditionalGeneration
+
+    text = dict(TINY_TEXT, hidden_size=24)
+    config = Ovis2Config(vision_config={**TINY_OVIS2_VISION, **(vision or {})}, text_config=text, hidden_size=24,
+                         dtype=dtype)
+    model = _seeded(Ovis2ForConditionalGeneration, config, seed)
+    _randomise_position_table(model, "position_embedding.weight")
+    with torch.no_grad():  # a sharper softmax over the visual vocabulary than the init gives
+        model.model.vision_tower.head_linear.weight.mul_(20)
+    model = model.to(dtype)
+    return _save(model, folder, max_shard_size), model
+
+
+def hf_ovis2_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """transformers' Ovis2 image features (tower, visual tokenizer, embedding table), [crops * tokens, hidden]."""
+    with torch.no_grad():
+        out = model.model.get_image_features(square_tiles(pixel_values, grid_thw)).pooler_output
+    return out.reshape(-1, out.shape[-1]), []
 
 
 # Kimi-K2.5: MoonViT with a 6x6 learned position grid (grids below, at and above it resample it), up to
@@ -364,6 +393,10 @@ FAMILIES: dict[str, FamilyCase] = {
     "Llama4ForConditionalGeneration": FamilyCase(save_llama4, hf_llama4_outputs, (3, 14, 14), "meta-llama/Llama-4-",
                                                  hf_tower=None, grid=((1, 4, 4), (3, 4, 4), (2, 4, 4), (1, 4, 4)),
                                                  meta_grid=((1, 24, 24), (2, 24, 24))),
+    "Ovis2ForConditionalGeneration": FamilyCase(save_ovis2, hf_ovis2_outputs, (3, 14, 14), "thisisiron/Ovis2-",
+                                                hf_tower=None,  # ours also holds the visual embedding table
+                                                grid=((2, 4, 4), (1, 4, 4), (3, 4, 4), (1, 4, 4)),
+                                                meta_grid=((1, 32, 32), (3, 32, 32))),
     "Kimi_K25ForConditionalGeneration": FamilyCase(save_kimi_k25, hf_kimi_outputs, (3, 14, 14), "moonshotai/Kimi-",
                                                    aliases=("KimiK25ForConditionalGeneration",
                                                             "KimiVLForConditionalGeneration"), hf_tower=None),
