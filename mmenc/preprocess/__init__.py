@@ -14,6 +14,8 @@ from typing import Any
 
 from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image, load_images
 from mmenc.preprocess.kimi import KimiProcessor, KimiProcessorConfig, kimi_k25_from_hf
+from mmenc.preprocess.llama4 import Llama4Processor, llama4_from_hf
+from mmenc.preprocess.ovis2 import Ovis2Processor, ovis2_from_hf
 from mmenc.preprocess.pipeline import Chunk, Preprocessed, Preprocessor
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
 from mmenc.preprocess.qwen_vl import (
@@ -32,6 +34,9 @@ PROCESSORS: dict[str, Callable[..., Any]] = {
     "qwen3_vl": qwen3_vl_from_hf,
     "glm4v": glm4v_from_hf,
     "kimi_k25": kimi_k25_from_hf,
+    "qwen3_omni_moe": qwen3_vl_from_hf,  # transformers: Qwen2VLImageProcessor; Qwen3-VL's preset
+    "llama4": llama4_from_hf,
+    "ovis2": ovis2_from_hf,
 }
 
 
@@ -50,5 +55,6 @@ __all__ = [
     "ImagePlan", "ImagePreprocessError", "Preprocessor", "Preprocessed", "Chunk",
     "QwenVLProcessor", "QwenVLProcessorConfig", "KimiProcessor", "KimiProcessorConfig",
     "qwen2_vl_from_hf", "qwen2_5_vl_from_hf", "qwen3_vl_from_hf", "glm4v_from_hf", "kimi_k25_from_hf",
+    "Llama4Processor", "llama4_from_hf", "Ovis2Processor", "ovis2_from_hf",
     "PROCESSORS", "get_processor",
 ]
