@@ -87,3 +87,46 @@ def test_published_config_reads():
         Llama4VisionConfig.from_hf({"vision_config": {"pixel_shuffle_ratio": 0.3}})
     with pytest.raises(ValueError, match="intermediate_size=100"):
         Llama4VisionConfig(intermediate_size=100)
+
+
+def test_dense_blocks_compile_without_graph_breaks(tmp_path):
+    """The dense [tiles, S] path through the shared blocks traces in one graph (Dynamo, backend eager)
+    and gives the same output; Ovis2 runs the same dense path."""
+    import torch._dynamo
+
+    from mmenc.config import MultiModalConfig
+    from mmenc.engine.compile import compile_tower
+    from mmenc.engine.runner import build_tower, run_tower
+    from mmenc.testing import checkpoints as ck
+
+    pytest.importorskip("transformers")
+    folder, _ = ck.save_llama4(tmp_path / "llama4")
+    loaded = build_tower(str(folder), device="cpu")
+    grids = [torch.tensor([[2, 4, 4], [1, 4, 4]]), torch.tensor([[4, 4, 4]])]
+    pixels = [ck.random_pixels(g, 588, seed=i) for i, g in enumerate(grids)]
+    want = [run_tower(loaded, p, g).embeddings for p, g in zip(pixels, grids)]
+    torch._dynamo.reset()
+    n = compile_tower(loaded.tower, MultiModalConfig(compile=True), backend="eager", fullgraph=True)
+    assert n == loaded.config.depth, f"compiled {n} of {loaded.config.depth} blocks"
+    for p, g, w in zip(pixels, grids, want):
+        got = run_tower(loaded, p, g).embeddings
+        assert torch.allclose(got, w, rtol=1e-5, atol=1e-6), "compiled output differs"
+
+
+def test_dense_attention_forms_agree():
+    """VisionAttention on dense rows [B, S, dim]: MMEncoderAttention's dense form (cu_seqlens None), the
+    rows as equal segments (what fixed-size towers pass) and each row alone give the same output."""
+    from mmenc.attention import make_cu_seqlens
+    from mmenc.layers.vision_blocks import VisionAttention
+
+    torch.manual_seed(0)
+    attn = VisionAttention(32, 2, rotary_interleaved=True)
+    x = torch.randn(3, 7, 32)
+    cos, sin = torch.randn(7, 16).cos(), torch.randn(7, 16).sin()
+    cu, max_len = make_cu_seqlens([7] * 3, "cpu")
+    with torch.no_grad():
+        dense = attn(x, None, None, (cos, sin))
+        segments = attn(x, cu, max_len, (cos, sin))
+        rows = torch.cat([attn(x[i:i + 1], None, None, (cos, sin)) for i in range(3)])
+    assert dense.shape == (3, 7, 32)
+    assert torch.allclose(dense, segments, atol=1e-6) and torch.allclose(dense, rows, atol=1e-6)

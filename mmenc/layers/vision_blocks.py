@@ -64,8 +64,10 @@ class VisionAttention(nn.Module):
 
     forward(x [T, dim], cu_seqlens int32 [N+1], max_seqlen int, rotary=(cos, sin) float32 [T, head_dim]
     or None) -> [T, dim]. The same cu_seqlens tensor (from make_cu_seqlens) should serve every layer.
-    Fixed-size towers pass a dense batch instead: x [B, S, dim] with cu_seqlens None (each row attends
-    to itself) and rotary tables [S, head_dim] shared by the rows -> [B, S, dim].
+    Fixed-size towers pass a dense batch instead: x [B, S, dim] (each row attends to itself) with
+    rotary tables [S, head_dim] shared by the rows -> [B, S, dim]; cu_seqlens None (MMEncoderAttention's
+    dense form), or the rows' uniform segments from make_cu_seqlens([S] * B) made once per forward, which
+    attend the same rows as one [1, B*S] view (what torch.compile traces: no host work in the layer).
     """
 
     def __init__(self, dim: int, num_heads: int, head_dim: int | None = None, qkv_bias: bool = True,
@@ -95,6 +97,8 @@ class VisionAttention(nn.Module):
         v = qkv[..., 2, :, :]
         if x.dim() == 2:  # packed: one sequence of T tokens split by cu_seqlens
             q, k, v = q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0)
+        elif cu_seqlens is not None:  # dense rows as equal segments of one sequence (views)
+            q, k, v = (t.reshape(1, -1, *t.shape[2:]) for t in (q, k, v))
         out = self.attn(q, k, v, cu_seqlens, max_seqlen)  # [B, S, H, D]
         return self.proj(out.reshape(*lead, self.local_heads * self.head_dim))
 

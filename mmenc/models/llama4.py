@@ -6,7 +6,8 @@ Input: the processor cuts an image into k tiles of image_size x image_size pixel
 llama4): its grid_thw row is (k, s, s) with s = image_size / patch_size, and its pixel_values rows are
 the tiles' patches, tile by tile, each tile's patches in raster order, one row (C, p, p) per patch.
 Every tile runs as one row of a dense [tiles, s*s + 1, hidden] batch (the CLS token last), through
-the shared blocks with no cu_seqlens: no packing.
+the shared blocks: no padding, no gathers; attention sees the rows as equal segments (cu_seqlens made
+once per grid in the plan, so compiled blocks do no host work) and runs them as one batched call.
 
 Rotary: token (row y, col x) rotates head pairs (2i, 2i+1) for i < D/4 by (x + 1) * f_i and the next
 D/4 pairs by (y + 1) * f_i, f_i = theta ** (-4i / D); the CLS token is not rotated.
@@ -23,6 +24,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
+from mmenc.attention import make_cu_seqlens
 from mmenc.config import MultiModalConfig
 from mmenc.layers.activation import get_act_fn
 from mmenc.layers.grid import Grid
@@ -102,12 +104,15 @@ class Llama4VisionConfig(TowerConfigBase):
 
 @dataclasses.dataclass
 class TilePlan:
-    """A pack of tiles: num_patches rows, `tiles` tiles; rotary cos/sin float32 [s*s + 1, head_dim]."""
+    """A batch of tiles: num_patches rows, `tiles` tiles; rotary cos/sin float32 [s*s + 1, head_dim];
+    cu_seqlens int32 [tiles + 1], max_seqlen: the tiles' equal segments (s*s + 1 tokens each)."""
 
     num_patches: int
     tiles: int
     cos: torch.Tensor
     sin: torch.Tensor
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
 
 
 def tile_rotary(side: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -168,7 +173,8 @@ class Llama4VisionTower(VisionTower):
                              f"(tiles, {side}, {side}) as mmenc.preprocess.llama4 gives them")
         cos, sin = tile_rotary(side, self.config.head_dim, self.config.rope_theta)
         tiles = sum(t for t, _, _ in grid)
-        return TilePlan(tiles * side * side, tiles, cos.to(device), sin.to(device))
+        cu, max_len = make_cu_seqlens([side * side + 1] * tiles, device)
+        return TilePlan(tiles * side * side, tiles, cos.to(device), sin.to(device), cu, max_len)
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
         plan = self.plan_for(pixel_values, grid_thw)
@@ -178,7 +184,7 @@ class Llama4VisionTower(VisionTower):
         x = torch.cat([x, cls], dim=1) + self.positional_embedding_vlm.to(x.dtype)  # [B, s*s + 1, dim]
         x = self.layernorm_pre(x)
         for block in self.model["layers"]:
-            x = block(x, None, None, (plan.cos, plan.sin))  # dense: each tile attends to itself
+            x = block(x, plan.cu_seqlens, plan.max_seqlen, (plan.cos, plan.sin))  # dense: each tile to itself
         x = self.layernorm_post(x)[:, :-1]  # drop CLS
         # pixel shuffle: [B, s/m, dy, s/m, dx, dim] -> [B, s/m, s/m, dy, dx, dim] -> [B*(s/m)^2, m*m*dim]
         x = x.reshape(plan.tiles, s // m, m, s // m, m, dim).permute(0, 1, 3, 2, 4, 5).reshape(-1, m * m * dim)

@@ -6,7 +6,7 @@ Input: the processor cuts an image into k crops of image_size x image_size pixel
 when there are several; mmenc.preprocess.ovis2): its grid_thw row is (k, s, s) with s = image_size /
 patch_size, its pixel_values rows the crops' patches, crop by crop, each in raster order, one row
 (C, p, p) per patch. Every crop is one row of a dense [crops, s*s, hidden] batch through the shared
-blocks (no cu_seqlens): no packing.
+blocks (no padding, no gathers; attention sees the rows as equal segments, cu_seqlens from the plan).
 
 Embeddings: conv patch projection -> RMSNorm -> + learned position table (s*s rows, no interpolation)
 -> blocks -> RMSNorm; each m x m block of patches (m = hidden_stride) concatenated in raster order
@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
+from mmenc.attention import make_cu_seqlens
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ReplicatedLinear
@@ -93,8 +94,13 @@ class Ovis2VisionConfig(TowerConfigBase):
 
 @dataclasses.dataclass
 class CropPlan:
+    """A batch of crops: num_patches rows, `crops` crops; cu_seqlens int32 [crops + 1], max_seqlen: the
+    crops' equal segments (s*s tokens each)."""
+
     num_patches: int
     crops: int
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
 
 
 class Ovis2VisionTower(VisionTower):
@@ -142,7 +148,8 @@ class Ovis2VisionTower(VisionTower):
             raise ValueError(f"grid_thw[{i}] = {g}: Ovis2 crops are {side} x {side} patches; expected rows "
                              f"(crops, {side}, {side}) as mmenc.preprocess.ovis2 gives them")
         crops = sum(t for t, _, _ in grid)
-        return CropPlan(crops * side * side, crops)
+        cu, max_len = make_cu_seqlens([side * side] * crops, device)
+        return CropPlan(crops * side * side, crops, cu, max_len)
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
         plan = self.plan_for(pixel_values, grid_thw)
@@ -150,7 +157,7 @@ class Ovis2VisionTower(VisionTower):
         x = self.patch_embed(pixel_values.reshape(plan.num_patches, -1)).view(plan.crops, s * s, dim)
         x = self.embed_norm(x) + self.position_embedding.to(x.dtype)  # [B, s*s, dim]
         for block in self.transformer["encoder"]["layers"]:
-            x = block(x, None, None)  # dense: each crop attends to itself
+            x = block(x, plan.cu_seqlens, plan.max_seqlen)  # dense: each crop attends to itself
         x = self.post_norm(x)
         # hidden stride: [B, s/m, dy, s/m, dx, dim] -> [B, s/m, s/m, dy, dx, dim] -> [B*(s/m)^2, m*m*dim]
         x = x.reshape(plan.crops, s // m, m, s // m, m, dim).permute(0, 1, 3, 2, 4, 5).reshape(-1, m * m * dim)
