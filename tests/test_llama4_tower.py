@@ -121,6 +121,9 @@ def test_dense_attention_forms_agree():
 
     torch.manual_seed(0)
     attn = VisionAttention(32, 2, rotary_interleaved=True)
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.normal_(0, 0.2)
     x = torch.randn(3, 7, 32)
     cos, sin = torch.randn(7, 16).cos(), torch.randn(7, 16).sin()
     cu, max_len = make_cu_seqlens([7] * 3, "cpu")
