@@ -221,6 +221,10 @@ def save_llama4(folder, vision: dict | None = None, seed: int = 0, max_shard_siz
     model = _seeded(Llama4ForConditionalGeneration, config, seed)
     _randomise_position_table(model, "positional_embedding_vlm")
     _randomise_position_table(model, "class_embedding")
+    with torch.no_grad():  # sharper attention than the init gives, so a wrong rotary or mask shows
+        for name, p in model.named_parameters():
+            if "vision_model" in name and ("q_proj.weight" in name or "k_proj.weight" in name):
+                p.mul_(8)
     if dtype != torch.float32:  # Module.to(dtype) would also cast the complex rotary buffer to real
         model = model.to(dtype)
     return _save(model, folder, max_shard_size), model
