@@ -2,8 +2,8 @@
 the platform's own choice, eager and compiled), against transformers' fp32 result on the same
 weights: relative error < 2e-2, or at most 1.25x transformers' own bf16 error where bf16 arithmetic
 alone exceeds 2e-2 on the random test weights (both errors are printed). Head sizes are the published ones (80 for Qwen2/2.5-VL, 72 for
-Qwen3-VL and MoonViT, 96 for GLM-4.1V, 64 for Pixtral, 128 for InternViT-6B) on small widths, so the kernels run
-their real tile shapes."""
+Qwen3-VL, Qwen3-Omni and MoonViT, 96 for GLM-4.1V, 64 for Pixtral, 88 for Llama 4, 128 for InternViT-6B and
+Ovis2) on small widths, so the kernels run their real tile shapes."""
 import functools
 
 import pytest
@@ -53,6 +53,13 @@ FAMILIES = {
                     lambda m, pv, g: ck.hf_ernie_features(m, pv, g)[0], 588, QWEN_GRIDS),
     "hunyuan_vl": (ck.save_hunyuan_vl, dict(hidden_size=144, num_attention_heads=2, intermediate_size=256),
                    lambda m, pv, g: ck.hf_hunyuan_features(m, pv, g)[0], 768, QWEN_GRIDS),
+    "qwen3_omni": (ck.save_qwen3_omni, dict(hidden_size=144, num_heads=2, intermediate_size=256),
+                   lambda m, pv, g: ck.hf_omni_outputs(m, pv, g)[0], 1536, QWEN_GRIDS),
+    # fixed-size towers at their published tile sizes (336 px / 448 px), head sizes 88 and 128
+    "llama4": (ck.save_llama4, dict(hidden_size=176, num_attention_heads=2, intermediate_size=704, image_size=336),
+               lambda m, pv, g: ck.hf_llama4_outputs(m, pv, g)[0], 588, [[1, 24, 24], [3, 24, 24], [2, 24, 24]]),
+    "ovis2": (ck.save_ovis2, dict(hidden_size=256, num_attention_heads=2, intermediate_size=512, image_size=448),
+              lambda m, pv, g: ck.hf_ovis2_outputs(m, pv, g)[0], 588, [[1, 32, 32], [3, 32, 32]]),
 }
 OCR_HEAD_SIZES = {"glm_ocr": 64, "paddleocr_vl": 72, "ernie4_5_vl": 80, "hunyuan_vl": 72}
 
@@ -75,9 +82,10 @@ def family(request, tmp_path_factory):
         pytest.skip(f"transformers lacks {request.param}: {e}")
     grid = torch.tensor(grids)
     pixels = ck.random_pixels(grid, features, seed=1)
-    hf_pixels = pixels.view(-1, 3, 14, 14) if request.param in ("kimi_k25", "paddleocr_vl") else pixels
+    hf_pixels = pixels.view(-1, 3, 14, 14) if request.param in ("kimi_k25", "paddleocr_vl", "llama4", "ovis2") else pixels
     reference = ref_fn(model.float(), hf_pixels, grid)
-    hf_bf16 = ref_fn(model.to("cuda", torch.bfloat16), hf_pixels.to("cuda", torch.bfloat16), grid.cuda())
+    # .bfloat16() casts floating tensors only (Llama 4's rotary buffer is complex; .to(dtype) would drop its sin)
+    hf_bf16 = ref_fn(model.cuda().bfloat16(), hf_pixels.to("cuda", torch.bfloat16), grid.cuda())
     model.to("cpu")
     hf_err = ck.relative_error(hf_bf16.float().cpu(), reference)
     return request.param, str(folder), pixels, grid, reference, hf_err
@@ -87,8 +95,8 @@ def family(request, tmp_path_factory):
 def test_bf16_parity_with_transformers(family, choice):
     name, folder, pixels, grid, reference, hf_err = family
     backend = None if choice.startswith("auto") else AttentionBackendEnum[choice]
-    head_size = OCR_HEAD_SIZES.get(name) or (72 if name in ("qwen3_vl", "kimi_k25", "siglip", "siglip2") else
-                                             (96 if name == "glm4v" else 80))
+    head_size = OCR_HEAD_SIZES.get(name) or {"qwen3_vl": 72, "kimi_k25": 72, "qwen3_omni": 72, "siglip": 72, "siglip2": 72,
+                                             "glm4v": 96, "llama4": 88, "ovis2": 128}.get(name, 80)
     if backend is not None and backend not in _cuda_backends(head_size):
         pytest.skip(f"{choice} cannot run head_size={head_size} bf16 here")
     config = MultiModalConfig(mm_encoder_attn_backend=backend, compile=choice.endswith("compile"))

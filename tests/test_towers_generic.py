@@ -16,7 +16,7 @@ import torch
 import torch.multiprocessing as mp
 
 from mmenc.engine.runner import LoadedTower, build_tower, run_tower
-from mmenc.models.base import TowerOutput
+from mmenc.models.base import TowerOutput, vlm_config_dict
 from mmenc.models.registry import builtin_model_names, get_builtin_config, supported_architectures
 from mmenc.testing import checkpoints as ck
 from mmenc.testing.compare import assert_close, relative_error
@@ -32,7 +32,8 @@ ARCHS = sorted(ck.FAMILIES)
 
 @dataclasses.dataclass
 class Family:
-    """One architecture's tiny checkpoint, loaded, run once on GRID, and transformers' answer."""
+    """One architecture's tiny checkpoint, loaded, run once on its grid (GRID, or the row's own for
+    fixed-size towers), and transformers' answer."""
 
     arch: str
     case: ck.FamilyCase
@@ -42,6 +43,7 @@ class Family:
     pixels: torch.Tensor
     out: TowerOutput
     reference: tuple[torch.Tensor, list]
+    grid: torch.Tensor
 
 
 def _flat_extras(out: TowerOutput) -> list[torch.Tensor]:
@@ -64,9 +66,10 @@ def prepared(tmp_path_factory):
                 cache[arch] = None
                 return None
             loaded = build_tower(str(folder), device="cpu")
-            pixels = case.pixels(GRID, seed=3)
-            cache[arch] = Family(arch, case, str(folder), hf_model, loaded, pixels, run_tower(loaded, pixels, GRID),
-                                 case.reference(hf_model, pixels, GRID))
+            grid = torch.tensor(case.grid) if case.grid is not None else GRID
+            pixels = case.pixels(grid, seed=3)
+            cache[arch] = Family(arch, case, str(folder), hf_model, loaded, pixels, run_tower(loaded, pixels, grid),
+                                 case.reference(hf_model, pixels, grid), grid)
         return cache[arch]
     return prepare
 
@@ -89,8 +92,8 @@ def test_table_covers_the_registry():
 
 def test_matches_transformers(family):
     want, want_extras = family.reference
-    err = assert_close(family.out.embeddings, want, f"{family.arch} grid={GRID.tolist()}", TOL)
-    print(f"{family.arch} grid={GRID.tolist()}: relative error {err:.2e} (tolerance {TOL:.0e})")
+    err = assert_close(family.out.embeddings, want, f"{family.arch} grid={family.grid.tolist()}", TOL)
+    print(f"{family.arch} grid={family.grid.tolist()}: relative error {err:.2e} (tolerance {TOL:.0e})")
     got_extras = _flat_extras(family.out)
     assert len(got_extras) == len(want_extras), f"{family.arch}: {len(got_extras)} extra outputs, " \
                                                 f"transformers gives {len(want_extras)}"
@@ -102,7 +105,7 @@ def test_matches_transformers(family):
 def test_bfloat16_stays_close(family):
     """bf16 weights and activations against transformers' fp32 answer."""
     bf16 = build_tower(family.folder, dtype="bfloat16", device="cpu")
-    out = run_tower(bf16, family.pixels, GRID).embeddings
+    out = run_tower(bf16, family.pixels, family.grid).embeddings
     assert out.dtype == torch.bfloat16
     err = relative_error(out, family.reference[0])
     print(f"{family.arch} bf16: relative error {err:.2e} (tolerance {BF16_TOL:.0e})")
@@ -112,7 +115,7 @@ def test_bfloat16_stays_close(family):
 def test_shapes_and_finite(family):
     loaded, out = family.loaded, family.out
     assert loaded.dtype == torch.float32 and loaded.load_format == "auto"
-    tokens = sum(loaded.output_tokens(GRID))
+    tokens = sum(loaded.output_tokens(family.grid))
     assert out.embeddings.shape[0] == tokens, f"{family.arch}: {out.embeddings.shape[0]} rows, expected {tokens}"
     for k, tensor in enumerate([out.embeddings, *_flat_extras(out)]):
         assert tensor.shape[0] == tokens, f"{family.arch}: output {k} has {tensor.shape[0]} rows, expected {tokens}"
@@ -121,24 +124,26 @@ def test_shapes_and_finite(family):
 
 def test_batch_composition_and_order(family):
     loaded, pixels, expected = family.loaded, family.pixels, family.out
-    tokens = loaded.output_tokens(GRID)
-    per_image = pixels.split(GRID.prod(-1).tolist())
+    grid = family.grid
+    tokens = loaded.output_tokens(grid)
+    per_image = pixels.split(grid.prod(-1).tolist())
     expected_rows = expected.embeddings.split(tokens)
     order = [2, 0, 3, 1]
-    shuffled = run_tower(loaded, torch.cat([per_image[i] for i in order]), GRID[order]).embeddings
+    shuffled = run_tower(loaded, torch.cat([per_image[i] for i in order]), grid[order]).embeddings
     shuffled_rows = shuffled.split([tokens[i] for i in order])
     for pos, i in enumerate(order):
-        alone = run_tower(loaded, per_image[i], GRID[i:i + 1]).embeddings
+        alone = run_tower(loaded, per_image[i], grid[i:i + 1]).embeddings
         for what, value in (("a reordered batch", shuffled_rows[pos]), ("a call of its own", alone)):
             assert_close(value, expected_rows[i], f"{family.arch}: image {i} in {what}", TOL)
 
 
 def test_plan_is_cached_per_grid(family):
     tower = family.loaded.tower
-    first = tower.plan(GRID, "cpu")
-    assert tower.plan(GRID.clone(), "cpu") is first, f"{family.arch}: the same grid built its plan twice"
-    other = tower.plan(GRID[:2], "cpu")
-    assert other is not first and tower.plan(GRID[:2].clone(), "cpu") is other
+    grid = family.grid
+    first = tower.plan(grid, "cpu")
+    assert tower.plan(grid.clone(), "cpu") is first, f"{family.arch}: the same grid built its plan twice"
+    other = tower.plan(grid[:2], "cpu")
+    assert other is not first and tower.plan(grid[:2].clone(), "cpu") is other
 
 
 def test_config_errors_name_the_field(family):
@@ -189,11 +194,13 @@ def test_builtin_builds_on_meta(name, prepared):
     assert name.startswith(case.builtin_prefix), f"{name}: expected a name starting {case.builtin_prefix!r}"
     loaded = build_tower(name, load_format="dummy", device="meta")
     assert loaded.load_format == "dummy" and loaded.dtype == torch.bfloat16
-    grid = torch.tensor([[1, 4, 4], [1, 4, 6]])  # images: Kimi-VL takes no video
-    # one flattened patch per row, at the built-in's own patch size (a family's sizes may differ: SigLIP 14 / 16)
-    pixels = torch.empty(int(grid.prod(-1).sum()), loaded.config.patch_features, device="meta")
+    grid = torch.tensor(case.meta_grid if case.meta_grid is not None else [[1, 4, 4], [1, 4, 6]])  # images only
+    # one patch per row at the built-in's own patch size (SigLIP's built-ins: 14 / 16, its tiny rows: 8)
+    shape = case.patch_shape if len(case.patch_shape) > 1 else (loaded.config.patch_features,)
+    pixels = torch.empty(int(grid.prod(-1).sum()), *shape, device="meta")
     out = run_tower(loaded, pixels, grid).embeddings
-    text_width = (hf_config.get("text_config") or hf_config)["hidden_size"]
+    vlm = vlm_config_dict(hf_config)  # Qwen-Omni: under thinker_config
+    text_width = (vlm.get("text_config") or vlm)["hidden_size"]
     assert tuple(out.shape) == (sum(loaded.output_tokens(grid)), text_width), \
         f"{name}: output {tuple(out.shape)}, expected ({sum(loaded.output_tokens(grid))}, {text_width})"
     ours = sum(p.numel() for p in loaded.tower.parameters())
@@ -210,5 +217,5 @@ def test_parallel_modes_equal_one_process(prepared):
     """One spawn of 2 gloo ranks checks every architecture in weights mode (heads, MLPs and mergers
     split in two) and data mode (images split across ranks) against the single-process output."""
     families = [f for f in map(prepared, ARCHS) if f is not None]
-    cases = [(f.folder, f.pixels, GRID, f.out) for f in families]
+    cases = [(f.folder, f.pixels, f.grid, f.out) for f in families]
     mp.spawn(check_modes_match, args=(2, free_port(), cases), nprocs=2, join=True)

@@ -6,9 +6,11 @@ it keeps transformers' random init and the mmenc tower is given those same weigh
 Calling the result with (pixel_values, grid_thw) returns the merged embeddings [tokens, out_hidden].
 """
 import importlib
+
 import torch
 
 from mmenc.bench.hf_vlm_towers import HF_PROJECTED_TOWERS, build_projected_tower
+from mmenc.models.base import vision_config_dict
 
 # architecture -> (transformers.models.<module>, tower class, vision config class)
 HF_TOWERS: dict[str, tuple[str, str, str]] = {
@@ -23,7 +25,51 @@ HF_TOWERS: dict[str, tuple[str, str, str]] = {
     "Siglip2Model": ("siglip2", "Siglip2VisionModel", "Siglip2VisionConfig"),
     "Siglip2VisionModel": ("siglip2", "Siglip2VisionModel", "Siglip2VisionConfig"),
     "GlmOcrForConditionalGeneration": ("glm_ocr", "GlmOcrVisionModel", "GlmOcrVisionConfig"),
+    "Qwen3OmniMoeForConditionalGeneration": ("qwen3_omni_moe", "Qwen3OmniMoeVisionEncoder",
+                                             "Qwen3OmniMoeVisionEncoderConfig"),
+    "Llama4ForConditionalGeneration": ("llama4", "Llama4VisionModel", "Llama4VisionConfig"),  # + projector, below
+    "Ovis2ForConditionalGeneration": ("ovis2", "Ovis2VisionModel", "Ovis2VisionConfig"),  # + embedding table, below
 }
+
+
+def _llama4_with_projector(cls, text_hidden: int):
+    """transformers' Llama4VisionModel plus the model's multi_modal_projector.linear_1, called on
+    mmenc's rows: (pixel_values [T, C, p, p] or [T, C*p*p], grid_thw of (tiles, s, s)) -> [T / 4, text_hidden],
+    what Llama 4's language model receives. State names as the checkpoint's tower group, prefixes removed."""
+    from mmenc.testing.checkpoints import square_tiles
+
+    class Llama4VisionAndProjector(cls):
+        def __init__(self, config):
+            super().__init__(config)
+            self.linear_1 = torch.nn.Linear(config.vision_output_dim, text_hidden, bias=False)
+
+        def forward(self, pixel_values, grid_thw):
+            p, c = self.config.patch_size, self.config.num_channels
+            tiles = square_tiles(pixel_values.reshape(-1, c, p, p), grid_thw.cpu())
+            features = super().forward(tiles).last_hidden_state
+            return self.linear_1(features.reshape(-1, features.shape[-1]))
+
+    return Llama4VisionAndProjector
+
+
+def _ovis2_with_table(cls, text_hidden: int):
+    """transformers' Ovis2VisionModel plus the model's visual_embeddings_table, called on mmenc's rows:
+    (pixel_values, grid_thw of (crops, s, s)) -> [T / m^2, text_hidden], what Ovis2Model.get_image_features
+    gives. State names as the checkpoint's tower group, prefixes removed."""
+    from mmenc.testing.checkpoints import square_tiles
+
+    class Ovis2VisionAndTable(cls):
+        def __init__(self, config):
+            super().__init__(config)
+            self.embeddings_table = torch.nn.Embedding(config.vocab_size, text_hidden)
+
+        def forward(self, pixel_values, grid_thw):
+            p, c = self.config.patch_size, self.config.num_channels
+            probs = super().forward(square_tiles(pixel_values.reshape(-1, c, p, p), grid_thw.cpu())).pooler_output
+            probs = torch.nn.functional.pad(probs, (0, self.config.num_visual_indicator_tokens))
+            return (probs @ self.embeddings_table.weight).reshape(-1, self.embeddings_table.weight.shape[-1])
+
+    return Ovis2VisionAndTable
 
 
 class HFTower:
@@ -135,11 +181,15 @@ def build_hf_tower(loaded, attn_implementation: str = "sdpa") -> HFTower:
     module, cls_name, cfg_name = HF_TOWERS[architecture]
     modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
     configuration = importlib.import_module(f"transformers.models.{module}.configuration_{module}")
-    vision = dict(loaded.hf_config.get("vision_config", {}))
+    vision = vision_config_dict(loaded.hf_config)
     config = getattr(configuration, cfg_name)(**vision)
     config._attn_implementation = attn_implementation
-    tower = getattr(modeling, cls_name)._from_config(config, attn_implementation=attn_implementation,
-                                                     dtype=loaded.dtype)
+    tower_cls = getattr(modeling, cls_name)
+    if architecture == "Llama4ForConditionalGeneration":
+        tower_cls = _llama4_with_projector(tower_cls, loaded.config.out_hidden_size)
+    elif architecture == "Ovis2ForConditionalGeneration":
+        tower_cls = _ovis2_with_table(tower_cls, loaded.config.out_hidden_size)
+    tower = tower_cls._from_config(config, attn_implementation=attn_implementation, dtype=loaded.dtype)
     tower = tower.to(loaded.device).eval()
     if loaded.load_format == "dummy":  # share transformers' random weights with the mmenc tower
         with torch.no_grad():

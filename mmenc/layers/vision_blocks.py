@@ -69,9 +69,10 @@ class VisionAttention(nn.Module):
 
     forward(x [T, dim], cu_seqlens int32 [N+1], max_seqlen int, rotary=(cos, sin) float32 [T, head_dim]
     or None) -> [T, dim]. The same cu_seqlens tensor (from make_cu_seqlens) should serve every layer.
-    A dense batch x [B, S, dim] attends within each of its B rows given cu_seqlens=None, or within the
-    segments of cu_seqlens over its B*S tokens (a fixed-size tower passes its batch's uniform segments,
-    made once per grid: a compiled block then does no host work).
+    A dense batch x [B, S, dim] (fixed-size towers) attends within each of its B rows given
+    cu_seqlens=None (MMEncoderAttention's dense form), or within the segments of cu_seqlens over its
+    B*S tokens (the rows' uniform segments made once per grid: what torch.compile traces, no host work
+    in the layer); its rotary tables are [S, head_dim], shared by the rows.
     qk_norm: RMS-normalise q and k before the rotary (q_norm, k_norm, eps qk_norm_eps): "head", each
     head on its own ([head_dim] weights; GLM-OCR), or "all", all heads together ([heads*head_dim]
     weights, statistics summed over tensor-parallel ranks; InternViT-6B); None: no q/k norm.
@@ -112,8 +113,10 @@ class VisionAttention(nn.Module):
         elif self.qk_norm == "all":
             qk = torch.stack([self.q_norm(qk[..., 0, :, :].flatten(-2)), self.k_norm(qk[..., 1, :, :].flatten(-2))],
                              dim=-2).unflatten(-1, (self.local_heads, self.head_dim))
-        if rotary is not None:  # packed tokens only: cos, sin [T, D]
-            qk = apply_rotary(qk, *rotary, interleaved=self.rotary_interleaved)
+        if rotary is not None:  # cos, sin [T, D] packed, or [S, D] shared by a dense batch's rows
+            dense = len(lead) == 2
+            qk = apply_rotary(qk.transpose(0, 1) if dense else qk, *rotary, interleaved=self.rotary_interleaved)
+            qk = qk.transpose(0, 1) if dense else qk  # token dim first for the tables, then back
         q, k = qk.unbind(-3)
         if len(lead) == 1 or cu_seqlens is not None:  # packed: [T, ...] or [B, S, ...] -> [1, T, ...]
             q, k, v = (t.reshape(1, -1, self.local_heads, self.head_dim) for t in (q, k, v))

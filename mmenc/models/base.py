@@ -27,9 +27,17 @@ from mmenc.layers.grid import Grid, LRUCache, read_grid
 from mmenc.layers.weights import WeightMap, load_named_weights
 
 
+def vlm_config_dict(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The part of a config.json dict that holds `vision_config` and `text_config`: the dict itself, or
+    its `thinker_config` (Qwen-Omni checkpoints nest the vision-language model there)."""
+    thinker = config.get("thinker_config")
+    return thinker if "vision_config" not in config and isinstance(thinker, Mapping) else config
+
+
 def vision_config_dict(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The `vision_config` of a full config.json dict, or the dict itself when it is a vision config
-    (it has neither `architectures` nor `text_config`)."""
+    """The `vision_config` of a full config.json dict (see vlm_config_dict), or the dict itself when it
+    is a vision config (it has neither `architectures` nor `text_config`)."""
+    config = vlm_config_dict(config)
     if "vision_config" not in config:
         if "architectures" in config or "text_config" in config:
             archs = ", ".join(config.get("architectures") or []) or "(no architectures listed)"

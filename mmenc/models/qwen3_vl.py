@@ -15,9 +15,13 @@ through their own merger (`deepstack_merger_list[k]`, LayerNorm over the merged 
 instead of per patch). `TowerOutput.extras["deepstack"]` is the list of those outputs in layer
 order, each [T / merge^2, out_hidden_size] with rows in the same token order as `embeddings`
 (images in grid order); the language model adds feature k to its hidden states after layer k.
+
+Qwen3-Omni's vision encoder (`thinker.visual` of Qwen3OmniMoeForConditionalGeneration) is this tower
+with other checkpoint names (mergers' MLP as mlp.0 / mlp.2, the DeepStack mergers as merger_list)
+and its vision_config under thinker_config: `Qwen3OmniVisionTower` only renames.
 """
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
@@ -80,6 +84,7 @@ class Qwen3VisionTower(VisionTower):
 
     # linear_fc1/2 (blocks and mergers) -> fc1/2, the mergers' norm -> ln_q
     weight_map = WeightMap([("linear_fc1.", "fc1.", None), ("linear_fc2.", "fc2.", None), (".norm.", ".ln_q.", None)])
+    deepstack_module: ClassVar[str] = "deepstack_merger_list"  # the DeepStack mergers' checkpoint name
     plan_cache_size = 32
 
     def __init__(self, config: Qwen3VisionConfig, multimodal_config: MultiModalConfig | None = None,
@@ -97,9 +102,9 @@ class Qwen3VisionTower(VisionTower):
             for i in range(config.depth)])
         merger = dict(norm="layer", norm_eps=config.norm_eps, act="gelu", **dd)
         self.merger = PatchMerger(config.out_hidden_size, dim, m, **merger)
-        self.deepstack_merger_list = nn.ModuleList([
+        setattr(self, self.deepstack_module, nn.ModuleList([
             PatchMerger(config.out_hidden_size, dim, m, norm_after_merge=True, **merger)
-            for _ in config.deepstack_visual_indexes])
+            for _ in config.deepstack_visual_indexes]))
         self.deepstack_layers = {layer: k for k, layer in enumerate(config.deepstack_visual_indexes)}
 
     def make_plan(self, grid: Grid, device) -> PackPlan:
@@ -110,12 +115,13 @@ class Qwen3VisionTower(VisionTower):
         x = self.patch_embed(pixel_values)  # [T, hidden]
         x = x + self.pos_embed(plan.pos_index, plan.pos_weight).to(x.dtype)
         rotary = (plan.cos, plan.sin)
+        mergers = getattr(self, self.deepstack_module)
         deepstack = []  # in layer order
         for i, block in enumerate(self.blocks):
             x = block(x, plan.cu_seqlens, plan.max_seqlen, rotary)
             k = self.deepstack_layers.get(i)
             if k is not None:
-                deepstack.append(self.deepstack_merger_list[k](x))  # [T / m^2, out_hidden]
+                deepstack.append(mergers[k](x))  # [T / m^2, out_hidden]
         return TowerOutput(self.merger(x), {"deepstack": deepstack})
 
 
@@ -148,4 +154,42 @@ QWEN3_VL_SPEC = register_model(ModelSpec(
     weight_prefixes=("model.visual.", "visual."),
     processor_from_hf=lazy_processor("mmenc.preprocess.qwen_vl:qwen3_vl_from_hf"),
     builtin_configs=QWEN3_VL_BUILTINS,
+))
+
+
+class Qwen3OmniVisionTower(Qwen3VisionTower):
+    """Qwen3-Omni's vision encoder: Qwen3VisionTower's math and outputs under Qwen3-Omni's checkpoint
+    names (mergers: mlp.0 / mlp.2 for fc1 / fc2; DeepStack mergers: merger_list)."""
+
+    weight_map = WeightMap([("linear_fc1.", "fc1.", None), ("linear_fc2.", "fc2.", None),
+                            (".mlp.0.", ".fc1.", None), (".mlp.2.", ".fc2.", None)])
+    deepstack_module = "merger_list"
+
+
+_OMNI = "Qwen3OmniMoeForConditionalGeneration"
+
+
+def _omni_builtin(out_hidden: int) -> dict[str, Any]:
+    """Qwen3-Omni's config.json shape: the vision-language part under thinker_config."""
+    vlm = _builtin(_OMNI, "qwen3_omni_moe", 27, 1152, 4304, out_hidden, [8, 16, 24])
+    return {"architectures": [_OMNI], "model_type": "qwen3_omni_moe", "torch_dtype": "bfloat16",
+            "thinker_config": {"vision_config": vlm["vision_config"], "text_config": vlm["text_config"]}}
+
+
+# Published thinker_config.vision_config of Qwen3-Omni-30B-A3B (Instruct / Thinking / Captioner share
+# the tower): Qwen3-VL's 27 x 1152 tower (transformers' Qwen3OmniMoeVisionEncoderConfig defaults) with
+# out_hidden_size 2048, the thinker's text hidden size.
+QWEN3_OMNI_BUILTINS = {f"Qwen/Qwen3-Omni-30B-A3B-{kind}": _omni_builtin(2048)
+                       for kind in ("Instruct", "Thinking", "Captioner")}
+
+QWEN3_OMNI_SPEC = register_model(ModelSpec(
+    architectures=(_OMNI,),
+    tower_cls=Qwen3OmniVisionTower,
+    config_from_hf=Qwen3VisionConfig.from_hf,
+    weight_prefixes=("thinker.visual.", "thinker.model.visual."),
+    # transformers maps qwen3_omni_moe to Qwen2VLImageProcessor (Qwen3-VL's class); without a
+    # preprocessor_config.json the Qwen3-VL preset (patch 16 as the tower needs, mean/std 0.5) applies,
+    # and a checkpoint's own file overrides every key it sets.
+    processor_from_hf=lazy_processor("mmenc.preprocess.qwen_vl:qwen3_vl_from_hf"),
+    builtin_configs=QWEN3_OMNI_BUILTINS,
 ))

@@ -16,6 +16,8 @@ from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image, loa
 from mmenc.preprocess.internvl import InternVLProcessor, internvl_from_hf
 from mmenc.preprocess.kimi import KimiProcessor, KimiProcessorConfig, kimi_k25_from_hf
 from mmenc.preprocess.ocr import RasterPatchProcessor, ernie4_5_vl_from_hf, hunyuan_vl_from_hf, paddleocr_vl_from_hf
+from mmenc.preprocess.llama4 import Llama4Processor, llama4_from_hf
+from mmenc.preprocess.ovis2 import Ovis2Processor, ovis2_from_hf
 from mmenc.preprocess.pipeline import Chunk, Preprocessed, Preprocessor
 from mmenc.preprocess.pixtral import PixtralProcessor, mistral3_from_hf, pixtral_from_hf
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
@@ -45,6 +47,9 @@ PROCESSORS: dict[str, Callable[..., Any]] = {
     "paddleocr_vl": paddleocr_vl_from_hf,
     "ernie4_5_vl_moe": ernie4_5_vl_from_hf,
     "hunyuan_vl": hunyuan_vl_from_hf,
+    "qwen3_omni_moe": qwen3_vl_from_hf,  # transformers: Qwen2VLImageProcessor; Qwen3-VL's preset
+    "llama4": llama4_from_hf,
+    "ovis2": ovis2_from_hf,
 }
 
 
@@ -63,6 +68,7 @@ __all__ = [
     "ImagePlan", "ImagePreprocessError", "Preprocessor", "Preprocessed", "Chunk",
     "QwenVLProcessor", "QwenVLProcessorConfig", "KimiProcessor", "KimiProcessorConfig",
     "qwen2_vl_from_hf", "qwen2_5_vl_from_hf", "qwen3_vl_from_hf", "glm4v_from_hf", "kimi_k25_from_hf",
+    "Llama4Processor", "llama4_from_hf", "Ovis2Processor", "ovis2_from_hf",
     "PROCESSORS", "get_processor",
     "SiglipProcessor", "SiglipProcessorConfig", "siglip_from_hf", "siglip2_from_hf",
     "PixtralProcessor", "pixtral_from_hf", "mistral3_from_hf", "InternVLProcessor", "internvl_from_hf",

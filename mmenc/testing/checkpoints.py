@@ -287,6 +287,113 @@ def hf_tower_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) 
     return out.pooler_output, list(getattr(out, "deepstack_features", None) or [])
 
 
+# Qwen3-Omni: Qwen3-VL's tiny tower under a thinker (tiny MoE text model and audio encoder; no talker).
+TINY_OMNI_AUDIO = dict(num_mel_bins=16, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=16, d_model=16,
+                       output_dim=32, n_window=4, n_window_infer=8, downsample_hidden_size=8)
+
+
+def save_qwen3_omni(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None, dtype=torch.float32):
+    """Qwen3OmniMoeForConditionalGeneration without audio output; its tower saves as thinker.visual.*."""
+    from transformers import Qwen3OmniMoeConfig, Qwen3OmniMoeForConditionalGeneration
+
+    text = dict(TINY_TEXT, head_dim=16, num_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+                rope_parameters=dict(_TINY_ROPE, mrope_section=[2, 3, 3]))
+    thinker = dict(vision_config={**TINY_QWEN3_VISION, **(vision or {})}, text_config=text,
+                   audio_config=dict(TINY_OMNI_AUDIO))
+    config = Qwen3OmniMoeConfig(thinker_config=thinker, enable_audio_output=False, dtype=dtype)
+    model = _seeded(Qwen3OmniMoeForConditionalGeneration, config, seed)
+    _randomise_position_table(model, "visual.pos_embed.weight")
+    model = model.to(dtype)
+    return _save(model, folder, max_shard_size), model
+
+
+def hf_omni_vision(model):
+    """transformers' Qwen3-Omni vision encoder (thinker.model.visual; thinker.visual in older versions)."""
+    thinker = model.thinker
+    return getattr(getattr(thinker, "model", thinker), "visual", None) or thinker.visual
+
+
+def hf_omni_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """(embeddings, deepstack features) of transformers' Qwen3-Omni vision encoder."""
+    with torch.no_grad():
+        out = hf_omni_vision(model)(pixel_values, grid_thw=grid_thw)
+    return out.pooler_output, list(out.deepstack_features)
+
+
+# Llama 4: 56 px tiles of 14 px patches (4 x 4 patches, 2 x 2 tokens after the pixel shuffle), 2 layers.
+TINY_LLAMA4_VISION = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=128,
+                          image_size=56, patch_size=14, projector_input_dim=24, projector_output_dim=24,
+                          vision_output_dim=24, pixel_shuffle_ratio=0.5)
+TINY_LLAMA4_TEXT = dict(TINY_TEXT, head_dim=16, intermediate_size_mlp=48, num_local_experts=2, num_experts_per_tok=1)
+
+
+def save_llama4(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None, dtype=torch.float32):
+    """Llama4ForConditionalGeneration; the tower saves as vision_model.*, its projector as
+    multi_modal_projector.linear_1. Learned position table and CLS token made as large as the patches."""
+    from transformers import Llama4Config, Llama4ForConditionalGeneration
+
+    config = Llama4Config(vision_config={**TINY_LLAMA4_VISION, **(vision or {})}, text_config=dict(TINY_LLAMA4_TEXT),
+                          dtype=dtype)
+    model = _seeded(Llama4ForConditionalGeneration, config, seed)
+    _randomise_position_table(model, "positional_embedding_vlm")
+    _randomise_position_table(model, "class_embedding")
+    with torch.no_grad():  # sharper attention than the init gives, so a wrong rotary or mask shows
+        for name, p in model.named_parameters():
+            if "vision_model" in name and ("q_proj.weight" in name or "k_proj.weight" in name):
+                p.mul_(8)
+    if dtype != torch.float32:  # Module.to(dtype) would also cast the complex rotary buffer to real
+        model = model.to(dtype)
+    return _save(model, folder, max_shard_size), model
+
+
+def square_tiles(pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+    """mmenc's fixed-size rows [T, C, p, p] (Llama 4 tiles', Ovis2 crops' patches, each in raster order) ->
+    transformers' images [tiles, C, s*p, s*p]."""
+    tiles, s = int(grid_thw[:, 0].sum()), int(grid_thw[0, 1])
+    c, p = pixel_values.shape[1], pixel_values.shape[-1]
+    x = pixel_values.reshape(tiles, s, s, c, p, p).permute(0, 3, 1, 4, 2, 5)  # tiles, C, s, p, s, p
+    return x.reshape(tiles, c, s * p, s * p)
+
+
+def hf_llama4_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """transformers' Llama 4 image embeddings as its language model receives them: vision_model, then
+    multi_modal_projector, [tiles * tokens per tile, text hidden]."""
+    with torch.no_grad():
+        inner = getattr(model, "model", model)
+        out = inner.vision_model(square_tiles(pixel_values, grid_thw))
+        features = out.last_hidden_state
+        return inner.multi_modal_projector(features.reshape(-1, features.shape[-1])), []
+
+
+# Ovis2: 56 px crops (4 x 4 patches, hidden stride 2: 2 x 2 tokens each), a 40-entry visual vocabulary.
+TINY_OVIS2_VISION = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=40,
+                         image_size=56, patch_size=14, hidden_stride=2, vocab_size=40, num_visual_indicator_tokens=5,
+                         qkv_bias=True)
+
+
+def save_ovis2(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None, dtype=torch.float32):
+    """Ovis2ForConditionalGeneration (qkv bias on, so that path loads too); the tower saves as
+    model.vision_tower.*, the visual embedding table as model.visual_embeddings_table."""
+    from transformers import Ovis2Config, Ovis2ForConditionalGeneration
+
+    text = dict(TINY_TEXT, hidden_size=24)
+    config = Ovis2Config(vision_config={**TINY_OVIS2_VISION, **(vision or {})}, text_config=text, hidden_size=24,
+                         dtype=dtype)
+    model = _seeded(Ovis2ForConditionalGeneration, config, seed)
+    _randomise_position_table(model, "position_embedding.weight")
+    with torch.no_grad():  # a sharper softmax over the visual vocabulary than the init gives
+        model.model.vision_tower.head_linear.weight.mul_(20)
+    model = model.to(dtype)
+    return _save(model, folder, max_shard_size), model
+
+
+def hf_ovis2_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """transformers' Ovis2 image features (tower, visual tokenizer, embedding table), [crops * tokens, hidden]."""
+    with torch.no_grad():
+        out = model.model.get_image_features(square_tiles(pixel_values, grid_thw)).pooler_output
+    return out.reshape(-1, out.shape[-1]), []
+
+
 # Kimi-K2.5: MoonViT with a 6x6 learned position grid (grids below, at and above it resample it), up to
 # 4 frames per video chunk, under a tiny DeepSeek-V3 text model.
 TINY_KIMI_VISION = dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=2, intermediate_size=40,
@@ -509,6 +616,9 @@ class FamilyCase:
     hf_tower: hf_model -> the transformers module holding exactly the parameters of mmenc's tower
         (built again at the built-ins' sizes on the meta device to compare parameter counts),
         or None where no transformers module does (MoonViT: tower and projector live apart).
+    grid: the grid_thw rows the generic tests run (None: their mixed-size GRID); fixed-size towers
+        give rows of their tile size, e.g. Llama 4's (tiles, s, s).
+    meta_grid: grid_thw rows for the built-in sizes on the meta device (None: [[1, 4, 4], [1, 4, 6]]).
     """
 
     save: Callable[..., tuple[pathlib.Path, Any]]
@@ -517,6 +627,8 @@ class FamilyCase:
     builtin_prefix: str
     aliases: tuple[str, ...] = ()
     hf_tower: Callable[[Any], Any] | None = hf_vision
+    grid: tuple[tuple[int, int, int], ...] | None = None
+    meta_grid: tuple[tuple[int, int, int], ...] | None = None
 
     @property
     def patch_features(self) -> int:
@@ -530,8 +642,11 @@ class FamilyCase:
 def hf_tower_parameters(case: FamilyCase, hf_model, hf_config: dict) -> int:
     """Parameters of transformers' tower (case.hf_tower's class) built on the meta device from
     `hf_config`'s vision_config (a full config.json dict, e.g. a built-in one)."""
-    tower_cls = type(case.hf_tower(hf_model))
-    vision_config = type(hf_model.config)(vision_config=dict(hf_config["vision_config"])).vision_config
+    from mmenc.models.base import vision_config_dict
+
+    tower = case.hf_tower(hf_model)
+    tower_cls = type(tower)
+    vision_config = type(tower.config)(**vision_config_dict(hf_config))
     with torch.device("meta"):
         return sum(p.numel() for p in tower_cls(vision_config).parameters())
 
@@ -558,6 +673,15 @@ FAMILIES: dict[str, FamilyCase] = {
         aliases=("Ernie4_5_VL_MoeForConditionalGeneration",), hf_tower=None),
     "HunYuanVLForConditionalGeneration": FamilyCase(save_hunyuan_vl, hf_hunyuan_features, (3 * 16 * 16,),
                                                     "tencent/HunyuanOCR", hf_tower=None),
+    "Qwen3OmniMoeForConditionalGeneration": FamilyCase(save_qwen3_omni, hf_omni_outputs, (3 * 2 * 16 * 16,),
+                                                       "Qwen/Qwen3-Omni-", hf_tower=hf_omni_vision),
+    "Llama4ForConditionalGeneration": FamilyCase(save_llama4, hf_llama4_outputs, (3, 14, 14), "meta-llama/Llama-4-",
+                                                 hf_tower=None, grid=((1, 4, 4), (3, 4, 4), (2, 4, 4), (1, 4, 4)),
+                                                 meta_grid=((1, 24, 24), (2, 24, 24))),
+    "Ovis2ForConditionalGeneration": FamilyCase(save_ovis2, hf_ovis2_outputs, (3, 14, 14), "thisisiron/Ovis2-",
+                                                hf_tower=None,  # ours also holds the visual embedding table
+                                                grid=((2, 4, 4), (1, 4, 4), (3, 4, 4), (1, 4, 4)),
+                                                meta_grid=((1, 32, 32), (3, 32, 32))),
     "Kimi_K25ForConditionalGeneration": FamilyCase(save_kimi_k25, hf_kimi_outputs, (3, 14, 14), "moonshotai/Kimi-",
                                                    aliases=("KimiK25ForConditionalGeneration",
                                                             "KimiVLForConditionalGeneration"), hf_tower=None),
