@@ -257,7 +257,7 @@ def test_bad_load_format(saved):
 
 
 def test_comparable_random_weights():
-    from mmenc.loader.random_weights import init_comparable_weights_
+    from mmenc.testing.random_weights import init_comparable_weights_
 
     def model():
         torch.manual_seed(123)

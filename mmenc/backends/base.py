@@ -18,6 +18,8 @@ class AttentionBackend:
     enum: ClassVar[AttentionBackendEnum]
     # The optional Python distribution this backend needs (import name, distribution name).
     requires: ClassVar[tuple[str, str] | None] = None
+    # How to install it, when a plain `pip install <distribution>` is not the way (pre-releases, extras).
+    install_hint: ClassVar[str | None] = None
     # Why the backend cannot give batch-invariant results (MultiModalConfig(batch_invariant=True)),
     # or None where it can: run on fixed-shape sub-packs of equal-length segments (the dispatcher's
     # invariant mode), each segment's result must not depend on its offset or its neighbours.
@@ -45,7 +47,7 @@ class AttentionBackend:
         an empty list means it can."""
         reasons = []
         if not cls.is_installed():
-            reasons.append(f"{cls.requires[0]} is not installed (pip install {cls.requires[1]})")
+            reasons.append(f"{cls.requires[0]} is not installed ({cls.install_hint or 'pip install ' + cls.requires[1]})")
         if batch_invariant and cls.not_batch_invariant:
             reasons.append(f"not batch invariant: {cls.not_batch_invariant}")
         return reasons + cls._reasons(head_size, dtype, device)

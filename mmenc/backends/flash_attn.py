@@ -71,6 +71,7 @@ class FlashAttnBackend(AttentionBackend):
     enum = AttentionBackendEnum.FLASH_ATTN
     not_batch_invariant = None  # per segment, position-independent; fixed shapes per sub-pack
     requires = ("flash_attn", "flash-attn-4")
+    install_hint = "pip install --pre 'flash-attn-4[cu13]' for torch cu13 builds, --pre flash-attn-4 for cu12; pre-release only"
 
     @classmethod
     def is_installed(cls) -> bool:
