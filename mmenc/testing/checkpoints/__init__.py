@@ -1,0 +1,140 @@
+"""Tiny random-weight Hugging Face checkpoints written to a folder, for tests and benchmarks.
+
+Each `save_*` builds the full transformers model (vision tower + a one-layer text model) from a
+tiny config, seeds its weights, `save_pretrained`s it (real checkpoint naming, optional sharding)
+and returns (folder, hf_model). `FAMILIES` is the one table the generic tower tests read: per
+registered architecture, its saver, transformers' reference call and its pixel layout. Nothing is
+downloaded; transformers (a test extra) is imported inside the functions that need it.
+
+    from mmenc.testing import checkpoints as ck
+    case = ck.FAMILIES["Qwen2_5_VLForConditionalGeneration"]
+    folder, hf_model = case.save(tmp_path)
+    embeddings, deepstack = case.reference(hf_model, case.pixels(grid_thw), grid_thw)
+"""
+import dataclasses
+import functools
+import math
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from mmenc.testing.compare import relative_error  # noqa: F401  (kept importable as ck.relative_error)
+from mmenc.testing.checkpoints.base import (  # noqa: F401  (ck.<name> for tests and benchmarks)
+    TINY_TEXT, _TINY_ROPE, _randomise_position_table, _save, _seeded, _unit_scale,
+    random_pixels, rewrite_checkpoint)
+from mmenc.testing.checkpoints.qwen import (  # noqa: F401  (ck.<name> for tests and benchmarks)
+    TINY_DEEPSEEK_TEXT, TINY_GLM4V_VISION, TINY_KIMI_VISION, TINY_OMNI_AUDIO, TINY_QWEN2_5_VISION, TINY_QWEN2_VISION,
+    TINY_QWEN3_VISION, hf_glm4v_outputs, hf_kimi_embeddings, hf_kimi_outputs, hf_omni_outputs, hf_omni_vision,
+    hf_tower_output, hf_tower_outputs, hf_vision, save_glm4v, save_kimi_k25, save_qwen2_5_vl,
+    save_qwen2_vl, save_qwen3_omni, save_qwen3_vl)
+from mmenc.testing.checkpoints.ocr import (  # noqa: F401  (ck.<name> for tests and benchmarks)
+    TINY_ERNIE_VISION, TINY_GLM_OCR_VISION, TINY_HUNYUAN_VISION, TINY_PADDLEOCR_VISION, hf_ernie_features, hf_hunyuan_features,
+    hf_image_features, save_ernie4_5_vl, save_glm_ocr, save_hunyuan_vl, save_paddleocr_vl)
+from mmenc.testing.checkpoints.tiles import (  # noqa: F401  (ck.<name> for tests and benchmarks)
+    TINY_LLAMA4_TEXT, TINY_LLAMA4_VISION, TINY_OVIS2_VISION, hf_llama4_outputs, hf_ovis2_outputs, save_llama4,
+    save_ovis2, square_tiles)
+from mmenc.testing.checkpoints.siglip import (  # noqa: F401  (ck.<name> for tests and benchmarks)
+    TINY_SIGLIP2_VISION, TINY_SIGLIP_TEXT, TINY_SIGLIP_VISION, hf_siglip2_batch, hf_siglip2_outputs, hf_siglip_outputs,
+    save_siglip, siglip_frames, siglip_vision)
+from mmenc.testing.checkpoints.pixtral import (  # noqa: F401  (ck.<name> for tests and benchmarks)
+    TINY_INTERNVL_VISION, TINY_MISTRAL_TEXT, TINY_PIXTRAL_VISION, hf_internvl_outputs, hf_pixtral_outputs, pixtral_images,
+    save_internvl, save_pixtral)
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilyCase:
+    """What the generic tower tests need to know about one checkpoint architecture.
+
+    save: (folder) -> (folder, transformers model), a tiny random checkpoint written there.
+    reference: (hf_model, pixel_values, grid_thw) -> (embeddings [tokens, out_hidden], extra feature
+        list, e.g. Qwen3-VL's deepstack [tokens, out_hidden] each, or []) from transformers.
+    patch_shape: one row of pixel_values as the model's processor gives it, e.g. (1176,) or (3, 14, 14).
+    aliases: architectures served by the same tower that transformers cannot write (built-ins only).
+    builtin_prefix: every built-in name of this row's architectures starts with it.
+    hf_tower: hf_model -> the transformers module holding exactly the parameters of mmenc's tower
+        (built again at the built-ins' sizes on the meta device to compare parameter counts),
+        or None where no transformers module does (MoonViT: tower and projector live apart).
+    grid: the grid_thw rows the generic tests run (None: their mixed-size GRID); fixed-size towers
+        give rows of their tile size, e.g. Llama 4's (tiles, s, s).
+    meta_grid: grid_thw rows for the built-in sizes on the meta device (None: [[1, 4, 4], [1, 4, 6]]).
+    """
+
+    save: Callable[..., tuple[pathlib.Path, Any]]
+    reference: Callable[[Any, torch.Tensor, torch.Tensor], tuple[torch.Tensor, list]]
+    patch_shape: tuple[int, ...]
+    builtin_prefix: str
+    aliases: tuple[str, ...] = ()
+    hf_tower: Callable[[Any], Any] | None = hf_vision
+    grid: tuple[tuple[int, int, int], ...] | None = None
+    meta_grid: tuple[tuple[int, int, int], ...] | None = None
+
+    @property
+    def patch_features(self) -> int:
+        return math.prod(self.patch_shape)
+
+    def pixels(self, grid_thw: torch.Tensor, seed: int = 0) -> torch.Tensor:
+        """Random pixel_values [sum(t*h*w), *patch_shape] float32 for grid_thw."""
+        return random_pixels(grid_thw, self.patch_features, seed=seed).view(-1, *self.patch_shape)
+
+
+def hf_tower_parameters(case: FamilyCase, hf_model, hf_config: dict) -> int:
+    """Parameters of transformers' tower (case.hf_tower's class) built on the meta device from
+    `hf_config`'s vision_config (a full config.json dict, e.g. a built-in one)."""
+    from mmenc.models.base import vision_config_dict
+
+    tower = case.hf_tower(hf_model)
+    tower_cls = type(tower)
+    vision_config = type(tower.config)(**vision_config_dict(hf_config))
+    with torch.device("meta"):
+        return sum(p.numel() for p in tower_cls(vision_config).parameters())
+
+
+_QWEN_PIXELS = (3 * 2 * 14 * 14,)
+FAMILIES: dict[str, FamilyCase] = {
+    "Qwen2VLForConditionalGeneration": FamilyCase(save_qwen2_vl, hf_tower_outputs, _QWEN_PIXELS, "Qwen/Qwen2-VL-"),
+    "Qwen2_5_VLForConditionalGeneration": FamilyCase(save_qwen2_5_vl, hf_tower_outputs, _QWEN_PIXELS,
+                                                     "Qwen/Qwen2.5-VL-"),
+    "Qwen3VLForConditionalGeneration": FamilyCase(save_qwen3_vl, hf_tower_outputs, (3 * 2 * 16 * 16,),
+                                                  "Qwen/Qwen3-VL-"),
+    "Qwen3VLMoeForConditionalGeneration": FamilyCase(functools.partial(save_qwen3_vl, moe=True), hf_tower_outputs,
+                                                     (3 * 2 * 16 * 16,), "Qwen/Qwen3-VL-"),
+    "Glm4vForConditionalGeneration": FamilyCase(save_glm4v, hf_glm4v_outputs, _QWEN_PIXELS, "zai-org/GLM-4"),
+    # qkv bias on here, so that path loads and runs too
+    "Glm4vMoeForConditionalGeneration": FamilyCase(functools.partial(save_glm4v, moe=True,
+                                                                     vision=dict(attention_bias=True)),
+                                                   hf_glm4v_outputs, _QWEN_PIXELS, "zai-org/GLM-4"),
+    "GlmOcrForConditionalGeneration": FamilyCase(save_glm_ocr, hf_tower_outputs, _QWEN_PIXELS, "zai-org/GLM-OCR"),
+    "PaddleOCRVLForConditionalGeneration": FamilyCase(save_paddleocr_vl, hf_image_features, (3, 14, 14),
+                                                      "PaddlePaddle/PaddleOCR-VL", hf_tower=None),
+    "Ernie4_5_VLMoeForConditionalGeneration": FamilyCase(
+        save_ernie4_5_vl, hf_ernie_features, (3 * 14 * 14,), "baidu/ERNIE-4.5-VL-",
+        aliases=("Ernie4_5_VL_MoeForConditionalGeneration",), hf_tower=None),
+    "HunYuanVLForConditionalGeneration": FamilyCase(save_hunyuan_vl, hf_hunyuan_features, (3 * 16 * 16,),
+                                                    "tencent/HunyuanOCR", hf_tower=None),
+    "Qwen3OmniMoeForConditionalGeneration": FamilyCase(save_qwen3_omni, hf_omni_outputs, (3 * 2 * 16 * 16,),
+                                                       "Qwen/Qwen3-Omni-", hf_tower=hf_omni_vision),
+    "Llama4ForConditionalGeneration": FamilyCase(save_llama4, hf_llama4_outputs, (3, 14, 14), "meta-llama/Llama-4-",
+                                                 hf_tower=None, grid=((1, 4, 4), (3, 4, 4), (2, 4, 4), (1, 4, 4)),
+                                                 meta_grid=((1, 24, 24), (2, 24, 24))),
+    "Ovis2ForConditionalGeneration": FamilyCase(save_ovis2, hf_ovis2_outputs, (3, 14, 14), "thisisiron/Ovis2-",
+                                                hf_tower=None,  # ours also holds the visual embedding table
+                                                grid=((2, 4, 4), (1, 4, 4), (3, 4, 4), (1, 4, 4)),
+                                                meta_grid=((1, 32, 32), (3, 32, 32))),
+    "Kimi_K25ForConditionalGeneration": FamilyCase(save_kimi_k25, hf_kimi_outputs, (3, 14, 14), "moonshotai/Kimi-",
+                                                   aliases=("KimiK25ForConditionalGeneration",
+                                                            "KimiVLForConditionalGeneration"), hf_tower=None),
+    "SiglipModel": FamilyCase(save_siglip, hf_siglip_outputs, (3 * 8 * 8,), "google/siglip-",
+                              aliases=("SiglipVisionModel", "PaliGemmaForConditionalGeneration",
+                                       "Gemma3ForConditionalGeneration"), hf_tower=siglip_vision),
+    "Siglip2Model": FamilyCase(functools.partial(save_siglip, version=2), hf_siglip2_outputs, (4 * 4 * 3,),
+                               "google/siglip2-", aliases=("Siglip2VisionModel",), hf_tower=siglip_vision),
+    "Mistral3ForConditionalGeneration": FamilyCase(save_pixtral, hf_pixtral_outputs, (3, 14, 14),
+                                                   "mistralai/Mistral-Small-", hf_tower=None),
+    "LlavaForConditionalGeneration": FamilyCase(functools.partial(save_pixtral, llava=True,
+                                                                  vision=dict(patch_size=16, image_size=16 * 16)),
+                                                hf_pixtral_outputs, (3, 16, 16), "mistralai/Pixtral-", hf_tower=None),
+    "InternVLForConditionalGeneration": FamilyCase(save_internvl, hf_internvl_outputs, (3, 14, 14), "OpenGVLab/InternVL",
+                                                   hf_tower=None),
+}
