@@ -85,7 +85,7 @@ def family(request, prepared) -> Family:
 def test_table_covers_the_registry():
     aliases = {alias for case in ck.FAMILIES.values() for alias in case.aliases}
     missing = set(supported_architectures()) - set(ck.FAMILIES) - aliases
-    assert not missing, f"add a FamilyCase row for {sorted(missing)} to FAMILIES in mmenc/testing/checkpoints.py"
+    assert not missing, f"add a FamilyCase row for {sorted(missing)} to FAMILIES in mmenc/testing/checkpoints/__init__.py"
     unknown = (set(ck.FAMILIES) | aliases) - set(supported_architectures())
     assert not unknown, f"FAMILIES names {sorted(unknown)}, which the registry does not serve"
 
