@@ -165,20 +165,28 @@ class QwenVLProcessor(PatchProcessor):
             return smart_resize_temporal(t, height, width, c.temporal_patch_size, c.factor, lo, hi)
         return smart_resize(height, width, c.factor, lo, hi)
 
-    def _to_patches(self, frames: torch.Tensor, height: int, width: int) -> tuple[torch.Tensor, list[int]]:
-        """uint8 [B, T, C, H, W] -> float32 [B, t*gh*gw, C*tp*p*p], [t, gh, gw]."""
+    def _resize_normalize(self, frames: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        """uint8 [B, T, C, H, W] -> float32 [B*T, C, h, w]: resized (do_resize) to height x width, rescaled
+        and normalized; ValueError unless h and w are multiples of patch_size * merge_size."""
         c = self.config
-        b, t, ch = frames.shape[:3]
         x = frames.flatten(0, 1)
         if c.do_resize:
             x = ops.resize_uint8(x, height, width, c.backend)
         x = ops.rescale_normalize(x, rescale_factor=c.rescale_factor, mean=c.image_mean, std=c.image_std,
                                   do_rescale=c.do_rescale, do_normalize=c.do_normalize, backend=c.backend)
         h, w = x.shape[-2:]
-        p, m, tp = c.patch_size, c.merge_size, c.temporal_patch_size
-        if h % (p * m) or w % (p * m):
-            raise ValueError(f"resized size {h}x{w} is not a multiple of patch_size*merge_size={p * m}; "
+        if h % c.factor or w % c.factor:
+            raise ValueError(f"resized size {h}x{w} is not a multiple of patch_size*merge_size={c.factor}; "
                              f"keep do_resize=True or pass images of such sizes")
+        return x
+
+    def _to_patches(self, frames: torch.Tensor, height: int, width: int) -> tuple[torch.Tensor, list[int]]:
+        """uint8 [B, T, C, H, W] -> float32 [B, t*gh*gw, C*tp*p*p], [t, gh, gw]."""
+        c = self.config
+        b, t, ch = frames.shape[:3]
+        x = self._resize_normalize(frames, height, width)
+        h, w = x.shape[-2:]
+        p, m, tp = c.patch_size, c.merge_size, c.temporal_patch_size
         x = x.view(b, t, ch, h, w)
         if pad := -t % tp:  # repeat the last frame
             x = torch.cat([x, x[:, -1:].expand(b, pad, ch, h, w)], dim=1)
