@@ -15,6 +15,16 @@ import torch.nn as nn
 
 Rule = tuple[str, str, "int | str | None"]
 
+# transformers' SigLIP / CLIP-style encoder layer names -> VisionBlock's (norm1/norm2, fused qkv, proj)
+SIGLIP_ENCODER_RULES: tuple[Rule, ...] = (
+    (".layer_norm1.", ".norm1.", None),
+    (".layer_norm2.", ".norm2.", None),
+    (".self_attn.q_proj.", ".attn.qkv.", "q"),
+    (".self_attn.k_proj.", ".attn.qkv.", "k"),
+    (".self_attn.v_proj.", ".attn.qkv.", "v"),
+    (".self_attn.out_proj.", ".attn.proj.", None),
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class WeightMap:

@@ -164,6 +164,7 @@ class VisionTower(nn.Module):
 
     weight_map: ClassVar[WeightMap] = WeightMap()
     plan_cache_size: ClassVar[int] = 8
+    check_patch_features: ClassVar[bool] = False  # check_pixels also checks each row's C*p*p values
 
     def __init__(self, config: TowerConfigBase, multimodal_config: MultiModalConfig | None = None,
                  device=None, dtype=None):
@@ -197,6 +198,14 @@ class VisionTower(nn.Module):
         return plan
 
     def check_pixels(self, pixel_values: torch.Tensor, plan) -> None:
+        """ValueError unless pixel_values has plan.num_patches rows (of config.patch_features values each
+        when check_patch_features)."""
+        if self.check_patch_features:
+            if pixel_values.shape[0] != plan.num_patches or pixel_values[0].numel() != self.config.patch_features:
+                raise ValueError(f"pixel_values has shape {tuple(pixel_values.shape)} but grid_thw describes "
+                                 f"{plan.num_patches} patches of {self.config.patch_features} values "
+                                 f"([patches, C, p, p] or [patches, C*p*p]); pass the grid_thw that came with them")
+            return
         if pixel_values.shape[0] != plan.num_patches:
             raise ValueError(f"pixel_values has {pixel_values.shape[0]} rows but grid_thw describes {plan.num_patches} "
                              f"patches (sum of t*h*w); pass the grid_thw that came with these pixel_values")

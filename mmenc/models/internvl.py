@@ -195,6 +195,7 @@ class InternVisionTower(VisionTower):
         ("linear_2.", "merger.fc2.", None),
     ])
     plan_cache_size = 32
+    check_patch_features = True
 
     def __init__(self, config: InternVisionConfig, multimodal_config: MultiModalConfig | None = None,
                  device=None, dtype=None):
@@ -239,12 +240,6 @@ class InternVisionTower(VisionTower):
         cu, max_len = make_cu_seqlens([n + 1 for n in frame_lengths(grid)], device)
         return InternPlan(num_patches(grid), tiles, False, torch.cat(orders).to(device), index, weight, cu, max_len,
                           torch.cat(patch_slots).to(device), torch.tensor(cls_slots, device=device))
-
-    def check_pixels(self, pixel_values: torch.Tensor, plan: InternPlan) -> None:
-        if pixel_values.shape[0] != plan.num_patches or pixel_values[0].numel() != self.config.patch_features:
-            raise ValueError(f"pixel_values has shape {tuple(pixel_values.shape)} but grid_thw describes "
-                             f"{plan.num_patches} patches of {self.config.patch_features} values "
-                             f"([patches, C, p, p] or [patches, C*p*p]); pass the grid_thw that came with them")
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
         plan = self.plan_for(pixel_values, grid_thw)

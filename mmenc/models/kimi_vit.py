@@ -33,9 +33,10 @@ from mmenc.attention import make_cu_seqlens
 from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid, num_patches
+from mmenc.layers.merge import merge_block_order
 from mmenc.layers.norm import LayerNorm
 from mmenc.layers.pos_embed import InterpolatedPosEmbed
-from mmenc.layers.rotary import VisionRotary2D, grid_positions
+from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock
 from mmenc.layers.weights import WeightMap
 from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
@@ -226,6 +227,7 @@ class KimiVisionTower(VisionTower):
 
     weight_map = KIMI_K25_WEIGHT_MAP
     plan_cache_size = 32
+    check_patch_features = True
 
     def __init__(self, config: KimiVisionConfig, multimodal_config: MultiModalConfig | None = None,
                  device=None, dtype=None):
@@ -260,28 +262,20 @@ class KimiVisionTower(VisionTower):
         return grid
 
     def make_plan(self, grid: Grid, device) -> KimiPlan:
-        orders, frames, pool, weights, offset, pooled = [], [], [], [], 0, 0
+        frames, pool, weights, pooled = [], [], [], 0
         for t, h, w in grid:
-            pos = grid_positions(h, w, self.merge)  # [h*w, 2] (row, col) in merge-block order
-            raster = pos[:, 0] * w + pos[:, 1]
-            orders.append((torch.arange(t)[:, None] * h * w + raster).reshape(-1) + offset)
             frames.append(torch.arange(t).repeat_interleave(h * w) + int(t > 1))
             pool.append(torch.arange(h * w).repeat(t) + pooled)
             weights.append(torch.full((t * h * w,), 1.0 / t))
-            offset, pooled = offset + t * h * w, pooled + h * w
+            pooled += h * w
         cu, max_len = make_cu_seqlens([t * h * w for t, h, w in grid], device)
         cos, sin = self.rotary.tables(grid, device)
         pos_index, pos_weight = self.patch_embed.pos_emb.taps(grid, device)
         video = any(t > 1 for t, _, _ in grid)
         to = (lambda parts: to_device(torch.cat(parts), device)) if video else (lambda parts: None)
-        return KimiPlan(num_patches(grid), to_device(torch.cat(orders), device), cu, max_len, cos, sin, pos_index, pos_weight,
+        order = to_device(merge_block_order(grid, self.merge), device)  # raster -> merge-block order
+        return KimiPlan(num_patches(grid), order, cu, max_len, cos, sin, pos_index, pos_weight,
                         to(frames), to(pool), to(weights), pooled)
-
-    def check_pixels(self, pixel_values: torch.Tensor, plan: KimiPlan) -> None:
-        if pixel_values.shape[0] != plan.num_patches or pixel_values[0].numel() != self.config.patch_features:
-            raise ValueError(f"pixel_values has shape {tuple(pixel_values.shape)} but grid_thw describes "
-                             f"{plan.num_patches} patches of {self.config.patch_features} values "
-                             f"([patches, C, p, p] or [patches, C*p*p]); pass the grid_thw that came with them")
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
         plan = self.plan_for(pixel_values, grid_thw)

@@ -27,7 +27,7 @@ from mmenc.layers.plan import PackPlan
 from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock
-from mmenc.layers.weights import WeightMap
+from mmenc.layers.weights import SIGLIP_ENCODER_RULES, WeightMap
 from mmenc.models.base import (ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config,
                                language_width, lazy_processor)
 from mmenc.models.registry import register_model
@@ -78,12 +78,7 @@ class PaddleOCRVisionTower(VisionTower):
 
     weight_map = WeightMap([
         ("embeddings.patch_embedding.", "embeddings.patch_embedding.proj.", None),
-        (".layer_norm1.", ".norm1.", None),
-        (".layer_norm2.", ".norm2.", None),
-        (".self_attn.q_proj.", ".attn.qkv.", "q"),
-        (".self_attn.k_proj.", ".attn.qkv.", "k"),
-        (".self_attn.v_proj.", ".attn.qkv.", "v"),
-        (".self_attn.out_proj.", ".attn.proj.", None),
+        *SIGLIP_ENCODER_RULES,
         ("pre_norm.", "merger.ln_q.", None),
         ("linear_1.", "merger.fc1.", None),
         ("linear_2.", "merger.fc2.", None),

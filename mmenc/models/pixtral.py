@@ -31,7 +31,8 @@ from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from mmenc.layers.norm import RMSNorm
 from mmenc.layers.plan import PackPlan, frame_plan
-from mmenc.layers.rotary import VisionRotary2D, grid_positions
+from mmenc.layers.merge import merge_block_order
+from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, VisionBlock
 from mmenc.layers.weights import WeightMap
 from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
@@ -151,6 +152,7 @@ class PixtralVisionTower(VisionTower):
         (".feed_forward.down_proj.", ".mlp.down_proj.", None),
     ])
     plan_cache_size = 32
+    check_patch_features = True
 
     def __init__(self, config: PixtralVisionConfig, multimodal_config: MultiModalConfig | None = None,
                  device=None, dtype=None):
@@ -176,20 +178,8 @@ class PixtralVisionTower(VisionTower):
     def make_plan(self, grid: Grid, device) -> PackPlan:
         plan = frame_plan(grid, device, self.rotary)  # one segment per frame; rotary in merge-block order
         if self.merge > 1:
-            orders, offset = [], 0
-            for t, h, w in grid:
-                pos = grid_positions(h, w, self.merge)
-                raster = pos[:, 0] * w + pos[:, 1]
-                orders.append((torch.arange(t)[:, None] * h * w + raster).reshape(-1) + offset)
-                offset += t * h * w
-            plan.token_order = torch.cat(orders).to(device)
+            plan.token_order = merge_block_order(grid, self.merge).to(device)
         return plan
-
-    def check_pixels(self, pixel_values: torch.Tensor, plan: PackPlan) -> None:
-        if pixel_values.shape[0] != plan.num_patches or pixel_values[0].numel() != self.config.patch_features:
-            raise ValueError(f"pixel_values has shape {tuple(pixel_values.shape)} but grid_thw describes "
-                             f"{plan.num_patches} patches of {self.config.patch_features} values "
-                             f"([patches, C, p, p] or [patches, C*p*p]); pass the grid_thw that came with them")
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
         plan = self.plan_for(pixel_values, grid_thw)

@@ -32,7 +32,7 @@ from mmenc.layers.linear import ReplicatedLinear
 from mmenc.layers.norm import LayerNorm
 from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.layers.vision_blocks import PatchEmbed, VisionBlock
-from mmenc.layers.weights import WeightMap
+from mmenc.layers.weights import SIGLIP_ENCODER_RULES, WeightMap
 from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
 from mmenc.models.registry import register_model
 
@@ -122,12 +122,7 @@ class Siglip2VisionConfig(SiglipVisionConfig):
 SIGLIP_WEIGHT_MAP = WeightMap([
     ("embeddings.patch_embedding.", "patch_embed.proj.", None),
     ("embeddings.position_embedding.", "pos_embed.", None),
-    (".layer_norm1.", ".norm1.", None),
-    (".layer_norm2.", ".norm2.", None),
-    (".self_attn.q_proj.", ".attn.qkv.", "q"),
-    (".self_attn.k_proj.", ".attn.qkv.", "k"),
-    (".self_attn.v_proj.", ".attn.qkv.", "v"),
-    (".self_attn.out_proj.", ".attn.proj.", None),
+    *SIGLIP_ENCODER_RULES,
     ("head.attention.in_proj_weight", "head.attention.in_proj.weight", None),
     ("head.attention.in_proj_bias", "head.attention.in_proj.bias", None),
 ])

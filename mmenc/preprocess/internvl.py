@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from mmenc.preprocess import ops
+from mmenc.preprocess.base import PatchProcessor, check_positive_ints, hf_rescale_normalize
 from mmenc.preprocess.images import process_by_size
-from mmenc.preprocess.plan import ImagePlan, finish_patches
+from mmenc.preprocess.plan import ImagePlan
 from mmenc.preprocess.resize_exact import resize_uint8_exact
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -56,10 +57,8 @@ class InternVLProcessorConfig:
     backend: str = "torchvision"
 
     def __post_init__(self):
-        for f in ("tile_size", "patch_size", "min_patches", "max_patches"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"InternVLProcessorConfig.{f}={v!r} must be a positive int")
+        check_positive_ints(self, ("tile_size", "patch_size", "min_patches", "max_patches"),
+                            prefix="InternVLProcessorConfig.")
         if self.tile_size % self.patch_size:
             raise ValueError(f"InternVLProcessorConfig: tile_size={self.tile_size} is not a multiple of "
                              f"patch_size={self.patch_size}")
@@ -84,21 +83,18 @@ class InternVLProcessorConfig:
         for k in ("do_rescale", "do_normalize"):
             if d.get(k) is not None:
                 kw[k] = bool(d[k])
-        if d.get("rescale_factor") is not None:
-            kw["rescale_factor"] = float(d["rescale_factor"])
-        for k in ("image_mean", "image_std"):
-            if d.get(k) is not None:
-                kw[k] = tuple(float(x) for x in d[k])
+        kw.update(hf_rescale_normalize(d))
         kw.update(overrides)
         return cls(**kw)
 
 
-class InternVLProcessor:
-    """images -> (pixel_values float32 [P, C, p, p], grid_thw int64 [N, 3] = [tiles, s/p, s/p])."""
+class InternVLProcessor(PatchProcessor):
+    """images -> (pixel_values float32 [P, C, p, p], grid_thw int64 [N, 3] = [tiles, s/p, s/p]).
 
-    def __init__(self, config: InternVLProcessorConfig | None = None, device: str | torch.device | None = None):
-        self.config = config or InternVLProcessorConfig()
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+    patchify (raster order over the tiles stacked top to bottom: tile by tile), normalize and finish
+    are PatchProcessor's."""
+
+    config_class = InternVLProcessorConfig
 
     def canvas(self, height: int, width: int) -> tuple[int, int]:
         """(columns, rows) of tiles for an image of height x width."""
@@ -136,31 +132,6 @@ class InternVLProcessor:
     def resize_one(self, image: torch.Tensor, plan: ImagePlan) -> torch.Tensor:
         """uint8 [C, H, W] -> uint8 [C, tiles * s, s] (the image's tiles, top to bottom)."""
         return self._tiles(image[None], plan)[0]
-
-    @property
-    def row_shape(self) -> tuple[int, int, int]:
-        return len(self.config.image_mean), self.config.patch_size, self.config.patch_size
-
-    def patchify(self, image: torch.Tensor, plan: ImagePlan) -> torch.Tensor:
-        """uint8 [C, tiles * s, s] -> uint8 [tiles * (s/p)^2, C, p, p]: tile by tile, raster order."""
-        p = self.config.patch_size
-        ch, h, w = image.shape
-        x = image.contiguous().view(ch, h // p, p, w // p, p).permute(1, 3, 0, 2, 4)  # gh, gw, C, p, p
-        return x.reshape((h // p) * (w // p), ch, p, p)
-
-    def normalize(self, patches: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """uint8 [P, C, p, p] -> float32 [P, C, p, p] (into `out` if given)."""
-        c = self.config
-        return ops.rescale_normalize(patches, rescale_factor=c.rescale_factor, mean=c.image_mean, std=c.image_std,
-                                     do_rescale=c.do_rescale, do_normalize=c.do_normalize, backend=c.backend,
-                                     out=out)
-
-    def as_pixel_values(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def finish(self, images: Sequence[torch.Tensor], plans: Sequence[ImagePlan]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tiled uint8 [C, tiles * s, s] per image -> (pixel_values float32 [P, C, p, p], grid_thw int64 [N, 3])."""
-        return finish_patches(self, [self.patchify(im, pl) for im, pl in zip(images, plans)], plans)
 
     def __call__(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         def process(arrays):

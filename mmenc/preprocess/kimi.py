@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 
 from mmenc.preprocess import ops
+from mmenc.preprocess.base import PatchProcessor, check_positive_ints, resize_exact
 from mmenc.preprocess.images import load_image, process_by_size
-from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, finish_patches
-from mmenc.preprocess.resize_exact import resize_uint8_exact
+from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
 
 
 def navit_resize(height: int, width: int, patch_size: int, merge_size: int, max_patches: int,
@@ -54,11 +54,8 @@ class KimiProcessorConfig:
     backend: str = "torchvision"
 
     def __post_init__(self):
-        for f in ("patch_size", "merge_size", "temporal_patch_size", "max_patches", "video_max_patches",
-                  "max_size_per_side"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{f}={v!r} must be a positive int")
+        check_positive_ints(self, ("patch_size", "merge_size", "temporal_patch_size", "max_patches",
+                                   "video_max_patches", "max_size_per_side"))
         ops.check_backend(self.backend)
 
     @classmethod
@@ -87,12 +84,12 @@ class KimiProcessorConfig:
         return cls(**kw)
 
 
-class KimiProcessor:
-    """images -> (pixel_values float32 [P, C, p, p], grid_thw int64 [N, 3] = [1, h/p, w/p])."""
+class KimiProcessor(PatchProcessor):
+    """images -> (pixel_values float32 [P, C, p, p], grid_thw int64 [N, 3] = [1, h/p, w/p]).
 
-    def __init__(self, config: KimiProcessorConfig | None = None, device: str | torch.device | None = None):
-        self.config = config or KimiProcessorConfig()
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+    Per image (pipeline): plan, resize_one here; patchify (raster), normalize, finish: PatchProcessor's."""
+
+    config_class = KimiProcessorConfig
 
     def _process(self, x: torch.Tensor, max_patches: int) -> tuple[torch.Tensor, int, int]:
         """uint8 [B, C, H, W] (same size) -> float32 [B, gh*gw, C, p, p], gh, gw."""
@@ -136,39 +133,8 @@ class KimiProcessor:
         if not self.config.do_resize:
             return image
         (h, w), (ph, pw) = plan.resize, plan.padded
-        if image.device.type != "cpu" and self.config.backend == "torchvision":
-            x = resize_uint8_exact(image, h, w)
-        else:
-            x = ops.resize_uint8(image[None], h, w, self.config.backend)[0]
+        x = resize_exact(image, h, w, self.config.backend)
         return F.pad(x, (0, pw - w, 0, ph - h))
-
-    @property
-    def row_shape(self) -> tuple[int, int, int]:
-        """Shape of one row of `patchify`'s output: (C, p, p)."""
-        return len(self.config.image_mean), self.config.patch_size, self.config.patch_size
-
-    def patchify(self, image: torch.Tensor, plan: ImagePlan) -> torch.Tensor:
-        """Padded uint8 [C, h, w] -> uint8 [gh*gw, C, p, p], patches in row-major order."""
-        p = self.config.patch_size
-        ch, h, w = image.shape
-        x = image.contiguous().view(ch, h // p, p, w // p, p).permute(1, 3, 0, 2, 4)  # gh, gw, C, p, p
-        return x.reshape((h // p) * (w // p), ch, p, p)
-
-    def normalize(self, patches: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """uint8 [P, C, p, p] -> float32 [P, C, p, p] (into `out` if given; the same values as `__call__`)."""
-        c = self.config
-        return ops.rescale_normalize(patches, rescale_factor=c.rescale_factor, mean=c.image_mean, std=c.image_std,
-                                     do_rescale=c.do_rescale, do_normalize=c.do_normalize, backend=c.backend,
-                                     out=out)
-
-    def as_pixel_values(self, x: torch.Tensor) -> torch.Tensor:
-        """normalize's output is already transformers' layout [P, C, p, p]."""
-        return x
-
-    def finish(self, images: Sequence[torch.Tensor], plans: Sequence[ImagePlan]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Padded uint8 [C, h, w] per image -> (pixel_values float32 [P, C, p, p] on their device,
-        grid_thw int64 [N, 3] on the CPU)."""
-        return finish_patches(self, [self.patchify(im, pl) for im, pl in zip(images, plans)], plans)
 
     def __call__(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         def process(arrays):

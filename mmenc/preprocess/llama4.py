@@ -18,14 +18,14 @@ mmenc.models.llama4 reads).
 import dataclasses
 import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from mmenc.preprocess.images import load_image
-from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, finish_patches
+from mmenc.preprocess.base import PatchProcessor, check_positive_ints, hf_rescale_normalize, patchify_tiles
+from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
 
 
 @functools.lru_cache(maxsize=8)
@@ -92,10 +92,7 @@ class Llama4ProcessorConfig:
     do_normalize: bool = True
 
     def __post_init__(self):
-        for f in ("tile_size", "patch_size", "max_patches"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{f}={v!r} must be a positive int")
+        check_positive_ints(self, ("tile_size", "patch_size", "max_patches"))
         if self.tile_size % self.patch_size:
             raise ValueError(f"tile_size={self.tile_size} must be a multiple of patch_size={self.patch_size}")
 
@@ -113,21 +110,15 @@ class Llama4ProcessorConfig:
         for k in ("patch_size", "max_patches", "resize_to_max_canvas", "do_rescale", "do_normalize"):
             if d.get(k) is not None:
                 kw[k] = d[k]
-        if d.get("rescale_factor") is not None:
-            kw["rescale_factor"] = float(d["rescale_factor"])
-        for k in ("image_mean", "image_std"):
-            if d.get(k) is not None:
-                kw[k] = tuple(float(x) for x in d[k])
+        kw.update(hf_rescale_normalize(d))
         kw.update(overrides)
         return cls(**kw)
 
 
-class Llama4Processor:
+class Llama4Processor(PatchProcessor):
     """images -> (pixel_values float32 [P, C, p, p], grid_thw int64 [N, 3] of (tiles, T/p, T/p))."""
 
-    def __init__(self, config: Llama4ProcessorConfig | None = None, device: str | torch.device | None = None):
-        self.config = config or Llama4ProcessorConfig()
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+    config_class = Llama4ProcessorConfig
 
     def plan(self, height: int, width: int, *, index: int | None = None, name: str | None = None) -> ImagePlan:
         c = self.config
@@ -152,16 +143,9 @@ class Llama4Processor:
             tiles = torch.cat([tiles, resize_bilinear(image[None], t, t)])
         return tiles
 
-    @property
-    def row_shape(self) -> tuple[int, int, int]:
-        return len(self.config.image_mean), self.config.patch_size, self.config.patch_size
-
     def patchify(self, tiles: torch.Tensor, plan: ImagePlan) -> torch.Tensor:
         """uint8 [tiles, C, T, T] -> uint8 [tiles * s * s, C, p, p], each tile's patches in raster order."""
-        p = self.config.patch_size
-        n, c, t, _ = tiles.shape
-        x = tiles.contiguous().view(n, c, t // p, p, t // p, p).permute(0, 2, 4, 1, 3, 5)  # n, s, s, C, p, p
-        return x.reshape(-1, c, p, p)
+        return patchify_tiles(tiles, self.config.patch_size)
 
     def normalize(self, patches: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """uint8 [P, C, p, p] -> float32 [P, C, p, p]: rescale and normalize in bfloat16 (transformers')."""
@@ -176,23 +160,6 @@ class Llama4Processor:
         if out is None:
             return x.float()
         return out.copy_(x)
-
-    def as_pixel_values(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def finish(self, images: Sequence[torch.Tensor], plans: Sequence[ImagePlan]) -> tuple[torch.Tensor, torch.Tensor]:
-        """resize_one's tiles per image -> (pixel_values float32 [P, C, p, p], grid_thw int64 [N, 3] on the CPU)."""
-        return finish_patches(self, [self.patchify(im, pl) for im, pl in zip(images, plans)], plans)
-
-    def __call__(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        if len(images) == 0:
-            raise ValueError("images is empty; pass at least one image")
-        tiles, plans = [], []
-        for i, item in enumerate(images):
-            array = load_image(item, index=i)  # RGB uint8 [H, W, 3]
-            plans.append(self.plan(array.shape[0], array.shape[1], index=i))
-            tiles.append(self.resize_one(torch.tensor(array).permute(2, 0, 1).to(self.device), plans[-1]))
-        return self.finish(tiles, plans)
 
 
 def llama4_from_hf(d: Mapping[str, Any] | None = None, video: Mapping[str, Any] | None = None,

@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from mmenc.preprocess import ops
 from mmenc.preprocess.plan import ImagePlan
 from mmenc.preprocess.qwen_vl import QwenVLProcessor, QwenVLProcessorConfig, smart_resize
 
@@ -63,15 +62,8 @@ class RasterPatchProcessor(QwenVLProcessor):
     def _to_patches(self, frames: torch.Tensor, height: int, width: int) -> tuple[torch.Tensor, list[int]]:
         """uint8 [B, 1, C, H, W] -> float32 [B, h*w, C*p*p] (raster), [1, h, w]."""
         c = self.config
-        x = frames.flatten(0, 1)
-        if c.do_resize:
-            x = ops.resize_uint8(x, height, width, c.backend)
-        x = ops.rescale_normalize(x, rescale_factor=c.rescale_factor, mean=c.image_mean, std=c.image_std,
-                                  do_rescale=c.do_rescale, do_normalize=c.do_normalize, backend=c.backend)
+        x = self._resize_normalize(frames, height, width)
         h, w = x.shape[-2:]
-        if h % c.factor or w % c.factor:
-            raise ValueError(f"resized size {h}x{w} is not a multiple of patch_size*merge_size={c.factor}; "
-                             f"keep do_resize=True or pass images of such sizes")
         patches = self._raster(x)
         return patches.flatten(-2), [1, h // c.patch_size, w // c.patch_size]
 

@@ -14,14 +14,14 @@ patches, crop by crop, each crop's patches in raster order, one row (C, p, p) pe
 """
 import dataclasses
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from mmenc.preprocess import ops
-from mmenc.preprocess.images import load_image
-from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, finish_patches
+from mmenc.preprocess.base import PatchProcessor, check_positive_ints, hf_rescale_normalize, patchify_tiles
+from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
 from mmenc.preprocess.qwen_vl import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
 
@@ -87,10 +87,7 @@ class Ovis2ProcessorConfig:
     backend: str = "torchvision"
 
     def __post_init__(self):
-        for f in ("crop_size", "patch_size", "min_patches", "max_patches"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{f}={v!r} must be a positive int")
+        check_positive_ints(self, ("crop_size", "patch_size", "min_patches", "max_patches"))
         if self.crop_size % self.patch_size:
             raise ValueError(f"crop_size={self.crop_size} must be a multiple of patch_size={self.patch_size}")
         ops.check_backend(self.backend)
@@ -109,21 +106,15 @@ class Ovis2ProcessorConfig:
                   "do_rescale", "do_normalize"):
             if d.get(k) is not None:
                 kw[k] = d[k]
-        if d.get("rescale_factor") is not None:
-            kw["rescale_factor"] = float(d["rescale_factor"])
-        for k in ("image_mean", "image_std"):
-            if d.get(k) is not None:
-                kw[k] = tuple(float(x) for x in d[k])
+        kw.update(hf_rescale_normalize(d))
         kw.update(overrides)
         return cls(**kw)
 
 
-class Ovis2Processor:
+class Ovis2Processor(PatchProcessor):
     """images -> (pixel_values float32 [P, C, p, p], grid_thw int64 [N, 3] of (crops, T/p, T/p))."""
 
-    def __init__(self, config: Ovis2ProcessorConfig | None = None, device: str | torch.device | None = None):
-        self.config = config or Ovis2ProcessorConfig()
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+    config_class = Ovis2ProcessorConfig
 
     def layout(self, height: int, width: int) -> tuple[int, int]:
         """(cols, rows) of crops for an image (1, 1 without cropping)."""
@@ -155,37 +146,9 @@ class Ovis2Processor:
             crops = torch.cat([ops.resize_uint8(image[None], t, t, backend), crops])
         return crops
 
-    @property
-    def row_shape(self) -> tuple[int, int, int]:
-        return len(self.config.image_mean), self.config.patch_size, self.config.patch_size
-
     def patchify(self, crops: torch.Tensor, plan: ImagePlan) -> torch.Tensor:
         """uint8 [crops, C, T, T] -> uint8 [crops * s * s, C, p, p], each crop's patches in raster order."""
-        p = self.config.patch_size
-        n, c, t, _ = crops.shape
-        x = crops.contiguous().view(n, c, t // p, p, t // p, p).permute(0, 2, 4, 1, 3, 5)
-        return x.reshape(-1, c, p, p)
-
-    def normalize(self, patches: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        c = self.config
-        return ops.rescale_normalize(patches, rescale_factor=c.rescale_factor, mean=c.image_mean, std=c.image_std,
-                                     do_rescale=c.do_rescale, do_normalize=c.do_normalize, backend=c.backend, out=out)
-
-    def as_pixel_values(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def finish(self, images: Sequence[torch.Tensor], plans: Sequence[ImagePlan]) -> tuple[torch.Tensor, torch.Tensor]:
-        return finish_patches(self, [self.patchify(im, pl) for im, pl in zip(images, plans)], plans)
-
-    def __call__(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        if len(images) == 0:
-            raise ValueError("images is empty; pass at least one image")
-        crops, plans = [], []
-        for i, item in enumerate(images):
-            array = load_image(item, index=i)  # RGB uint8 [H, W, 3]
-            plans.append(self.plan(array.shape[0], array.shape[1], index=i))
-            crops.append(self.resize_one(torch.tensor(array).permute(2, 0, 1).to(self.device), plans[-1]))
-        return self.finish(crops, plans)
+        return patchify_tiles(crops, self.config.patch_size)
 
 
 def ovis2_from_hf(d: Mapping[str, Any] | None = None, video: Mapping[str, Any] | None = None,

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from mmenc.preprocess import ops
+from mmenc.preprocess.base import PatchProcessor, check_positive_ints, hf_rescale_normalize, resize_exact
 from mmenc.preprocess.images import process_by_size
-from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, finish_patches
-from mmenc.preprocess.resize_exact import resize_uint8_exact
+from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -56,10 +56,7 @@ class PixtralProcessorConfig:
     backend: str = "torchvision"
 
     def __post_init__(self):
-        for f in ("patch_size", "merge_size", "longest_edge"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"PixtralProcessorConfig.{f}={v!r} must be a positive int")
+        check_positive_ints(self, ("patch_size", "merge_size", "longest_edge"), prefix="PixtralProcessorConfig.")
         ops.check_backend(self.backend)
 
     @property
@@ -80,21 +77,15 @@ class PixtralProcessorConfig:
         for k in ("do_resize", "do_rescale", "do_normalize"):
             if d.get(k) is not None:
                 kw[k] = bool(d[k])
-        if d.get("rescale_factor") is not None:
-            kw["rescale_factor"] = float(d["rescale_factor"])
-        for k in ("image_mean", "image_std"):
-            if d.get(k) is not None:
-                kw[k] = tuple(float(x) for x in d[k])
+        kw.update(hf_rescale_normalize(d))
         kw.update(overrides)
         return cls(**kw)
 
 
-class PixtralProcessor:
+class PixtralProcessor(PatchProcessor):
     """images -> (pixel_values float32 [P, C, p, p], grid_thw int64 [N, 3] = [1, h/p, w/p])."""
 
-    def __init__(self, config: PixtralProcessorConfig | None = None, device: str | torch.device | None = None):
-        self.config = config or PixtralProcessorConfig()
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+    config_class = PixtralProcessorConfig
 
     def plan(self, height: int, width: int, *, index: int | None = None, name: str | None = None) -> ImagePlan:
         """What preprocessing does to one image of height x width, or ImagePreprocessError naming it."""
@@ -114,35 +105,7 @@ class PixtralProcessor:
         h, w = plan.resize
         if tuple(image.shape[-2:]) == (h, w):
             return image
-        if image.device.type != "cpu" and self.config.backend == "torchvision":
-            return resize_uint8_exact(image, h, w)
-        return ops.resize_uint8(image[None], h, w, self.config.backend)[0]
-
-    @property
-    def row_shape(self) -> tuple[int, int, int]:
-        return len(self.config.image_mean), self.config.patch_size, self.config.patch_size
-
-    def patchify(self, image: torch.Tensor, plan: ImagePlan) -> torch.Tensor:
-        """uint8 [C, h, w] -> uint8 [gh*gw, C, p, p], patches in raster order."""
-        p = self.config.patch_size
-        ch, h, w = image.shape
-        x = image.contiguous().view(ch, h // p, p, w // p, p).permute(1, 3, 0, 2, 4)  # gh, gw, C, p, p
-        return x.reshape((h // p) * (w // p), ch, p, p)
-
-    def normalize(self, patches: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """uint8 [P, C, p, p] -> float32 [P, C, p, p] (into `out` if given)."""
-        c = self.config
-        return ops.rescale_normalize(patches, rescale_factor=c.rescale_factor, mean=c.image_mean, std=c.image_std,
-                                     do_rescale=c.do_rescale, do_normalize=c.do_normalize, backend=c.backend,
-                                     out=out)
-
-    def as_pixel_values(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def finish(self, images: Sequence[torch.Tensor], plans: Sequence[ImagePlan]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Resized uint8 [C, h, w] per image -> (pixel_values float32 [P, C, p, p] on their device,
-        grid_thw int64 [N, 3] on the CPU)."""
-        return finish_patches(self, [self.patchify(im, pl) for im, pl in zip(images, plans)], plans)
+        return resize_exact(image, h, w, self.config.backend)
 
     def __call__(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         def process(arrays):

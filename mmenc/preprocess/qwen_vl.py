@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from mmenc.preprocess import ops
+from mmenc.preprocess.base import PatchProcessor, check_positive_ints, resize_exact
 from mmenc.preprocess.images import load_image, process_by_size
-from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, finish_patches
-from mmenc.preprocess.resize_exact import resize_uint8_exact
+from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -95,11 +95,8 @@ class QwenVLProcessorConfig:
     backend: str = "torchvision"
 
     def __post_init__(self):
-        for f in ("patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels",
-                  "video_min_pixels", "video_max_pixels"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{f}={v!r} must be a positive int")
+        check_positive_ints(self, ("patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels",
+                                   "video_min_pixels", "video_max_pixels"))
         for f in ("image_rule", "video_rule"):
             if getattr(self, f) not in ("spatial", "temporal"):
                 raise ValueError(f"{f}={getattr(self, f)!r}; expected 'spatial' or 'temporal'")
@@ -149,17 +146,15 @@ class QwenVLProcessorConfig:
         return dataclasses.replace(base, **kw)
 
 
-class QwenVLProcessor:
+class QwenVLProcessor(PatchProcessor):
     """images -> (pixel_values float32 [P, C*tp*p*p], grid_thw int64 [N, 3]); see module docstring.
 
     Inputs may be anything `mmenc.preprocess.load_image` accepts (paths, bytes, PIL, numpy).
     device: where resize/normalize run ("cpu" default; results on another device match
-    transformers run on that device with backend "torchvision").
+    transformers run on that device with backend "torchvision"). finish: PatchProcessor's.
     """
 
-    def __init__(self, config: QwenVLProcessorConfig | None = None, device: str | torch.device | None = None):
-        self.config = config or QwenVLProcessorConfig()
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+    config_class = QwenVLProcessorConfig
 
     def target_size(self, height: int, width: int, num_frames: int = 1, video: bool = False) -> tuple[int, int]:
         c = self.config
@@ -170,20 +165,28 @@ class QwenVLProcessor:
             return smart_resize_temporal(t, height, width, c.temporal_patch_size, c.factor, lo, hi)
         return smart_resize(height, width, c.factor, lo, hi)
 
-    def _to_patches(self, frames: torch.Tensor, height: int, width: int) -> tuple[torch.Tensor, list[int]]:
-        """uint8 [B, T, C, H, W] -> float32 [B, t*gh*gw, C*tp*p*p], [t, gh, gw]."""
+    def _resize_normalize(self, frames: torch.Tensor, height: int, width: int) -> torch.Tensor:
+        """uint8 [B, T, C, H, W] -> float32 [B*T, C, h, w]: resized (do_resize) to height x width, rescaled
+        and normalized; ValueError unless h and w are multiples of patch_size * merge_size."""
         c = self.config
-        b, t, ch = frames.shape[:3]
         x = frames.flatten(0, 1)
         if c.do_resize:
             x = ops.resize_uint8(x, height, width, c.backend)
         x = ops.rescale_normalize(x, rescale_factor=c.rescale_factor, mean=c.image_mean, std=c.image_std,
                                   do_rescale=c.do_rescale, do_normalize=c.do_normalize, backend=c.backend)
         h, w = x.shape[-2:]
-        p, m, tp = c.patch_size, c.merge_size, c.temporal_patch_size
-        if h % (p * m) or w % (p * m):
-            raise ValueError(f"resized size {h}x{w} is not a multiple of patch_size*merge_size={p * m}; "
+        if h % c.factor or w % c.factor:
+            raise ValueError(f"resized size {h}x{w} is not a multiple of patch_size*merge_size={c.factor}; "
                              f"keep do_resize=True or pass images of such sizes")
+        return x
+
+    def _to_patches(self, frames: torch.Tensor, height: int, width: int) -> tuple[torch.Tensor, list[int]]:
+        """uint8 [B, T, C, H, W] -> float32 [B, t*gh*gw, C*tp*p*p], [t, gh, gw]."""
+        c = self.config
+        b, t, ch = frames.shape[:3]
+        x = self._resize_normalize(frames, height, width)
+        h, w = x.shape[-2:]
+        p, m, tp = c.patch_size, c.merge_size, c.temporal_patch_size
         x = x.view(b, t, ch, h, w)
         if pad := -t % tp:  # repeat the last frame
             x = torch.cat([x, x[:, -1:].expand(b, pad, ch, h, w)], dim=1)
@@ -215,9 +218,7 @@ class QwenVLProcessor:
         h, w = plan.resize
         if not self.config.do_resize:
             return image
-        if image.device.type != "cpu" and self.config.backend == "torchvision":
-            return resize_uint8_exact(image, h, w)
-        return ops.resize_uint8(image[None], h, w, self.config.backend)[0]
+        return resize_exact(image, h, w, self.config.backend)
 
     @property
     def row_shape(self) -> tuple[int, int]:
@@ -248,11 +249,6 @@ class QwenVLProcessor:
     def as_pixel_values(self, x: torch.Tensor) -> torch.Tensor:
         """normalize's float32 [P, C, tp*p*p] -> pixel_values [P, C*tp*p*p] (a view)."""
         return x.reshape(x.shape[0], x.shape[1] * x.shape[2])
-
-    def finish(self, images: Sequence[torch.Tensor], plans: Sequence[ImagePlan]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Resized uint8 [C, h, w] per image (one device) -> (pixel_values float32 [P, C*tp*p*p] on that
-        device, grid_thw int64 [N, 3] on the CPU): patchify in uint8, then normalize into one output."""
-        return finish_patches(self, [self.patchify(im, pl) for im, pl in zip(images, plans)], plans)
 
     def __call__(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """images: list of inputs -> (pixel_values float32 [P, C*tp*p*p], grid_thw int64 [N, 3])."""

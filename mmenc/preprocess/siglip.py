@@ -18,8 +18,9 @@ from typing import Any
 import torch
 
 from mmenc.preprocess import ops
+from mmenc.preprocess.base import PatchProcessor, check_positive_ints, hf_rescale_normalize
 from mmenc.preprocess.images import load_image
-from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, finish_patches
+from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
 
 _RESAMPLE = {2: "bilinear", 3: "bicubic", "bilinear": "bilinear", "bicubic": "bicubic"}  # PIL enum -> name
 
@@ -59,10 +60,7 @@ class SiglipProcessorConfig:
     backend: str = "torchvision"
 
     def __post_init__(self):
-        for f in ("patch_size", "height", "width", "max_num_patches"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"SiglipProcessorConfig.{f}={v!r} must be a positive int")
+        check_positive_ints(self, ("patch_size", "height", "width", "max_num_patches"), prefix="SiglipProcessorConfig.")
         if self.resample not in ("bilinear", "bicubic"):
             raise ValueError(f"SiglipProcessorConfig.resample={self.resample!r}; expected 'bilinear' or 'bicubic' "
                              f"(PIL codes 2 and 3)")
@@ -84,17 +82,13 @@ class SiglipProcessorConfig:
                 raise ValueError(f"preprocessor_config resample={d['resample']!r} is not supported; expected 2 "
                                  f"(bilinear) or 3 (bicubic)")
             kw["resample"] = _RESAMPLE[d["resample"]]
-        if d.get("rescale_factor") is not None:
-            kw["rescale_factor"] = float(d["rescale_factor"])
-        for k in ("image_mean", "image_std"):
-            if d.get(k) is not None:
-                kw[k] = tuple(float(x) for x in d[k])
+        kw.update(hf_rescale_normalize(d))
         return cls(**{**kw, **overrides})
 
 
-class SiglipProcessor:
+class SiglipProcessor(PatchProcessor):
     """images -> (pixel_values float32 [P, C*p*p], grid_thw int64 [N, 3] = [1, h/p, w/p]); see the module
-    docstring for the row layout of each version."""
+    docstring for the row layout of each version. row_shape, normalize, finish: PatchProcessor's."""
 
     def __init__(self, config: SiglipProcessorConfig | None = None):
         self.config = config or SiglipProcessorConfig()
@@ -119,33 +113,17 @@ class SiglipProcessor:
         h, w = plan.resize
         return ops.resize_uint8(image[None], h, w, self.config.backend, resample=self.config.resample)[0]
 
-    @property
-    def row_shape(self) -> tuple[int, int, int]:
-        """Shape of one row of `patchify`'s output: (C, p, p)."""
-        return len(self.config.image_mean), self.config.patch_size, self.config.patch_size
-
     def patchify(self, image: torch.Tensor, plan: ImagePlan) -> torch.Tensor:
         """uint8 [C, H, W] -> uint8 [gh*gw, C, p, p], row-major; a partial last patch is dropped."""
         p, (_, gh, gw) = self.config.patch_size, plan.grid
         x = image[:, :gh * p, :gw * p].contiguous().view(image.shape[0], gh, p, gw, p).permute(1, 3, 0, 2, 4)
         return x.reshape(gh * gw, image.shape[0], p, p)
 
-    def normalize(self, patches: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """uint8 [P, C, p, p] -> float32 [P, C, p, p] (into `out` if given)."""
-        c = self.config
-        return ops.rescale_normalize(patches, rescale_factor=c.rescale_factor, mean=c.image_mean, std=c.image_std,
-                                     do_rescale=c.do_rescale, do_normalize=c.do_normalize, backend=c.backend,
-                                     out=out)
-
     def as_pixel_values(self, x: torch.Tensor) -> torch.Tensor:
         """[P, C, p, p] -> [P, C*p*p] (SigLIP) or [P, p*p*C] (SigLIP2)."""
         if self.config.naflex:
             x = x.permute(0, 2, 3, 1)
         return x.reshape(x.shape[0], -1)
-
-    def finish(self, images: Sequence[torch.Tensor], plans: Sequence[ImagePlan]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Resized uint8 [C, h, w] per image -> (pixel_values float32 [P, C*p*p] on their device, grid_thw)."""
-        return finish_patches(self, [self.patchify(im, pl) for im, pl in zip(images, plans)], plans)
 
     def __call__(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         arrays = [load_image(im, index=i) for i, im in enumerate(images)]
