@@ -176,9 +176,6 @@ class Batcher:
                         break
                     batch.append(job)
                     patches += job.patches
-                if self.bucket:
-                    batch, rest = bucket(batch)
-                    self._carry.extendleft(reversed(rest))
                 self._dispatch(batch, slot)
                 if stopping:
                     self._drain_carry()
@@ -195,13 +192,14 @@ class Batcher:
                 job = self._carry.popleft()
                 batch.append(job)
                 patches += job.patches
-            if self.bucket:
-                batch, rest = bucket(batch)
-                self._carry.extendleft(reversed(rest))
             self._dispatch(batch, slot)
 
     def _dispatch(self, batch: list[Job], slot: _Slot) -> None:
-        """Drop the jobs cancelled while the batch filled; the others can no longer be cancelled."""
+        """With buckets on, keep the batch's bucketed part and carry the rest to the next call; drop
+        the jobs cancelled while the batch filled; the others can no longer be cancelled."""
+        if self.bucket:
+            batch, rest = bucket(batch)
+            self._carry.extendleft(reversed(rest))
         live = [job for job in batch if job.future.set_running_or_notify_cancel()]
         if not live:
             self._free.put(slot)
