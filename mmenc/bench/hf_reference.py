@@ -143,30 +143,29 @@ HF_CALLS: dict[str, type] = {
 }
 
 
+def _missing_class(architecture: str, module: str, cls: str) -> str | None:
+    """None if transformers.models.<module>.modeling_<module> has `cls`, else the reason."""
+    try:
+        modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+    except ImportError as e:
+        return f"transformers cannot be imported for {architecture}: {e}"
+    return None if hasattr(modeling, cls) else f"this transformers version has no {cls}"
+
+
 def hf_tower_available(architecture: str) -> str | None:
     """None if transformers can build this architecture's tower here, else the reason."""
-    if architecture in HF_PROJECTED_TOWERS:  # Pixtral, InternVL: tower + projector (mmenc/bench/hf_vlm_towers.py)
-        return None
     from mmenc.bench.hf_projected import HF_PROJECTED  # towers whose output includes the projector
 
+    if architecture in HF_PROJECTED_TOWERS:  # Pixtral, InternVL: tower + projector (mmenc/bench/hf_vlm_towers.py)
+        module, _, projector = HF_PROJECTED_TOWERS[architecture]
+        return _missing_class(architecture, module, projector)
     if architecture in HF_PROJECTED:
-        module, cls = HF_PROJECTED[architecture][0], HF_PROJECTED[architecture][2][0][1]
-        try:
-            found = hasattr(importlib.import_module(f"transformers.models.{module}.modeling_{module}"), cls)
-        except ImportError as e:
-            return f"transformers cannot be imported for {architecture}: {e}"
-        return None if found else f"this transformers version has no {cls}"
+        return _missing_class(architecture, HF_PROJECTED[architecture][0], HF_PROJECTED[architecture][2][0][1])
     if architecture not in HF_TOWERS:
         return (f"no transformers tower registered for {architecture} (Kimi: its embeddings include the "
                 f"projector; compare with benchmarks/kimi_vs_transformers.py)")
     module, cls, _ = HF_TOWERS[architecture]
-    try:
-        mod = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
-    except ImportError as e:
-        return f"transformers cannot be imported for {architecture}: {e}"
-    if not hasattr(mod, cls):
-        return f"this transformers version has no {cls}"
-    return None
+    return _missing_class(architecture, module, cls)
 
 
 def build_hf_tower(loaded, attn_implementation: str = "sdpa") -> HFTower:
