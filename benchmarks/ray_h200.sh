@@ -7,7 +7,8 @@
 #   bash .whl/ray/install_ray.sh .ray-venv      # offline install (wheels from benchmarks/fetch_ray_wheels.sh)
 #   PY=.ray-venv/bin/python bash benchmarks/ray_h200.sh results/ray-h200
 # Env: MODEL (default: the built-in Qwen2.5-VL-7B tower, random weights), SIZES (448), IMAGES (8192),
-# FLAGS (extra Encoder flags, default "--compile --cuda-graphs" for serve; the offline job uses --compile).
+# FLAGS (extra Encoder flags, default "--compile --cuda-graphs" for serve; the offline job uses --compile),
+# DURATION (seconds measured per serve run, 90), RUNS (which runs, default "plain ray1 ray2 haproxy offline").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results/ray-h200}
@@ -16,6 +17,8 @@ model=${MODEL:-Qwen/Qwen2.5-VL-7B-Instruct}
 sizes=${SIZES:-448}
 images=${IMAGES:-8192}
 flags=${FLAGS:---compile --cuda-graphs}
+duration=${DURATION:-90}
+runs=" ${RUNS:-plain ray1 ray2 haproxy offline} "
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 NCCL_NVLS_ENABLE=0
 $py -c "import ray, torch; print('ray', ray.__version__, 'torch', torch.__version__, torch.cuda.device_count(), 'GPUs')" \
@@ -25,17 +28,18 @@ nvidia-smi --query-gpu=name,memory.total --format=csv >> "$out/env.txt" 2>&1
 load() {  # $1: name, rest: serve_load flags
   local name=$1; shift
   timeout 900 $py benchmarks/serve_load.py --model "$model" --dtype bfloat16 $flags --sizes "$sizes" \
-    --clients 64 --requests 8192 --duration 90 --offline-images 2048 --json "$out/$name.json" "$@" \
+    --clients 64 --requests 8192 --duration "$duration" --offline-images 2048 --json "$out/$name.json" "$@" \
     > "$out/$name.log" 2>&1
   echo "$name: exit $?"; tail -n 3 "$out/$name.log" | head -n 2
 }
-load serve_plain
-load serve_ray1 --ray-replicas 1
-load serve_ray2 --ray-replicas 2
+want() { [[ "$runs" == *" $1 "* ]]; }
+want plain && load serve_plain
+want ray1 && load serve_ray1 --ray-replicas 1
+want ray2 && load serve_ray2 --ray-replicas 2
 # Ray Serve's HAProxy ingress (experimental in 2.60) instead of the Python proxy, if the first try is proxy-bound:
-RAY_SERVE_ENABLE_HA_PROXY=1 load serve_ray2_haproxy --ray-replicas 2
+want haproxy && RAY_SERVE_ENABLE_HA_PROXY=1 load serve_ray2_haproxy --ray-replicas 2
 
-for g in 1 2; do
+want offline && for g in 1 2; do
   timeout 900 $py benchmarks/ray_offline_bench.py --model "$model" --dtype bfloat16 --compile --gpus $g \
     --images "$images" --size "${sizes%%,*}" --json "$out/offline_${g}gpu.json" > "$out/offline_${g}gpu.log" 2>&1
   echo "offline ${g} GPU(s): exit $?"; tail -n 1 "$out/offline_${g}gpu.log"
