@@ -14,11 +14,12 @@ from mmenc.serving.settings import ServeSettings
 logger = init_logger(__name__)
 
 
-def build_server(settings: ServeSettings, make_encoder: Callable[[], object],
-                 log_level: str = "info") -> tuple[uvicorn.Server, EncodeService]:
+def build_server(settings: ServeSettings, make_encoder: Callable[[], object], log_level: str = "info",
+                 **service_kwargs) -> tuple[uvicorn.Server, EncodeService]:
     """A uvicorn.Server (not started) and its service; `server.run()` serves until SIGTERM, or
-    `server.should_exit = True` from another thread. If loading the encoder fails the server stops."""
-    service = EncodeService(settings, make_encoder, ServeMetrics())
+    `server.should_exit = True` from another thread. If loading the encoder fails the server stops.
+    service_kwargs: EncodeService's keyword options (batcher_factory)."""
+    service = EncodeService(settings, make_encoder, ServeMetrics(), **service_kwargs)
     holder: list[uvicorn.Server] = []
 
     def stop():
@@ -33,9 +34,9 @@ def build_server(settings: ServeSettings, make_encoder: Callable[[], object],
     return server, service
 
 
-def serve(settings: ServeSettings, make_encoder: Callable[[], object]) -> int:
+def serve(settings: ServeSettings, make_encoder: Callable[[], object], **service_kwargs) -> int:
     """Serve in the foreground; 0 after a clean shutdown, 1 if the encoder failed to load."""
-    server, service = build_server(settings, make_encoder)
+    server, service = build_server(settings, make_encoder, **service_kwargs)
     logger.info("mmenc serve: listening on http://%s:%d (loading the encoder; /health says when ready)",
                 settings.host, settings.port)
     # uvicorn handles SIGTERM/SIGINT (graceful drain), then re-raises the signal with the handlers it

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 
 from mmenc.logger import init_logger
-from mmenc.serving.batcher import Job
+from mmenc.serving.batcher import Batcher, Job
 from mmenc.serving.launch import make_batcher
 from mmenc.serving.cache import EncoderCache, content_key, model_identity
 from mmenc.serving.ec_storage import ECStorage
@@ -36,9 +36,12 @@ class _Item:
 
 
 class EncodeService:
-    def __init__(self, settings: ServeSettings, make_encoder: Callable[[], object], metrics: ServeMetrics):
+    def __init__(self, settings: ServeSettings, make_encoder: Callable[[], object], metrics: ServeMetrics, *,
+                 batcher_factory: Callable[..., Batcher] = make_batcher):
+        """batcher_factory(encoder, settings, metrics) -> the Batcher, once the encoder is loaded
+        (default: launch.make_batcher; benchmarks/serve_stand_in.py passes a stand-in tower's)."""
         self.settings, self.metrics = settings, metrics
-        self._make_encoder = make_encoder
+        self._make_encoder, self._batcher_factory = make_encoder, batcher_factory
         self.state, self.load_error = "loading", None
         self.encoder = self.batcher = None
         self.card: dict = {}
@@ -83,7 +86,7 @@ class EncodeService:
                      "image_embeds_size": hidden * (1 + levels), "deepstack_levels": levels,
                      "dtype": dtype_name(loaded.dtype)}
         self.identity = model_identity(enc.model_name, enc.processor, loaded.dtype)
-        self.batcher = make_batcher(enc, self.settings, self.metrics)
+        self.batcher = self._batcher_factory(enc, self.settings, self.metrics)
         self._uint8 = self.batcher.prepare is not None
         self.state = "ready"
         logger.info("encoder %s ready in %.1f s (%s)", enc.model_name, time.perf_counter() - start, self.card)
