@@ -15,7 +15,8 @@ import time
 
 import torch
 
-from mmenc.serving.tensor_bytes import TensorSaver, b64encode
+from mmenc.serving.b64 import b64encode
+from mmenc.serving.tensor_bytes import TensorSaver
 
 
 def old_render(t: torch.Tensor) -> bytes:

@@ -20,7 +20,8 @@ from mmenc.serving.batcher import Batcher, Job, bucket  # noqa: E402
 from mmenc.serving.inputs import ItemError  # noqa: E402
 from mmenc.serving.metrics import ServeMetrics  # noqa: E402
 from mmenc.serving.preprocess import has_per_image_api, normalize_rows, preprocess_image  # noqa: E402
-from mmenc.serving.tensor_bytes import TensorSaver, b64encode  # noqa: E402
+from mmenc.serving.b64 import b64encode  # noqa: E402
+from mmenc.serving.tensor_bytes import TensorSaver  # noqa: E402
 
 
 def _tokens(grid_thw):
@@ -185,10 +186,28 @@ def test_template_save_loads_as_the_tensor_with_valid_crcs(tensor):
         assert zipfile.ZipFile(io.BytesIO(bytes(raw))).testzip() is None, "a record's CRC-32 is wrong"
 
 
-def test_sliced_base64_equals_base64():
-    data = bytes(range(256)) * 3000  # 768,000 bytes: several slices and a short tail
+@pytest.mark.parametrize("fast", [False, True], ids=["stdlib-sliced", "pybase64"])
+def test_service_base64_equals_the_standard_library(fast, monkeypatch):
+    from mmenc.serving import b64
+
+    if fast:
+        pytest.importorskip("pybase64")
+    else:
+        monkeypatch.setattr(b64, "_fast", None)
+    assert b64.encoder_name() == ("pybase64" if fast else "binascii")
+    data = bytes(range(256)) * 3000  # 768,000 bytes: several 192 KiB slices and a short tail
     for n in (0, 1, 2, 3, 196607, 196608, 196609, len(data)):
         assert b64encode(data[:n]) == base64.b64encode(data[:n]), n
+    words = torch.arange(6, dtype=torch.bfloat16).view(torch.uint8).numpy()  # a buffer, as formats.py passes
+    assert b64encode(words.data) == base64.b64encode(words.tobytes())
+    good = base64.b64encode(data[:1000])
+    assert b64.b64decode(good) == data[:1000] and b64.b64decode(good.decode()) == data[:1000]
+    for bad in ("aGVsbG8", "aGVs bG8=", "aGVsbG8=\n", "!!!!", "YQ==YQ==", "a", "\u00e9"):
+        with pytest.raises(ValueError) as refused:  # binascii.Error is a ValueError
+            b64.b64decode(bad)
+        with pytest.raises(ValueError) as stdlib:
+            base64.b64decode(bad, validate=True)
+        assert str(refused.value) == str(stdlib.value), bad
 
 
 @pytest.mark.gpu

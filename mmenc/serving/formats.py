@@ -5,7 +5,8 @@ import json
 
 import torch
 
-from mmenc.serving.tensor_bytes import TensorSaver, b64encode
+from mmenc.serving.b64 import b64encode
+from mmenc.serving.tensor_bytes import TensorSaver
 
 
 @dataclasses.dataclass(frozen=True)

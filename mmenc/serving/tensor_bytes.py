@@ -1,4 +1,4 @@
-"""torch.save bytes of a response tensor without torch.save, and base64 in GIL-sized slices.
+"""torch.save bytes of a response tensor without torch.save.
 
 torch.save writes a zip archive whose bytes depend only on the tensor's dtype and shape, except the
 data record and its CRC-32 (and `.data/serialization_id`, an id torch draws per save; every answer
@@ -6,12 +6,7 @@ of one shape here carries its template's). `save_bytes` keeps, per (dtype, shape
 a zero tensor cut around its data record, and writes an answer as prefix + the tensor's bytes +
 suffix with that record's CRC-32 patched in (zlib computes it with the GIL released). That is a
 copy and a CRC instead of torch's pickler and zip writer (about 1/5 of the time, measured in
-docs/serving.md); torch.load reads the result as the same tensor (tests/test_serve_render.py).
-
-`b64encode` encodes in slices of 192 KiB (a multiple of 3, so the slices' encodings concatenate to
-the whole one): binascii holds the GIL for a whole call, and slices let the tower's launcher thread
-in between instead of waiting behind megabytes."""
-import base64
+docs/serving.md); torch.load reads the result as the same tensor (tests/test_serve_overlap.py)."""
 import io
 import struct
 import threading
@@ -20,7 +15,6 @@ import zlib
 
 import torch
 
-_SLICE = 3 * 64 * 1024
 _MAX_TEMPLATES = 64
 
 
@@ -87,10 +81,3 @@ class TensorSaver:
             out[at:at + 4] = crc
         return out
 
-
-def b64encode(data) -> bytes:
-    """base64.b64encode(data), in slices (see the module doc)."""
-    view = memoryview(data).cast("B")
-    if len(view) <= _SLICE:
-        return base64.b64encode(view)
-    return b"".join(base64.b64encode(view[i:i + _SLICE]) for i in range(0, len(view), _SLICE))
