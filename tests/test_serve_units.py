@@ -135,3 +135,15 @@ def test_batcher_gathers_into_a_pinned_buffer_on_cuda():
     assert all(seen) and len(seen) >= 2, seen
     for i, r in enumerate(results):  # each image got its own rows back, even though the buffer was reused
         assert torch.equal(r.full, torch.full((16, 3), float(i))), i
+
+
+def test_cli_flags_reach_the_settings():
+    from mmenc.cli.main import build_parser
+    from mmenc.cli.serve import settings_from_args
+
+    defaults = settings_from_args(build_parser().parse_args(["serve"]))
+    assert (defaults.max_in_flight, defaults.bucket_batches) == (ServeSettings().max_in_flight, "auto")
+    args = build_parser().parse_args(["serve", "--max-in-flight", "3", "--bucket-batches", "off"])
+    assert (settings_from_args(args).max_in_flight, settings_from_args(args).bucket_batches) == (3, "off")
+    with pytest.raises(ValueError, match="max_in_flight=0"):
+        settings_from_args(build_parser().parse_args(["serve", "--max-in-flight", "0"]))
