@@ -1,6 +1,10 @@
 """Start and stop the service with uvicorn. SIGTERM / SIGINT: stop accepting connections, finish the
 requests in flight (up to shutdown_timeout_s), then stop the batcher and close the Encoder."""
+import logging
+import multiprocessing
+import os
 import signal
+import sys
 from collections.abc import Callable
 
 import uvicorn
@@ -47,6 +51,17 @@ def serve(settings: ServeSettings, make_encoder: Callable[[], object], **service
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if service.loading():
+        # stopped while the encoder was loading, and the load did not stop within shutdown_timeout_s: a
+        # normal interpreter exit would tear torch down under the loader thread ("terminate called
+        # without an active exception", SIGABRT); nothing was served, nothing is left to flush but the logs
+        logger.info("mmenc serve: stopped while the encoder was loading; exiting without waiting for it")
+        for child in multiprocessing.active_children():  # e.g. tensor-parallel workers started by the load
+            child.terminate()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     if service.state == "failed":
         logger.error("mmenc serve: the encoder failed to load: %s", service.load_error)
         return 1

@@ -53,6 +53,7 @@ class EncodeService:
         self.saver = TensorSaver()  # torch.save bytes from per-shape templates (formats.torch_b64)
         self._uint8 = False  # jobs carry uint8 patches, normalized on the device by the batcher
         self._loader: threading.Thread | None = None
+        self._closing = threading.Event()  # set by close(): a load still running stops at its next step
 
     # -- life cycle --------------------------------------------------------------------------------
     def start_loading(self, on_failure: Callable[[], None] | None = None) -> threading.Thread:
@@ -76,6 +77,8 @@ class EncodeService:
     def _load(self) -> None:
         start = time.perf_counter()
         enc = self.encoder = self._make_encoder()
+        if self._closing.is_set():  # stopped while loading: close() closes the encoder
+            return
         warm = _warmup_image()
         pixel_values, grid = enc.preprocess([warm])
         out = enc.encode_pixels(pixel_values, grid, return_extras=True)
@@ -86,12 +89,33 @@ class EncodeService:
                      "image_embeds_size": hidden * (1 + levels), "deepstack_levels": levels,
                      "dtype": dtype_name(loaded.dtype)}
         self.identity = model_identity(enc.model_name, enc.processor, loaded.dtype)
+        if self._closing.is_set():
+            return
         self.batcher = self._batcher_factory(enc, self.settings, self.metrics)
         self._uint8 = self.batcher.prepare is not None
         self.state = "ready"
         logger.info("encoder %s ready in %.1f s (%s)", enc.model_name, time.perf_counter() - start, self.card)
 
+    def loading(self) -> bool:
+        """Whether the loader thread still runs (e.g. after close() gave up waiting for it)."""
+        return self._loader is not None and self._loader.is_alive()
+
     def close(self) -> None:
+        """Stop: a load in progress stops at its next step (waited for up to shutdown_timeout_s; if it
+        is still running then, it is left to the process exit, see server.serve), then the batcher
+        finishes its queued jobs, the pool stops and the Encoder is closed."""
+        self._closing.set()
+        if self.loading():
+            logger.info("stopping while the encoder loads: waiting up to %.0f s for the load to stop",
+                        self.settings.shutdown_timeout_s)
+            self._loader.join(self.settings.shutdown_timeout_s)
+            if self.loading():
+                logger.warning("the encoder is still loading after %.0f s (shutdown_timeout_s); not waiting longer",
+                               self.settings.shutdown_timeout_s)
+                self.pool.shutdown(wait=True, cancel_futures=True)
+                return
+        if self.state == "loading":
+            self.state = "stopped"
         if self.batcher is not None:
             self.batcher.close(timeout=self.settings.shutdown_timeout_s)
         self.pool.shutdown(wait=True, cancel_futures=True)
