@@ -4,6 +4,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 
@@ -16,6 +17,8 @@ from mmenc.serving.service import EncodeService
 from mmenc.serving.settings import ServeSettings
 
 logger = init_logger(__name__)
+
+SEND_BUFFER_BYTES = 256 << 10  # SO_SNDBUF of each connection under uvloop (see _http_protocol)
 
 
 def build_server(settings: ServeSettings, make_encoder: Callable[[], object], log_level: str = "info",
@@ -32,7 +35,7 @@ def build_server(settings: ServeSettings, make_encoder: Callable[[], object], lo
     app = create_app(service, on_load_failure=stop)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                             timeout_graceful_shutdown=settings.shutdown_timeout_s, access_log=False,
-                            limit_concurrency=None, backlog=2048)
+                            limit_concurrency=None, backlog=2048, http=_http_protocol())
     server = uvicorn.Server(config)
     holder.append(server)
     return server, service
@@ -70,3 +73,28 @@ def serve(settings: ServeSettings, make_encoder: Callable[[], object], **service
 
 def _ignore(signum, frame) -> None:
     logger.info("mmenc serve: stopped by signal %d after draining", signum)
+
+
+def _http_protocol():
+    """uvicorn's "auto" HTTP protocol (httptools if installed, else h11); under uvloop (installed: the
+    loop "auto" picks) with SO_SNDBUF = SEND_BUFFER_BYTES on each connection. uvloop's transport
+    writes what the socket takes at once while holding the GIL and hands the rest to libuv, which
+    writes it with the GIL released; with the loopback default (megabytes) a whole 2.4 MB answer was
+    copied into the kernel under the GIL (docs/serving.md, "Host side")."""
+    import importlib.util
+
+    if importlib.util.find_spec("uvloop") is None:
+        return "auto"
+    if importlib.util.find_spec("httptools") is not None:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
+    else:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as Base
+
+    class Protocol(Base):
+        def connection_made(self, transport) -> None:
+            sock = transport.get_extra_info("socket")
+            if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+            super().connection_made(transport)
+
+    return Protocol

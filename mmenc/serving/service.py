@@ -15,9 +15,10 @@ from mmenc.serving.batcher import Batcher, Job
 from mmenc.serving.launch import make_batcher
 from mmenc.serving.cache import EncoderCache, content_key, model_identity
 from mmenc.serving.ec_storage import ECStorage
-from mmenc.serving.formats import EncodedImage, dtype_name, dumps, render_item
+from mmenc.serving.formats import Body, EncodedImage, dtype_name, dumps, render_item
 from mmenc.serving.inputs import EncodeRequest, ImageInput, ItemError, RequestError
 from mmenc.serving.metrics import ServeMetrics
+from mmenc.serving.pending import Pending
 from mmenc.serving.preprocess import preprocess_image
 from mmenc.serving.settings import ServeSettings
 from mmenc.serving.tensor_bytes import TensorSaver
@@ -123,8 +124,11 @@ class EncodeService:
             self.encoder.close()
 
     # -- one request -------------------------------------------------------------------------------
-    async def encode(self, request: EncodeRequest) -> bytes:
-        """The JSON response body: {"model": ..., "data": [item per image, input order], "usage": ...}."""
+    async def encode(self, request: EncodeRequest) -> list[bytes]:
+        """The JSON response body, in pieces (formats.Body): {"model": ..., "data": [item per image,
+        input order], "usage": ...}. The event loop hands the request to the pool once and wakes once
+        for the answer: pool threads prepare the images and submit them to the batcher, the last
+        result submits the rendering, which sets the answer (pending.Pending)."""
         if self.state != "ready":
             raise RequestError(503, "model", f"the encoder is {self.state}"
                                + (f" ({self.load_error})" if self.load_error else "; retry shortly"), kind="not_ready")
@@ -135,32 +139,45 @@ class EncodeService:
                                               f"max_queue_images={limit}; retry later", kind="queue_full")
         self._in_flight += n
         self.metrics.in_flight.set(self._in_flight)
+        pending = Pending(n, lambda items: self._render(request, items))
         try:
-            items = await asyncio.gather(*(self._item(image) for image in request.images))
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self.pool, self._render, request, items)
+            self.pool.submit(pending.guard, self._start, pending, request.images)
+            return await asyncio.wrap_future(pending.answer)
+        except asyncio.CancelledError:  # the client left: its jobs not yet in a tower call are dropped
+            self.metrics.cancelled.inc(pending.cancel())
+            raise
         finally:
             self._in_flight -= n
             self.metrics.in_flight.set(self._in_flight)
 
-    async def _item(self, image: ImageInput) -> _Item:
+    def _start(self, pending: Pending, images: list[ImageInput]) -> None:
+        """In a pool thread: the request's first image here, each other one in its own pool task."""
+        for image in images[1:]:
+            self.pool.submit(pending.guard, self._image, pending, image)
+        self._image(pending, images[0])
+
+    def _image(self, pending: Pending, image: ImageInput) -> None:
         if image.error is not None:
-            return _Item(error=image.error)
-        loop = asyncio.get_running_loop()
-        try:  # cancelled when the client leaves: a job not yet in a tower call is then dropped
-            item, job = await loop.run_in_executor(self.pool, self._prepare, image)
-            if job is None:
-                return item
-            try:
-                item.image = await asyncio.wrap_future(self.batcher.submit(job))
-            except Exception as e:  # noqa: BLE001 - the tower failed for this batch: an item error, not a 500
-                return _Item(error=ItemError("encoder_error", f"images[{image.index}]: the tower failed "
-                                                              f"({type(e).__name__}: {e})"))
-        except asyncio.CancelledError:
-            self.metrics.cancelled.inc()
-            raise
-        self.cache.put(item.key, item.image)
-        return item
+            return pending.settle(image.index, _Item(error=image.error), self.pool)
+        if pending.answer.done():  # cancelled: nothing more to do
+            return
+        item, job = self._prepare(image)
+        if job is None:
+            return pending.settle(image.index, item, self.pool)
+
+        def tower_done(future) -> None:  # in the batcher's completer thread: cheap steps only
+            if future.cancelled():
+                return
+            if future.exception() is not None:  # the tower failed for this batch: an item error, not a 500
+                e = future.exception()
+                failed = _Item(error=ItemError("encoder_error", f"images[{image.index}]: the tower failed "
+                                                                f"({type(e).__name__}: {e})"))
+                return pending.settle(image.index, failed, self.pool)
+            item.image = future.result()
+            self.cache.put(item.key, item.image)
+            pending.settle(image.index, item, self.pool)
+
+        pending.track(self.batcher.submit(job)).add_done_callback(tower_done)
 
     def _prepare(self, image: ImageInput) -> tuple[_Item, Job | None]:
         """In a pool thread: key, cache lookup, then (on a miss) decode + preprocess."""
@@ -183,16 +200,17 @@ class EncodeService:
             pixel_values = pixel_values.to(self.encoder.loaded.dtype)
         return _Item(key=key), Job(pixel_values, grid)
 
-    def _render(self, request: EncodeRequest, items: list[_Item]) -> bytes:
-        """In a pool thread: the response body (and the EC storage files)."""
-        parts, images, tokens = [b'{"model":', dumps(self.encoder.model_name), b',"data":['], 0, 0
+    def _render(self, request: EncodeRequest, items: list[_Item]) -> list[bytes]:
+        """In a pool thread: the response body's pieces (and the EC storage files)."""
+        body, images, tokens = Body(), 0, 0
+        body.add(b'{"model":', dumps(self.encoder.model_name), b',"data":[')
         for image, item in zip(request.images, items):
             if image.index:
-                parts.append(b",")
+                body.add(b",")
             if item.error is not None:
                 self.metrics.errors.labels(kind=item.error.kind).inc()
-                parts.append(dumps({"index": image.index, "uuid": image.uuid,
-                                    "error": {"type": item.error.kind, "message": item.error.message}}))
+                body.add(dumps({"index": image.index, "uuid": image.uuid,
+                                "error": {"type": item.error.kind, "message": item.error.message}}))
                 continue
             enc = item.image
             if self.ec is not None and self.ec.write(item.key, enc.full):
@@ -201,13 +219,13 @@ class EncodeService:
             uuid = image.uuid if image.uuid is not None else item.key
             meta = {"index": image.index, "uuid": uuid, "num_tokens": enc.num_tokens, "grid_thw": list(enc.grid_thw),
                     "cached": item.hit}
-            parts += render_item(enc, request.format, meta, self.saver)
-        parts += [b'],"usage":', dumps({"images": images, "tokens": tokens}), b"}"]
+            body.add(*render_item(enc, request.format, meta, self.saver))
+        body.add(b'],"usage":', dumps({"images": images, "tokens": tokens}), b"}")
         self.metrics.images.inc(images)
         self.metrics.tokens.inc(tokens)
         self.metrics.cache_bytes.set(self.cache.nbytes)
         self.metrics.cache_entries.set(len(self.cache))
-        return b"".join(parts)
+        return body.done()
 
 
 def _warmup_image() -> bytes:

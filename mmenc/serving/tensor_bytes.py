@@ -58,11 +58,38 @@ class TensorSaver:
         self._lock = threading.Lock()
         self.max_templates = max_templates
 
-    def save_bytes(self, tensor: torch.Tensor) -> bytes | bytearray:
+    def save_bytes(self, tensor: torch.Tensor) -> bytes:
+        return b"".join(self.save_pieces(tensor))
+
+    def save_pieces(self, tensor: torch.Tensor) -> list:
+        """save_bytes(tensor) as consecutive pieces [head, middle, tail] whose lengths, but the
+        last's, are multiples of 3, so their base64 encodings concatenate to the whole one's. The
+        middle (nearly all the bytes) is a view of the tensor's memory: nothing copies it."""
         if tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.numel() == 0:
             buf = io.BytesIO()
             torch.save(tensor, buf)
-            return buf.getvalue()
+            return [buf.getvalue()]
+        template = self._template(tensor)
+        data = tensor.view(-1).view(torch.uint8).numpy().data  # little-endian, as torch.save writes
+        crc = struct.pack("<I", zlib.crc32(data))
+        start, n = template.start, template.nbytes
+        if n < 6:  # too short to cut: one piece
+            whole = bytearray(template.prefix) + data + template.suffix
+            for at in template.crc_at:
+                whole[at:at + 4] = crc
+            return [bytes(whole)]
+        cut = (-start) % 3  # head = prefix + the data's first `cut` bytes: a multiple of 3
+        end = cut + (n - cut) // 3 * 3  # the middle: data[cut:end]
+        head, tail = bytearray(template.prefix) + data[:cut], bytearray(data[end:]) + template.suffix
+        for at in template.crc_at:  # each CRC-32 field lies in the prefix or the suffix
+            if at < start:
+                head[at:at + 4] = crc
+            else:
+                at -= start + end
+                tail[at:at + 4] = crc
+        return [bytes(head), data[cut:end], bytes(tail)]
+
+    def _template(self, tensor: torch.Tensor) -> _Template:
         key = (tensor.dtype, tuple(tensor.shape))
         with self._lock:
             template = self._templates.get(key)
@@ -72,12 +99,4 @@ class TensorSaver:
                 if len(self._templates) >= self.max_templates:
                     self._templates.pop(next(iter(self._templates)))
                 self._templates[key] = template
-        data = tensor.view(-1).view(torch.uint8).numpy().data  # little-endian, as torch.save writes
-        out = bytearray(template.prefix)
-        out += data
-        out += template.suffix
-        crc = struct.pack("<I", zlib.crc32(data))
-        for at in template.crc_at:
-            out[at:at + 4] = crc
-        return out
-
+        return template
