@@ -349,6 +349,8 @@ def summarize(records: list[dict], offline_ips: float, before: dict, after: dict
         "tower_calls": int(batches), "packings": int(after.get("mmenc_tower_packings", 0.0)),
         "graph_replays": int(delta.get('mmenc_cuda_graph_calls{kind="replays"}', 0.0)),
         "graph_eager": int(delta.get('mmenc_cuda_graph_calls{kind="eager"}', 0.0)),
+        "probe_ms": round(1000 * delta.get("mmenc_standin_probe_seconds_sum", 0.0)
+                          / max(delta.get("mmenc_standin_probe_seconds_count", 0.0), 1), 2),
     }
 
 

@@ -9,6 +9,11 @@ first patch of each merged token, so each answer can be checked against an offli
 batcher gets uint8 jobs as on a GPU (decode, resize and patchify in the pool; the stand-in
 normalizes only the rows it reads), so the host work per image is the GPU server's.
 
+Launcher probe: each stand-in call first runs `probe_ops` tiny torch ops (each releases and takes
+back the GIL, as a launcher's kernel launches do) and records how long they took in the metric
+`mmenc_standin_probe_seconds`: alone they take well under a millisecond; what the call takes beyond
+that is time the launcher waited for the GIL held by the server's other threads.
+
     python benchmarks/serve_stand_in.py --stand-in-hidden 3584 serve --model DIR --device cpu --port 8000 ...
 
 (`DIR`: e.g. mmenc.testing.checkpoints.save_qwen2_5_vl(folder)). benchmarks/serve_load.py
@@ -17,6 +22,7 @@ normalizes only the rows it reads), so the host work per image is the GPU server
 import argparse
 import os
 import sys
+import time
 
 import torch
 from torch import nn
@@ -30,8 +36,9 @@ class StandInTower(nn.Module):
     """(pixel_values [P, F] float, or uint8 patches [P, *row_shape], grid_thw [N, 3]) ->
     TowerOutput(embeddings bf16 [P / merge**2, hidden]); output_tokens as the replaced tower's."""
 
-    def __init__(self, loaded, processor, hidden: int):
+    def __init__(self, loaded, processor, hidden: int, probe_ops: int = 200):
         super().__init__()
+        self.probe_ops, self.probe_seconds = probe_ops, None  # a Histogram, set by stand_in_batcher
         merge = getattr(loaded.config, "spatial_merge_size", None)
         if merge is None:
             raise ValueError(f"the stand-in needs a tower with spatial_merge_size (Qwen-VL family); "
@@ -44,6 +51,11 @@ class StandInTower(nn.Module):
         return self.replaced.output_tokens(grid_thw)
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
+        start, x = time.perf_counter(), self.row[:8]
+        for _ in range(self.probe_ops):
+            x = x * 1.0
+        if self.probe_seconds is not None:
+            self.probe_seconds.observe(time.perf_counter() - start)
         first = pixel_values[::self.merge].contiguous()  # the first patch of each merged token
         if not first.is_floating_point():  # the batcher's uint8 jobs: normalize just these rows
             first = normalize_rows(self.processor, first.reshape(first.shape[0], *self.processor.row_shape))
@@ -72,7 +84,11 @@ def stand_in_batcher(enc, settings, metrics):
     from mmenc.serving.batcher import Batcher
     from mmenc.serving.launch import use_buckets
 
+    from prometheus_client import Histogram
+
     tower = enc.loaded.tower
+    tower.probe_seconds = Histogram("mmenc_standin_probe_seconds", f"{tower.probe_ops} tiny torch ops at the "
+                                    "start of each stand-in call (GIL waits of a launcher)", registry=metrics.registry)
 
     def encode(pixel_values, grid_thw, return_extras=True):
         return tower(pixel_values, grid_thw)
