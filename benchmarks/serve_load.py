@@ -16,6 +16,13 @@
 5. Prints one table: images/s served and offline, their ratio, p50/p90/p99 latency, errors,
    lost and mismatched answers, cache hit rate and batch sizes from /metrics; --json writes it.
 Bounded: --requests and --duration cap the measured phase; the server is stopped with SIGTERM.
+
+Host ceiling (bench only): --stand-in-tower HIDDEN replaces the tower, offline and in the server, by
+benchmarks/serve_stand_in.py's near-free stand-in answering [tokens, HIDDEN] bf16 (CPU, a tiny
+Qwen2.5-VL checkpoint when --model is not given), so images/s measures the HTTP + preprocessing +
+batching + rendering side alone. With few cores, --check-every N decodes only every Nth answer of
+each client (the others are checked for status and item count), so the clients leave the server
+its CPU; server_cpu_ms_per_image is the server process's CPU time (user + system) per image served.
 """
 import argparse
 import base64
@@ -75,11 +82,19 @@ def reference_tensor(piece, fmt: str) -> torch.Tensor:
     return piece.embeddings.cpu()
 
 
-def offline(args, pool: list[bytes]) -> tuple[dict, float, int]:
-    """(references by pool index, offline images/s, images timed)."""
+def make_encoder(args):
+    if args.stand_in_tower:
+        from serve_stand_in import stand_in_encoder
+
+        return stand_in_encoder(args.stand_in_tower, **encoder_kwargs(args, DEFAULT_MODEL))
     from mmenc.engine.encoder import Encoder
 
-    enc = Encoder(**encoder_kwargs(args, DEFAULT_MODEL))
+    return Encoder(**encoder_kwargs(args, DEFAULT_MODEL))
+
+
+def offline(args, pool: list[bytes]) -> tuple[dict, float, int]:
+    """(references by pool index, offline images/s, images timed)."""
+    enc = make_encoder(args)
     sync = torch.cuda.synchronize if enc.device.type == "cuda" else (lambda: None)
     refs = {}
     for first in range(0, len(pool), args.offline_batch):
@@ -110,12 +125,16 @@ def free_port() -> int:
 
 
 def start_server(args, port: int, log_path: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "mmenc.cli.main", "serve", "--host", HOST, "--port", str(port),
+    here = os.path.dirname(os.path.abspath(__file__))
+    entry = (["-m", "mmenc.cli.main"] if not args.stand_in_tower else
+             [os.path.join(here, "serve_stand_in.py"), "--stand-in-hidden", str(args.stand_in_tower)])
+    cmd = [sys.executable, *entry, "serve", "--host", HOST, "--port", str(port),
            "--max-batch-patches", str(args.max_batch_patches), "--max-wait-ms", str(args.max_wait_ms),
            "--cache-bytes", args.cache_bytes, "--max-queue-images", str(max(1024, 2 * args.clients * args.images_per_request)),
            "--max-images-per-request", str(max(64, args.images_per_request))]
     if args.preprocess_threads:
         cmd += ["--preprocess-threads", str(args.preprocess_threads)]
+    cmd += list(args.serve_arg or [])
     if args.ray_replicas:
         cmd += ["--ray", "--replicas", str(args.ray_replicas)]
     kw = encoder_kwargs(args, DEFAULT_MODEL)
@@ -136,6 +155,41 @@ def get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (Linux /proc; nan elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def start_py_spy(cfg: dict) -> subprocess.Popen:
+    """py-spy sampling the server's threads during the measured phase (collapsed stacks to cfg["py_spy"])."""
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")  # a venv's, else PATH's
+    cmd = [beside if os.path.exists(beside) else "py-spy", "record", "--pid", str(cfg["server_pid"]), "--duration", str(int(cfg["duration"])),
+           "--rate", "250", "--format", "raw", "--output", cfg["py_spy"], "--nonblocking", "--threads"]
+    return subprocess.Popen(cmd + (["--gil"] if cfg["py_spy_gil"] else []), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)
+
+
+def py_spy_top(path: str, n: int = 15) -> str:
+    """The `n` frames with the most samples at the top of the stack (self time), and per thread."""
+    leaf, threads, total = {}, {}, 0
+    with open(path) as f:
+        for line in f:
+            stack, _, count = line.rstrip().rpartition(" ")
+            frames = stack.split(";")
+            leaf[frames[-1]] = leaf.get(frames[-1], 0) + int(count)
+            threads[frames[0]] = threads.get(frames[0], 0) + int(count)
+            total += int(count)
+    rows = [f"py-spy: {total} samples"] + [f"  thread {100 * c / total:5.1f}%  {k}" for k, c in
+                                           sorted(threads.items(), key=lambda kv: -kv[1])[:6]]
+    rows += [f"  self {100 * c / total:5.1f}%  {k}" for k, c in sorted(leaf.items(), key=lambda kv: -kv[1])[:n]]
+    return "\n".join(rows)
 
 
 def metrics(port: int) -> dict[str, float]:
@@ -185,7 +239,11 @@ def client_loop(cfg: dict, client: int, pool_urls: list[str], refs: dict, deadli
             return
         rec["ok"] = rec["mismatch"] = rec["item_errors"] = 0
         rec["max_err"] = 0.0
-        if resp.status == 200:
+        if resp.status == 200 and seq % cfg["check_every"]:  # not decoded: status and item count only
+            rec["unchecked"] = payload.count(b'"index":')
+            rec["lost"] = k - rec["unchecked"]
+            rec["item_errors"] = payload.count(b'"error":{"type"')
+        elif resp.status == 200:
             data = json.loads(payload)["data"]
             rec["lost"] = k - len(data)
             for j, item in enumerate(data):
@@ -245,9 +303,14 @@ def run_clients(cfg: dict, processes: int) -> tuple[list[dict], dict]:
         p.start()
     warm.wait(timeout=cfg["timeout"] + 600)
     before = metrics(cfg["port"])
+    spy = start_py_spy(cfg) if cfg["py_spy"] else None
     start_box.value = time.time()
     go.wait(timeout=60)
+    cpu_before = cpu_seconds(cfg["server_pid"])
     records = [r for _ in procs for r in queue.get(timeout=cfg["duration"] + cfg["timeout"] + 120)]
+    before["server_cpu_s"] = cpu_seconds(cfg["server_pid"]) - cpu_before
+    if spy is not None:
+        spy.wait(timeout=cfg["duration"] + 60)
     for p in procs:
         p.join()
     return records, before
@@ -256,7 +319,7 @@ def run_clients(cfg: dict, processes: int) -> tuple[list[dict], dict]:
 def summarize(records: list[dict], offline_ips: float, before: dict, after: dict) -> dict:
     measured = [r for r in records if r["measured"]]
     ok = [r for r in measured if r["status"] == 200]
-    images_ok = sum(r["ok"] for r in ok)
+    images_ok = sum(r["ok"] + r.get("unchecked", 0) - (r["item_errors"] if "unchecked" in r else 0) for r in ok)
     span = (max(r["t1"] for r in measured) - min(r["t0"] for r in measured)) if measured else float("nan")
     lat = np.array([r["t1"] - r["t0"] for r in ok]) * 1000 if ok else np.array([float("nan")])
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
@@ -267,6 +330,8 @@ def summarize(records: list[dict], offline_ips: float, before: dict, after: dict
         "requests": len(measured), "images_ok": images_ok, "seconds": round(span, 3),
         "served_images_per_s": round(served, 2), "offline_images_per_s": round(offline_ips, 2),
         "served_over_offline": round(served / offline_ips, 3),
+        "server_cpu_ms_per_image": round(1000 * before["server_cpu_s"] / max(images_ok, 1), 2),
+        "checked": sum(r["ok"] + r.get("mismatch", 0) for r in ok if "unchecked" not in r),
         "p50_ms": round(float(np.percentile(lat, 50)), 1), "p90_ms": round(float(np.percentile(lat, 90)), 1),
         "p99_ms": round(float(np.percentile(lat, 99)), 1),
         "http_errors": sum(r["status"] != 200 for r in measured),
@@ -284,6 +349,8 @@ def summarize(records: list[dict], offline_ips: float, before: dict, after: dict
         "tower_calls": int(batches), "packings": int(after.get("mmenc_tower_packings", 0.0)),
         "graph_replays": int(delta.get('mmenc_cuda_graph_calls{kind="replays"}', 0.0)),
         "graph_eager": int(delta.get('mmenc_cuda_graph_calls{kind="eager"}', 0.0)),
+        "probe_ms": round(1000 * delta.get("mmenc_standin_probe_seconds_sum", 0.0)
+                          / max(delta.get("mmenc_standin_probe_seconds_count", 0.0), 1), 2),
     }
 
 
@@ -313,8 +380,26 @@ def main(argv=None) -> int:
     p.add_argument("--ray-replicas", type=int, default=None, metavar="N",
                    help="serve with `mmenc serve --ray --replicas N` (a local Ray, one GPU per replica); "
                         "served_over_offline is then N replicas over one offline Encoder")
+    p.add_argument("--stand-in-tower", type=int, default=None, metavar="HIDDEN",
+                   help="bench only: replace the tower by a near-free stand-in answering [tokens, HIDDEN] bf16 "
+                        "(benchmarks/serve_stand_in.py), to measure the host side alone; CPU only")
+    p.add_argument("--check-every", type=int, default=1, metavar="N",
+                   help="decode and compare every Nth answer of each client; the others: status and item count "
+                        "(default: %(default)s, all)")
+    p.add_argument("--serve-arg", action="append", metavar="ARG",
+                   help="extra argument for `mmenc serve` (repeat; e.g. --serve-arg=--max-in-flight --serve-arg=3)")
+    p.add_argument("--py-spy", default=None, metavar="OUT",
+                   help="record the server with py-spy during the measured phase (collapsed stacks to OUT) and print "
+                        "the top frames (needs `pip install py-spy` and ptrace rights)")
+    p.add_argument("--py-spy-gil", action="store_true", help="with --py-spy: only samples holding the GIL")
     p.add_argument("--json", default=None, help="write the summary (and settings) here")
     args = p.parse_args(argv)
+    if args.stand_in_tower:
+        args.device = args.device or "cpu"
+        if args.model is None:
+            from mmenc.testing.checkpoints import save_qwen2_5_vl
+
+            args.model = str(save_qwen2_5_vl(tempfile.mkdtemp(prefix="serve_load_tiny_"))[0])
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
         os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)  # inherited by the server process
@@ -331,12 +416,14 @@ def main(argv=None) -> int:
     cfg = {"port": free_port(), "clients": args.clients, "images_per_request": args.images_per_request,
            "format": args.format, "tolerance": args.tolerance, "repeat_fraction": args.repeat_fraction,
            "requests": args.requests, "duration": args.duration, "warmup": args.warmup, "timeout": args.timeout,
-           "run": f"r{os.getpid()}", "refs_path": os.path.join(tmp, "refs.pt"), "pool_path": os.path.join(tmp, "pool.json")}
+           "run": f"r{os.getpid()}", "check_every": max(1, args.check_every), "py_spy": args.py_spy,
+           "py_spy_gil": args.py_spy_gil, "refs_path": os.path.join(tmp, "refs.pt"), "pool_path": os.path.join(tmp, "pool.json")}
     torch.save(refs, cfg["refs_path"])
     with open(cfg["pool_path"], "w") as f:
         json.dump(["data:image/jpeg;base64," + base64.b64encode(d).decode() for d in pool], f)
     log_path = os.path.join(tmp, "server.log")
     server = start_server(args, cfg["port"], log_path)
+    cfg["server_pid"] = server.pid
     try:
         deadline = time.monotonic() + args.timeout
         while True:
@@ -364,12 +451,15 @@ def main(argv=None) -> int:
                "images_per_request": args.images_per_request, "model": args.model or DEFAULT_MODEL,
                "compile": args.compile, "cuda_graphs": args.cuda_graphs, "device": args.device,
                "max_batch_patches": args.max_batch_patches, "max_wait_ms": args.max_wait_ms,
-               "ray_replicas": args.ray_replicas,
+               "ray_replicas": args.ray_replicas, "stand_in_tower": args.stand_in_tower,
+               "check_every": args.check_every, "processes": processes, "serve_args": args.serve_arg,
                "torch": torch.__version__, "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
     print("| " + " | ".join(summary) + " |")
     print("|" + "---|" * len(summary))
     print("| " + " | ".join(str(v) for v in summary.values()) + " |")
     print(json.dumps(setting))
+    if args.py_spy and os.path.exists(args.py_spy):
+        print(py_spy_top(args.py_spy))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"settings": setting, "summary": summary}, f, indent=2)

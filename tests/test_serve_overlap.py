@@ -20,7 +20,8 @@ from mmenc.serving.batcher import Batcher, Job, bucket  # noqa: E402
 from mmenc.serving.inputs import ItemError  # noqa: E402
 from mmenc.serving.metrics import ServeMetrics  # noqa: E402
 from mmenc.serving.preprocess import has_per_image_api, normalize_rows, preprocess_image  # noqa: E402
-from mmenc.serving.tensor_bytes import TensorSaver, b64encode  # noqa: E402
+from mmenc.serving.b64 import b64encode  # noqa: E402
+from mmenc.serving.tensor_bytes import TensorSaver  # noqa: E402
 
 
 def _tokens(grid_thw):
@@ -185,10 +186,83 @@ def test_template_save_loads_as_the_tensor_with_valid_crcs(tensor):
         assert zipfile.ZipFile(io.BytesIO(bytes(raw))).testzip() is None, "a record's CRC-32 is wrong"
 
 
-def test_sliced_base64_equals_base64():
-    data = bytes(range(256)) * 3000  # 768,000 bytes: several slices and a short tail
+@pytest.mark.parametrize("tensor", [torch.randn(256, 3584).to(torch.bfloat16), torch.tensor([[1, 32, 32]])]
+                         + [torch.arange(n, dtype=torch.uint8) for n in range(1, 9)],
+                         ids=lambda t: f"{t.dtype}-{list(t.shape)}")
+def test_save_pieces_concatenate_in_base64_and_share_the_tensor_memory(tensor):
+    saver = TensorSaver()
+    pieces = saver.save_pieces(tensor)
+    whole = b"".join(bytes(p) for p in pieces)
+    assert whole == saver.save_bytes(tensor)
+    assert all(len(p) % 3 == 0 for p in pieces[:-1]), [len(p) for p in pieces]
+    assert b"".join(b64encode(p) for p in pieces) == base64.b64encode(whole)
+    assert torch.equal(torch.load(io.BytesIO(whole), weights_only=True), tensor)
+    assert zipfile.ZipFile(io.BytesIO(whole)).testzip() is None
+    if tensor.numel() * tensor.element_size() > 64:  # the middle piece is a view, not a copy
+        assert isinstance(pieces[1], memoryview) and len(pieces[1]) > 0.9 * tensor.numel() * tensor.element_size()
+
+
+def test_body_joins_small_fragments_and_keeps_large_ones():
+    from mmenc.serving.formats import Body
+
+    big = b"x" * 100
+    body = Body(big=50)
+    body.add(b"{", b'"a":')
+    body.add(big, b",", big)
+    body.add(b"}")
+    pieces = body.done()
+    assert pieces == [b'{"a":', big, b",", big, b"}"] and pieces[1] is big
+    assert Body().done() == []
+
+
+def test_pending_answers_once_all_items_settle_and_cancels_its_jobs():
+    import concurrent.futures
+
+    from mmenc.serving.pending import Pending
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        pending = Pending(2, lambda items: list(items))
+        pending.settle(1, "b", pool)
+        assert not pending.answer.done()
+        pending.settle(0, "a", pool)
+        assert pending.answer.result(timeout=5) == ["a", "b"]
+
+        failing = Pending(1, lambda items: 1 / 0)
+        failing.settle(0, "a", pool)
+        with pytest.raises(ZeroDivisionError):
+            failing.answer.result(timeout=5)
+
+        left = Pending(2, lambda items: items)
+        queued = left.track(concurrent.futures.Future())
+        assert left.cancel() == 2 and queued.cancelled() and left.answer.cancelled()
+        late = left.track(concurrent.futures.Future())
+        assert late.cancelled()  # a job submitted after the client left is dropped at once
+        left.settle(0, "a", pool)
+        left.settle(1, "b", pool)  # settling after cancel answers nothing and raises nothing
+
+
+@pytest.mark.parametrize("fast", [False, True], ids=["stdlib-sliced", "pybase64"])
+def test_service_base64_equals_the_standard_library(fast, monkeypatch):
+    from mmenc.serving import b64
+
+    if fast:
+        pytest.importorskip("pybase64")
+    else:
+        monkeypatch.setattr(b64, "_fast", None)
+    assert b64.encoder_name() == ("pybase64" if fast else "binascii")
+    data = bytes(range(256)) * 3000  # 768,000 bytes: several 192 KiB slices and a short tail
     for n in (0, 1, 2, 3, 196607, 196608, 196609, len(data)):
         assert b64encode(data[:n]) == base64.b64encode(data[:n]), n
+    words = torch.arange(6, dtype=torch.bfloat16).view(torch.uint8).numpy()  # a buffer, as formats.py passes
+    assert b64encode(words.data) == base64.b64encode(words.tobytes())
+    good = base64.b64encode(data[:1000])
+    assert b64.b64decode(good) == data[:1000] and b64.b64decode(good.decode()) == data[:1000]
+    for bad in ("aGVsbG8", "aGVs bG8=", "aGVsbG8=\n", "!!!!", "YQ==YQ==", "a", "\u00e9"):
+        with pytest.raises(ValueError) as refused:  # binascii.Error is a ValueError
+            b64.b64decode(bad)
+        with pytest.raises(ValueError) as stdlib:
+            base64.b64decode(bad, validate=True)
+        assert str(refused.value) == str(stdlib.value), bad
 
 
 @pytest.mark.gpu

@@ -135,3 +135,47 @@ def test_batcher_gathers_into_a_pinned_buffer_on_cuda():
     assert all(seen) and len(seen) >= 2, seen
     for i, r in enumerate(results):  # each image got its own rows back, even though the buffer was reused
         assert torch.equal(r.full, torch.full((16, 3), float(i))), i
+
+
+def test_cli_flags_reach_the_settings():
+    from mmenc.cli.main import build_parser
+    from mmenc.cli.serve import settings_from_args
+
+    defaults = settings_from_args(build_parser().parse_args(["serve"]))
+    assert (defaults.max_in_flight, defaults.bucket_batches) == (ServeSettings().max_in_flight, "auto")
+    args = build_parser().parse_args(["serve", "--max-in-flight", "3", "--bucket-batches", "off"])
+    assert (settings_from_args(args).max_in_flight, settings_from_args(args).bucket_batches) == (3, "off")
+    with pytest.raises(ValueError, match="max_in_flight=0"):
+        settings_from_args(build_parser().parse_args(["serve", "--max-in-flight", "0"]))
+
+
+def test_connections_get_a_small_send_buffer_under_uvloop():
+    pytest.importorskip("uvicorn")
+    import socket
+
+    from mmenc.serving.server import SEND_BUFFER_BYTES, _http_protocol
+
+    protocol = _http_protocol()
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        assert protocol == "auto"
+        return
+
+    class Transport:  # what connection_made reads before uvicorn's own setup
+        def __init__(self, sock):
+            self.sock = sock
+
+        def get_extra_info(self, name, default=None):
+            return self.sock if name == "socket" else default
+
+    with socket.socket() as sock:
+        handler = protocol.__new__(protocol)
+        base = protocol.__mro__[1]
+        original, base.connection_made = base.connection_made, lambda self, transport: None
+        try:
+            handler.connection_made(Transport(sock))
+        finally:
+            base.connection_made = original
+        # Linux doubles the value it is given; other kernels keep it
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) in (SEND_BUFFER_BYTES, 2 * SEND_BUFFER_BYTES)

@@ -38,6 +38,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="decode/resize threads beside the tower (default: min(8, CPUs))")
     p.add_argument("--shutdown-timeout", type=float, default=_D.shutdown_timeout_s, metavar="S",
                    help="on SIGTERM, how long to let requests in flight finish (default: %(default)s)")
+    p.add_argument("--max-in-flight", type=int, default=_D.max_in_flight, metavar="N",
+                   help="tower calls launched and not yet handed back; 2 queues the next call on the device while "
+                        "one runs (default: %(default)s)")
+    p.add_argument("--bucket-batches", choices=("auto", "on", "off"), default=_D.bucket_batches,
+                   help="cut each call's images of one size to a power of two so CUDA graphs replay; auto: on with "
+                        "--cuda-graphs (default: %(default)s)")
     ray = p.add_argument_group("Ray Serve (pip install 'mmenc[ray]'; docs/scaling.md)")
     ray.add_argument("--ray", action="store_true", help="serve through Ray Serve replicas (one per GPU) behind one address")
     ray.add_argument("--replicas", type=int, default=1, metavar="N", help="with --ray: replicas (default: %(default)s)")
@@ -68,7 +74,8 @@ def settings_from_args(args) -> ServeSettings:
                          max_request_bytes=parse_size(args.max_request_bytes, "--max-request-bytes"),
                          max_images_per_request=args.max_images_per_request,
                          max_image_pixels=args.max_image_pixels, max_queue_images=args.max_queue_images,
-                         shutdown_timeout_s=args.shutdown_timeout, **extra)
+                         shutdown_timeout_s=args.shutdown_timeout, max_in_flight=args.max_in_flight,
+                         bucket_batches=args.bucket_batches, **extra)
 
 
 def run(args) -> int:

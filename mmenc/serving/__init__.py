@@ -5,8 +5,10 @@
     server.run()                       # until SIGTERM; or serve(settings, make_encoder)
 
 Modules: settings (limits), inputs (request parsing), preprocess (one image), batcher (the only
-caller of the tower), cache (keys + LRU), formats (vllm / base64 / json), ec_storage (vLLM's
-encoder-cache files), metrics (Prometheus), service (the pipeline), app (routes), server (uvicorn).
+caller of the tower), pending (one request between the event loop and its answer), cache (keys +
+LRU), formats (vllm / base64 / json), tensor_bytes (torch.save bytes), b64 (base64), ec_storage
+(vLLM's encoder-cache files), metrics (Prometheus), service (the pipeline), app (routes), server
+(uvicorn).
 The HTTP contract is docs/serving.md.
 """
 from mmenc.serving.settings import ServeSettings, parse_size

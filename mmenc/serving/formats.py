@@ -5,7 +5,8 @@ import json
 
 import torch
 
-from mmenc.serving.tensor_bytes import TensorSaver, b64encode
+from mmenc.serving.b64 import b64encode
+from mmenc.serving.tensor_bytes import TensorSaver
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,26 +42,27 @@ def dumps(value) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
-def torch_b64(tensor: torch.Tensor, saver: TensorSaver | None = None) -> bytes:
-    """base64 (ASCII bytes) of torch.save(tensor): what vLLM decodes with torch.load(..., weights_only=True).
-    With a TensorSaver, its template bytes instead of torch.save (the same tensor once loaded)."""
+def torch_b64(tensor: torch.Tensor, saver: TensorSaver | None = None) -> list[bytes]:
+    """base64 (ASCII bytes, in consecutive pieces) of torch.save(tensor): what vLLM decodes with
+    torch.load(..., weights_only=True). With a TensorSaver, its template bytes instead of torch.save
+    (the same tensor once loaded), the tensor's memory encoded where it lies."""
     if saver is not None:
-        return b64encode(saver.save_bytes(tensor))
+        return [b64encode(piece) for piece in saver.save_pieces(tensor)]
     buf = io.BytesIO()
     torch.save(tensor, buf)
-    return b64encode(buf.getbuffer())
+    return [b64encode(buf.getbuffer())]
 
 
 def render_item(image: EncodedImage, fmt: str, meta: dict, saver: TensorSaver | None = None) -> list[bytes]:
     """One response item as JSON text fragments: `meta` (index, uuid, ...) plus the format's fields.
     The large base64 strings are spliced in as bytes (base64 needs no JSON escaping), so no JSON
-    encoder scans megabytes of them. saver: see torch_b64."""
+    encoder scans megabytes of them, and stay separate fragments (see Body). saver: see torch_b64."""
     head = dumps(meta)[:-1] + b","  # '{...,' : the object stays open for the format's fields
     if fmt == "vllm":
         grid = torch.tensor([image.grid_thw], dtype=torch.int64)
         return [head, b'"image_embeds":{"type":"image_embeds","uuid":', dumps(meta.get("uuid")),
-                b',"image_embeds":{"image_embeds":"', torch_b64(image.full, saver), b'","image_grid_thw":"',
-                torch_b64(grid, saver), b'"}}}']
+                b',"image_embeds":{"image_embeds":"', *torch_b64(image.full, saver), b'","image_grid_thw":"',
+                *torch_b64(grid, saver), b'"}}}']
     embeddings = image.embeddings
     if fmt == "base64":
         raw = embeddings.view(torch.uint8).numpy()  # little-endian on every platform torch serves
@@ -69,3 +71,30 @@ def render_item(image: EncodedImage, fmt: str, meta: dict, saver: TensorSaver | 
     if fmt == "json":
         return [head, b'"embedding":', dumps(embeddings.float().tolist()), b"}"]
     raise ValueError(f"format {fmt!r} is not one of vllm, base64, json")
+
+
+class Body:
+    """A response body as a list of pieces, written in order without joining them: fragments under
+    `big` bytes are joined as they come, larger ones (the base64 of embeddings) are kept as they are,
+    so the body's megabytes are never copied into one string (see app.PiecesResponse)."""
+
+    def __init__(self, big: int = 1 << 16):
+        self.pieces: list[bytes] = []
+        self._small: list[bytes] = []
+        self.big = big
+
+    def add(self, *fragments: bytes) -> None:
+        for fragment in fragments:
+            if len(fragment) < self.big:
+                self._small.append(fragment)
+                continue
+            if self._small:
+                self.pieces.append(b"".join(self._small))
+                self._small = []
+            self.pieces.append(fragment)
+
+    def done(self) -> list[bytes]:
+        if self._small:
+            self.pieces.append(b"".join(self._small))
+            self._small = []
+        return self.pieces

@@ -3,11 +3,12 @@ multipart/form-data (one file part per image, optional `format` and `uuids` fiel
 
 Whole-request problems raise RequestError (HTTP 400 naming the field); a single image that cannot be
 read becomes that item's ItemError and the rest of the request still runs."""
-import base64
 import binascii
 import dataclasses
 import json
 from typing import Any
+
+from mmenc.serving.b64 import b64decode
 
 FORMATS = ("vllm", "base64", "json")
 DEFAULT_FORMAT = "vllm"
@@ -79,7 +80,7 @@ def check_uuids(value: Any, count: int) -> list[str | None]:
 
 def _decode_base64(text: str, index: int) -> ImageInput | bytes:
     try:
-        data = base64.b64decode(text, validate=True)
+        data = b64decode(text)
     except (binascii.Error, ValueError) as e:
         return ImageInput(index, None, error=ItemError("invalid_base64", f"images[{index}]: not valid base64 ({e})"))
     if not data:

@@ -11,13 +11,14 @@ import time
 from collections.abc import Callable
 
 from mmenc.logger import init_logger
-from mmenc.serving.batcher import Job
+from mmenc.serving.batcher import Batcher, Job
 from mmenc.serving.launch import make_batcher
 from mmenc.serving.cache import EncoderCache, content_key, model_identity
 from mmenc.serving.ec_storage import ECStorage
-from mmenc.serving.formats import EncodedImage, dtype_name, dumps, render_item
+from mmenc.serving.formats import Body, EncodedImage, dtype_name, dumps, render_item
 from mmenc.serving.inputs import EncodeRequest, ImageInput, ItemError, RequestError
 from mmenc.serving.metrics import ServeMetrics
+from mmenc.serving.pending import Pending
 from mmenc.serving.preprocess import preprocess_image
 from mmenc.serving.settings import ServeSettings
 from mmenc.serving.tensor_bytes import TensorSaver
@@ -36,9 +37,12 @@ class _Item:
 
 
 class EncodeService:
-    def __init__(self, settings: ServeSettings, make_encoder: Callable[[], object], metrics: ServeMetrics):
+    def __init__(self, settings: ServeSettings, make_encoder: Callable[[], object], metrics: ServeMetrics, *,
+                 batcher_factory: Callable[..., Batcher] = make_batcher):
+        """batcher_factory(encoder, settings, metrics) -> the Batcher, once the encoder is loaded
+        (default: launch.make_batcher; benchmarks/serve_stand_in.py passes a stand-in tower's)."""
         self.settings, self.metrics = settings, metrics
-        self._make_encoder = make_encoder
+        self._make_encoder, self._batcher_factory = make_encoder, batcher_factory
         self.state, self.load_error = "loading", None
         self.encoder = self.batcher = None
         self.card: dict = {}
@@ -50,6 +54,7 @@ class EncodeService:
         self.saver = TensorSaver()  # torch.save bytes from per-shape templates (formats.torch_b64)
         self._uint8 = False  # jobs carry uint8 patches, normalized on the device by the batcher
         self._loader: threading.Thread | None = None
+        self._closing = threading.Event()  # set by close(): a load still running stops at its next step
 
     # -- life cycle --------------------------------------------------------------------------------
     def start_loading(self, on_failure: Callable[[], None] | None = None) -> threading.Thread:
@@ -73,6 +78,8 @@ class EncodeService:
     def _load(self) -> None:
         start = time.perf_counter()
         enc = self.encoder = self._make_encoder()
+        if self._closing.is_set():  # stopped while loading: close() closes the encoder
+            return
         warm = _warmup_image()
         pixel_values, grid = enc.preprocess([warm])
         out = enc.encode_pixels(pixel_values, grid, return_extras=True)
@@ -83,12 +90,33 @@ class EncodeService:
                      "image_embeds_size": hidden * (1 + levels), "deepstack_levels": levels,
                      "dtype": dtype_name(loaded.dtype)}
         self.identity = model_identity(enc.model_name, enc.processor, loaded.dtype)
-        self.batcher = make_batcher(enc, self.settings, self.metrics)
+        if self._closing.is_set():
+            return
+        self.batcher = self._batcher_factory(enc, self.settings, self.metrics)
         self._uint8 = self.batcher.prepare is not None
         self.state = "ready"
         logger.info("encoder %s ready in %.1f s (%s)", enc.model_name, time.perf_counter() - start, self.card)
 
+    def loading(self) -> bool:
+        """Whether the loader thread still runs (e.g. after close() gave up waiting for it)."""
+        return self._loader is not None and self._loader.is_alive()
+
     def close(self) -> None:
+        """Stop: a load in progress stops at its next step (waited for up to shutdown_timeout_s; if it
+        is still running then, it is left to the process exit, see server.serve), then the batcher
+        finishes its queued jobs, the pool stops and the Encoder is closed."""
+        self._closing.set()
+        if self.loading():
+            logger.info("stopping while the encoder loads: waiting up to %.0f s for the load to stop",
+                        self.settings.shutdown_timeout_s)
+            self._loader.join(self.settings.shutdown_timeout_s)
+            if self.loading():
+                logger.warning("the encoder is still loading after %.0f s (shutdown_timeout_s); not waiting longer",
+                               self.settings.shutdown_timeout_s)
+                self.pool.shutdown(wait=True, cancel_futures=True)
+                return
+        if self.state == "loading":
+            self.state = "stopped"
         if self.batcher is not None:
             self.batcher.close(timeout=self.settings.shutdown_timeout_s)
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -96,8 +124,11 @@ class EncodeService:
             self.encoder.close()
 
     # -- one request -------------------------------------------------------------------------------
-    async def encode(self, request: EncodeRequest) -> bytes:
-        """The JSON response body: {"model": ..., "data": [item per image, input order], "usage": ...}."""
+    async def encode(self, request: EncodeRequest) -> list[bytes]:
+        """The JSON response body, in pieces (formats.Body): {"model": ..., "data": [item per image,
+        input order], "usage": ...}. The event loop hands the request to the pool once and wakes once
+        for the answer: pool threads prepare the images and submit them to the batcher, the last
+        result submits the rendering, which sets the answer (pending.Pending)."""
         if self.state != "ready":
             raise RequestError(503, "model", f"the encoder is {self.state}"
                                + (f" ({self.load_error})" if self.load_error else "; retry shortly"), kind="not_ready")
@@ -108,32 +139,45 @@ class EncodeService:
                                               f"max_queue_images={limit}; retry later", kind="queue_full")
         self._in_flight += n
         self.metrics.in_flight.set(self._in_flight)
+        pending = Pending(n, lambda items: self._render(request, items))
         try:
-            items = await asyncio.gather(*(self._item(image) for image in request.images))
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self.pool, self._render, request, items)
+            self.pool.submit(pending.guard, self._start, pending, request.images)
+            return await asyncio.wrap_future(pending.answer)
+        except asyncio.CancelledError:  # the client left: its jobs not yet in a tower call are dropped
+            self.metrics.cancelled.inc(pending.cancel())
+            raise
         finally:
             self._in_flight -= n
             self.metrics.in_flight.set(self._in_flight)
 
-    async def _item(self, image: ImageInput) -> _Item:
+    def _start(self, pending: Pending, images: list[ImageInput]) -> None:
+        """In a pool thread: the request's first image here, each other one in its own pool task."""
+        for image in images[1:]:
+            self.pool.submit(pending.guard, self._image, pending, image)
+        self._image(pending, images[0])
+
+    def _image(self, pending: Pending, image: ImageInput) -> None:
         if image.error is not None:
-            return _Item(error=image.error)
-        loop = asyncio.get_running_loop()
-        try:  # cancelled when the client leaves: a job not yet in a tower call is then dropped
-            item, job = await loop.run_in_executor(self.pool, self._prepare, image)
-            if job is None:
-                return item
-            try:
-                item.image = await asyncio.wrap_future(self.batcher.submit(job))
-            except Exception as e:  # noqa: BLE001 - the tower failed for this batch: an item error, not a 500
-                return _Item(error=ItemError("encoder_error", f"images[{image.index}]: the tower failed "
-                                                              f"({type(e).__name__}: {e})"))
-        except asyncio.CancelledError:
-            self.metrics.cancelled.inc()
-            raise
-        self.cache.put(item.key, item.image)
-        return item
+            return pending.settle(image.index, _Item(error=image.error), self.pool)
+        if pending.answer.done():  # cancelled: nothing more to do
+            return
+        item, job = self._prepare(image)
+        if job is None:
+            return pending.settle(image.index, item, self.pool)
+
+        def tower_done(future) -> None:  # in the batcher's completer thread: cheap steps only
+            if future.cancelled():
+                return
+            if future.exception() is not None:  # the tower failed for this batch: an item error, not a 500
+                e = future.exception()
+                failed = _Item(error=ItemError("encoder_error", f"images[{image.index}]: the tower failed "
+                                                                f"({type(e).__name__}: {e})"))
+                return pending.settle(image.index, failed, self.pool)
+            item.image = future.result()
+            self.cache.put(item.key, item.image)
+            pending.settle(image.index, item, self.pool)
+
+        pending.track(self.batcher.submit(job)).add_done_callback(tower_done)
 
     def _prepare(self, image: ImageInput) -> tuple[_Item, Job | None]:
         """In a pool thread: key, cache lookup, then (on a miss) decode + preprocess."""
@@ -156,16 +200,17 @@ class EncodeService:
             pixel_values = pixel_values.to(self.encoder.loaded.dtype)
         return _Item(key=key), Job(pixel_values, grid)
 
-    def _render(self, request: EncodeRequest, items: list[_Item]) -> bytes:
-        """In a pool thread: the response body (and the EC storage files)."""
-        parts, images, tokens = [b'{"model":', dumps(self.encoder.model_name), b',"data":['], 0, 0
+    def _render(self, request: EncodeRequest, items: list[_Item]) -> list[bytes]:
+        """In a pool thread: the response body's pieces (and the EC storage files)."""
+        body, images, tokens = Body(), 0, 0
+        body.add(b'{"model":', dumps(self.encoder.model_name), b',"data":[')
         for image, item in zip(request.images, items):
             if image.index:
-                parts.append(b",")
+                body.add(b",")
             if item.error is not None:
                 self.metrics.errors.labels(kind=item.error.kind).inc()
-                parts.append(dumps({"index": image.index, "uuid": image.uuid,
-                                    "error": {"type": item.error.kind, "message": item.error.message}}))
+                body.add(dumps({"index": image.index, "uuid": image.uuid,
+                                "error": {"type": item.error.kind, "message": item.error.message}}))
                 continue
             enc = item.image
             if self.ec is not None and self.ec.write(item.key, enc.full):
@@ -174,13 +219,13 @@ class EncodeService:
             uuid = image.uuid if image.uuid is not None else item.key
             meta = {"index": image.index, "uuid": uuid, "num_tokens": enc.num_tokens, "grid_thw": list(enc.grid_thw),
                     "cached": item.hit}
-            parts += render_item(enc, request.format, meta, self.saver)
-        parts += [b'],"usage":', dumps({"images": images, "tokens": tokens}), b"}"]
+            body.add(*render_item(enc, request.format, meta, self.saver))
+        body.add(b'],"usage":', dumps({"images": images, "tokens": tokens}), b"}")
         self.metrics.images.inc(images)
         self.metrics.tokens.inc(tokens)
         self.metrics.cache_bytes.set(self.cache.nbytes)
         self.metrics.cache_entries.set(len(self.cache))
-        return b"".join(parts)
+        return body.done()
 
 
 def _warmup_image() -> bytes:

@@ -1,4 +1,4 @@
-"""torch.save bytes of a response tensor without torch.save, and base64 in GIL-sized slices.
+"""torch.save bytes of a response tensor without torch.save.
 
 torch.save writes a zip archive whose bytes depend only on the tensor's dtype and shape, except the
 data record and its CRC-32 (and `.data/serialization_id`, an id torch draws per save; every answer
@@ -6,12 +6,7 @@ of one shape here carries its template's). `save_bytes` keeps, per (dtype, shape
 a zero tensor cut around its data record, and writes an answer as prefix + the tensor's bytes +
 suffix with that record's CRC-32 patched in (zlib computes it with the GIL released). That is a
 copy and a CRC instead of torch's pickler and zip writer (about 1/5 of the time, measured in
-docs/serving.md); torch.load reads the result as the same tensor (tests/test_serve_render.py).
-
-`b64encode` encodes in slices of 192 KiB (a multiple of 3, so the slices' encodings concatenate to
-the whole one): binascii holds the GIL for a whole call, and slices let the tower's launcher thread
-in between instead of waiting behind megabytes."""
-import base64
+docs/serving.md); torch.load reads the result as the same tensor (tests/test_serve_overlap.py)."""
 import io
 import struct
 import threading
@@ -20,7 +15,6 @@ import zlib
 
 import torch
 
-_SLICE = 3 * 64 * 1024
 _MAX_TEMPLATES = 64
 
 
@@ -64,11 +58,38 @@ class TensorSaver:
         self._lock = threading.Lock()
         self.max_templates = max_templates
 
-    def save_bytes(self, tensor: torch.Tensor) -> bytes | bytearray:
+    def save_bytes(self, tensor: torch.Tensor) -> bytes:
+        return b"".join(self.save_pieces(tensor))
+
+    def save_pieces(self, tensor: torch.Tensor) -> list:
+        """save_bytes(tensor) as consecutive pieces [head, middle, tail] whose lengths, but the
+        last's, are multiples of 3, so their base64 encodings concatenate to the whole one's. The
+        middle (nearly all the bytes) is a view of the tensor's memory: nothing copies it."""
         if tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.numel() == 0:
             buf = io.BytesIO()
             torch.save(tensor, buf)
-            return buf.getvalue()
+            return [buf.getvalue()]
+        template = self._template(tensor)
+        data = tensor.view(-1).view(torch.uint8).numpy().data  # little-endian, as torch.save writes
+        crc = struct.pack("<I", zlib.crc32(data))
+        start, n = template.start, template.nbytes
+        if n < 6:  # too short to cut: one piece
+            whole = bytearray(template.prefix) + data + template.suffix
+            for at in template.crc_at:
+                whole[at:at + 4] = crc
+            return [bytes(whole)]
+        cut = (-start) % 3  # head = prefix + the data's first `cut` bytes: a multiple of 3
+        end = cut + (n - cut) // 3 * 3  # the middle: data[cut:end]
+        head, tail = bytearray(template.prefix) + data[:cut], bytearray(data[end:]) + template.suffix
+        for at in template.crc_at:  # each CRC-32 field lies in the prefix or the suffix
+            if at < start:
+                head[at:at + 4] = crc
+            else:
+                at -= start + end
+                tail[at:at + 4] = crc
+        return [bytes(head), data[cut:end], bytes(tail)]
+
+    def _template(self, tensor: torch.Tensor) -> _Template:
         key = (tensor.dtype, tuple(tensor.shape))
         with self._lock:
             template = self._templates.get(key)
@@ -78,19 +99,4 @@ class TensorSaver:
                 if len(self._templates) >= self.max_templates:
                     self._templates.pop(next(iter(self._templates)))
                 self._templates[key] = template
-        data = tensor.view(-1).view(torch.uint8).numpy().data  # little-endian, as torch.save writes
-        out = bytearray(template.prefix)
-        out += data
-        out += template.suffix
-        crc = struct.pack("<I", zlib.crc32(data))
-        for at in template.crc_at:
-            out[at:at + 4] = crc
-        return out
-
-
-def b64encode(data) -> bytes:
-    """base64.b64encode(data), in slices (see the module doc)."""
-    view = memoryview(data).cast("B")
-    if len(view) <= _SLICE:
-        return base64.b64encode(view)
-    return b"".join(base64.b64encode(view[i:i + _SLICE]) for i in range(0, len(view), _SLICE))
+        return template
