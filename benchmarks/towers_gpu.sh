@@ -5,8 +5,10 @@
 #   bash benchmarks/towers_gpu.sh OUTDIR          # from the repository root
 # Env: PY (python, default python3), BUDGET_S (whole-script budget in seconds, default 450: every step gets
 # `timeout min(its own limit, what is left)` and a step is skipped when under 30 s are left),
-# TF_SITE (a folder with a newer transformers put first on PYTHONPATH when it exists, default /tmp/site;
-# transformers 5.17 already has every tower class these runs use), WARMUP/ITERS (bench, default 2/6),
+# TF_SITE (a folder with a newer transformers put first on PYTHONPATH when it exists, default /tmp/site):
+# transformers 5.17 has every tower class these runs use, but its PaddleOCR-VL interpolates the position
+# table with align_corners=True (5.24: False, as mmenc): with 5.17 PaddleOCR-VL differs by ~2.5e-2 (fp32)
+# and its parity rows fail, so install 5.24 there; WARMUP/ITERS (bench, default 2/6),
 # ONLY (space-separated step names, e.g. "internvl_compiled parity_compiled": run just those; a step's
 # name is its log's name in OUTDIR).
 # Order is by value: the missed targets first (SigLIP2 NaFlex, GLM-OCR, Qwen3-Omni), then the never-run

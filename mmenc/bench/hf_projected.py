@@ -71,13 +71,14 @@ def build_projected(loaded, attn_implementation: str = "sdpa") -> ProjectedTower
                         text_config=dict(loaded.hf_config.get("text_config") or {}))
     config.vision_config._attn_implementation = attn_implementation
     modules = {}
-    for name, cls_name, which in parts:
-        cls = getattr(modeling, cls_name)
-        if which == "vision":
-            modules[name] = cls._from_config(config.vision_config, attn_implementation=attn_implementation,
-                                             dtype=loaded.dtype)
-        else:
-            modules[name] = cls(config).to(loaded.dtype)
+    with torch.device(loaded.device):  # random init on the device
+        for name, cls_name, which in parts:
+            cls = getattr(modeling, cls_name)
+            if which == "vision":
+                modules[name] = cls._from_config(config.vision_config, attn_implementation=attn_implementation,
+                                                 dtype=loaded.dtype)
+            else:
+                modules[name] = cls(config).to(loaded.dtype)
     tower = ProjectedTower(modules, _CALLS[module]).to(loaded.device).eval()
     prefixes = tuple(f"{name}." for name, _, _ in parts)
     with torch.no_grad():  # share transformers' random weights with the mmenc tower (names without the prefix)

@@ -71,9 +71,11 @@ def build_projected_tower(loaded, attn_implementation: str = "sdpa") -> Projecte
     config = getattr(transformers, config_name)(**top)
     vision_cls = (transformers.InternVLVisionModel if architecture == "InternVLForConditionalGeneration"
                   else transformers.PixtralVisionModel)
-    vision = vision_cls._from_config(config.vision_config, attn_implementation=attn_implementation, dtype=loaded.dtype)
     modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
-    projector = getattr(modeling, projector_name)(config).to(loaded.dtype)
+    with torch.device(loaded.device):  # random init on the device (InternViT-6B: 5.7 B parameters)
+        vision = vision_cls._from_config(config.vision_config, attn_implementation=attn_implementation,
+                                         dtype=loaded.dtype)
+        projector = getattr(modeling, projector_name)(config).to(loaded.dtype)
     vision, projector = vision.to(loaded.device).eval(), projector.to(loaded.device).eval()
     if loaded.load_format == "dummy":
         with torch.no_grad():
