@@ -57,7 +57,7 @@ bench glm_ocr 75 zai-org/GLM-OCR compiled --workload 8xpage-p14
 bench qwen3_omni 75 Qwen/Qwen3-Omni-30B-A3B-Instruct compiled --workload 32x448px
 # 2. bf16 parity of the new families against transformers' fp32, every usable backend, eager (fast) ...
 new="siglip or pixtral or internvl or glm_ocr or paddleocr_vl or ernie4_5_vl or hunyuan_vl or qwen3_omni or llama4 or ovis2"
-step parity_eager 90 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_tower_parity.py -k "($new) and not compile"
+step parity_eager 120 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_tower_parity.py -k "($new) and not compile"
 # 3. never run on a GPU, compiled + graphs (largest published sizes), cheapest first
 bench siglip 60 google/siglip-so400m-patch14-384 compiled --workload siglip-32x384px
 bench paddleocr_vl 60 PaddlePaddle/PaddleOCR-VL compiled --workload 8xpage-p14
@@ -79,8 +79,9 @@ bench llama4 45 meta-llama/Llama-4-Maverick-17B-128E-Instruct eager --grid '13x2
 bench ovis2 45 thisisiron/Ovis2-8B-hf eager --grid '7x32x32*8'
 bench internvl 90 OpenGVLab/InternVL3-78B-hf eager --grid '7x32x32*8' --warmup 1 --iters 4
 
-for f in "$out"/parity_*.log; do [ -f "$f" ] && { echo "$(basename "$f"):"; grep -E "passed|failed|error" "$f" | tail -n 12; }; done
+for f in "$out"/parity_*.log; do [ -f "$f" ] && { echo "$(basename "$f"):"; grep -E "passed|failed|error|skipped" "$f" | tail -n 12; }; done
 echo "total $((SECONDS - start)) s"
+cat "$out/steps.txt"
 $py - "$out" <<'PY'
 import glob, json, os, sys
 out = sys.argv[1]
