@@ -24,6 +24,7 @@ warmup=${WARMUP:-2}
 iters=${ITERS:-6}
 site=${TF_SITE:-/tmp/site}
 mkdir -p "$out"
+: > "$out/steps.txt"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 [ -d "$site" ] && export PYTHONPATH="$site:$PYTHONPATH"
 start=$SECONDS
