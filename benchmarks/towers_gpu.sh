@@ -12,7 +12,7 @@
 # ONLY (space-separated step names, e.g. "internvl_compiled parity_compiled": run just those; a step's
 # name is its log's name in OUTDIR).
 # Order is by value: the missed targets first (SigLIP2 NaFlex, GLM-OCR, Qwen3-Omni), the eager GPU parity
-# tests of the new families, the never-run families (InternViT-6B, the slowest to load, last of them), Pixtral,
+# tests and CUDA-graph capture tests of the new families, the never-run families (InternViT-6B, the slowest to load, last of them), Pixtral,
 # the compiled parity tests, then eager runs of the never-run families. Expected: the first ten steps in
 # ~7 min; what the budget cuts is listed as skipped and can be run with ONLY=... in a second call.
 set -uo pipefail
@@ -63,6 +63,8 @@ bench qwen3_omni 75 Qwen/Qwen3-Omni-30B-A3B-Instruct compiled --workload 32x448p
 # 2. bf16 parity of the new families against transformers' fp32, every usable backend, eager (fast) ...
 new="siglip or pixtral or internvl or glm_ocr or paddleocr_vl or ernie4_5_vl or hunyuan_vl or qwen3_omni or llama4 or ovis2"
 step parity_eager 120 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_tower_parity.py -k "($new) and not compile"
+# ... and every new family's packings captured as CUDA graphs, replays equal to the plain tower
+step graphs 60 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_graphs.py -k new_families
 # 3. never run on a GPU, compiled + graphs (largest published sizes), cheapest first
 bench siglip 60 google/siglip-so400m-patch14-384 compiled --workload siglip-32x384px
 bench paddleocr_vl 60 PaddlePaddle/PaddleOCR-VL compiled --workload 8xpage-p14
@@ -84,7 +86,7 @@ bench llama4 45 meta-llama/Llama-4-Maverick-17B-128E-Instruct eager --grid '13x2
 bench ovis2 45 thisisiron/Ovis2-8B-hf eager --grid '7x32x32*8'
 bench internvl 90 OpenGVLab/InternVL3-78B-hf eager --grid '7x32x32*8' --warmup 1 --iters 4
 
-for f in "$out"/parity_*.log; do [ -f "$f" ] && { echo "$(basename "$f"):"; grep -E "passed|failed|error|skipped" "$f" | tail -n 12; }; done
+for f in "$out"/parity_*.log "$out"/graphs.log; do [ -f "$f" ] && { echo "$(basename "$f"):"; grep -E "passed|failed|error|skipped" "$f" | tail -n 12; }; done
 echo "total $((SECONDS - start)) s"
 cat "$out/steps.txt"
 $py - "$out" <<'PY'
