@@ -9,6 +9,7 @@
 # transformers 5.17 has every tower class these runs use, but its PaddleOCR-VL interpolates the position
 # table with align_corners=True (5.24: False, as mmenc): with 5.17 PaddleOCR-VL differs by ~2.5e-2 (fp32)
 # and its parity rows fail, so install 5.24 there; WARMUP/ITERS (bench, default 2/6),
+# TARBALL (a path: every log and JSON of OUTDIR packed there at the end, one file to fetch),
 # ONLY (space-separated step names, e.g. "internvl_compiled parity_compiled": run just those; a step's
 # name is its log's name in OUTDIR).
 # Order is by value: the missed targets first (SigLIP2 NaFlex, GLM-OCR, Qwen3-Omni), the eager GPU parity
@@ -89,10 +90,12 @@ bench internvl 90 OpenGVLab/InternVL3-78B-hf eager --grid '7x32x32*8' --warmup 1
 for f in "$out"/parity_*.log "$out"/graphs.log; do [ -f "$f" ] && { echo "$(basename "$f"):"; grep -E "passed|failed|error|skipped" "$f" | tail -n 12; }; done
 echo "total $((SECONDS - start)) s"
 cat "$out/steps.txt"
+if [ -n "${TARBALL:-}" ]; then tar czf "$TARBALL" -C "$out" . && echo "logs and JSON: $TARBALL"; fi
 $py - "$out" <<'PY'
 import glob, json, os, sys
 out = sys.argv[1]
-print(f"{'model':<46} {'workload':<18} {'mode':<8} {'mmenc ms':>9} {'HF ms':>9} {'ratio':>6} {'peak GiB mmenc/HF':>18} {'rel err':>8}")
+print(f"{'model':<46} {'workload':<18} {'mode':<8} {'mmenc ms':>9} {'HF ms':>9} {'ratio':>6} {'peak GiB mmenc/HF':>18} "
+      f"{'rel err':>8} {'floor %':>7}  mmenc attention")
 for path in sorted(glob.glob(os.path.join(out, "*.json"))):
     doc = json.load(open(path))
     mode = path.rsplit("_", 1)[-1].removesuffix(".json")
@@ -103,9 +106,13 @@ for path in sorted(glob.glob(os.path.join(out, "*.json"))):
         hf = next((r for r in rows if r["impl"].startswith("transformers")), None)
         if ours is None:
             continue
-        peak = lambda r: f"{r['peak_gib']:.2f}" if r and r.get("peak_gib") is not None else "-"
+        # a CUDA-graph replay allocates nothing: its working memory is the graph pool (mmenc.bench.measure)
+        peak = lambda r: "-" if not r or r.get("peak_gib") is None else f"{r['peak_gib'] + (r.get('graph_pool_gib') or 0) * ('+graphs' in r['impl']):.2f}"
         ratio = f"{hf['ms'] / ours['ms']:.2f}x" if hf else "-"
         err = f"{errs[workload]:.1e}" if errs.get(workload) is not None else "-"
+        rate = doc.get("matmul_tflops")
+        floor = f"{100 * ours['gflop'] / rate / ours['ms']:.0f}" if rate and ours.get("gflop") else "-"
+        backend = ours["impl"].partition("(")[2][:-1]
         print(f"{doc['model']:<46} {workload:<18} {mode:<8} {ours['ms']:>9.2f} {hf['ms'] if hf else float('nan'):>9.2f} "
-              f"{ratio:>6} {peak(ours) + ' / ' + peak(hf):>18} {err:>8}")
+              f"{ratio:>6} {peak(ours) + ' / ' + peak(hf):>18} {err:>8} {floor:>7}  {backend}")
 PY
