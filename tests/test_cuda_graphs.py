@@ -2,6 +2,8 @@
 GPU, replayed results equal the plain tower's for repeated packings, for two packings with the same
 token count split differently (each has its own graph), eager and compiled, and outputs stay valid
 after other graphs replay."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -59,3 +61,79 @@ def test_graph_replays_match_plain_tower(tmp_path, compile):
         assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
     stats = graphed.graphs.stats
     assert stats["captures"] == 3 and stats["replays"] == 3 * 2 and stats["eager"] == 3, dict(stats)
+
+
+# issues 15/16 families: (mixed packing, dense batch of equal frames) on their tiny checkpoints
+NEW_FAMILY_GRIDS = {
+    "Siglip2Model": ([[1, 4, 6], [1, 6, 4], [1, 2, 2]], [[1, 4, 4], [1, 4, 4]]),
+    "SiglipModel": ([[1, 6, 6], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
+    "LlavaForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
+    "InternVLForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[3, 4, 4], [1, 4, 4]]),
+    "GlmOcrForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
+    "PaddleOCRVLForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
+    "Ernie4_5_VLMoeForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
+    "HunYuanVLForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
+    "Qwen3OmniMoeForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
+    "Llama4ForConditionalGeneration": ([[3, 4, 4], [1, 4, 4]], [[2, 4, 4], [2, 4, 4]]),
+    "Ovis2ForConditionalGeneration": ([[2, 4, 4], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("arch", sorted(NEW_FAMILY_GRIDS))
+def test_new_families_capture_and_replay(tmp_path, arch):
+    """Every packing of every new family is captured (no host sync or allocation in its forward makes
+    the capture fail and fall back to eager) and its replays equal the plain tower."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    case = ck.FAMILIES[arch]
+    try:
+        folder, _ = case.save(tmp_path / "ckpt")
+    except ImportError as e:
+        pytest.skip(f"transformers lacks {arch}: {e}")
+    plain = build_tower(model=str(folder), dtype=torch.bfloat16, device="cuda")
+    graphed = build_tower(model=str(folder), dtype=torch.bfloat16, device="cuda",
+                          multimodal_config=MultiModalConfig(cuda_graphs=True))
+    grids = [torch.tensor(g) for g in NEW_FAMILY_GRIDS[arch]]
+    pixels = [case.pixels(g, seed=i).to("cuda", torch.bfloat16) for i, g in enumerate(grids)]
+    for call in range(3):
+        for g, pv in zip(grids, pixels):
+            want = run_tower(plain, pv, g).embeddings.float()
+            got = run_tower(graphed, pv, g).embeddings.float()
+            err = ((got - want).norm() / want.norm()).item()
+            assert err < 1e-2, f"{arch}, call {call}, grid {g.tolist()}: relative error {err:.2e} vs the plain tower"
+    stats = graphed.graphs.stats
+    assert stats["captures"] == len(grids) and stats["replays"] == len(grids), (
+        f"{arch}: {dict(stats)}; expected {len(grids)} captures (a failed capture is logged with its reason)")
+
+
+def test_graphed_peak_adds_the_graph_pool(monkeypatch):
+    """A replay allocates nothing: a graphed row's peak is max_memory_allocated plus the free bytes of
+    the private (graph) pools on its device; the default pool and other devices do not count."""
+    from mmenc.bench import measure as m
+
+    segments = [dict(device=0, total_size=10 << 30, allocated_size=4 << 30, segment_pool_id=(0, 0)),
+                dict(device=0, total_size=3 << 30, allocated_size=1 << 30, segment_pool_id=(1, 7)),
+                dict(device=1, total_size=5 << 30, allocated_size=0, segment_pool_id=(1, 9))]
+    monkeypatch.setattr(torch.cuda, "memory_snapshot", lambda: segments)
+    assert m.graph_pool_free_bytes(torch.device("cuda:0")) == 2 << 30
+    row = m.BenchRow("w", "mmenc compiled +graphs (TORCH_SDPA)", 1, 1, 1.0, 5.0, 0.0, graph_pool_gib=2.0)
+    assert m.call_peak_gib(row) == 7.0
+    assert m.call_peak_gib(dataclasses.replace(row, impl="transformers (sdpa)")) == 5.0
+
+
+@pytest.mark.gpu
+def test_graph_pool_is_measured(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from mmenc.bench.measure import graph_pool_free_bytes
+
+    folder, _ = ck.save_qwen2_5_vl(tmp_path)
+    graphed = build_tower(model=str(folder), dtype=torch.bfloat16, device="cuda",
+                          multimodal_config=MultiModalConfig(cuda_graphs=True))
+    grid = torch.tensor([[1, 16, 16]])
+    pixels = ck.random_pixels(grid)
+    for _ in range(3):
+        run_tower(graphed, pixels, grid)
+    assert graphed.graphs.stats["captures"] == 1
+    assert graph_pool_free_bytes(torch.device("cuda")) > 0

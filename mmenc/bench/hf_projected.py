@@ -1,28 +1,120 @@
-"""transformers' reference for towers whose mmenc output includes the model's projector (PaddleOCR-VL,
-ERNIE-4.5-VL, HunyuanOCR): the tower and projector modules of the full transformers model, called as
-its `get_image_features` does, returning the embeddings the language model consumes [tokens, width].
+"""transformers' reference for towers whose mmenc output includes the model's projector, for `mmenc bench`.
 
-Built from the checkpoint's config.json dict (no language model is built). With load_format="dummy"
-transformers' random weights are shared with the mmenc tower; with a checkpoint folder the full
-transformers model is loaded (`from_pretrained`, its weight renames applied) and its modules kept.
+One table, HF_PROJECTED (architecture -> ProjectedFamily), two ways to build the reference, both
+returning a callable (pixel_values, grid_thw) -> the embeddings the language model consumes
+[tokens, width], as mmenc's tower returns them:
+
+- from the VLM's config (Pixtral as Llava / Mistral3, InternVL): transformers' vision tower module plus
+  its projector module, called as get_image_features calls them, on transformers' input layout:
+  Pixtral takes one zero-padded batch of images with their image_sizes (block-diagonal attention
+  mask), InternVL a batch of 448 px tiles; mmenc's patch rows are laid back out as those images inside
+  the call (one copy of the pixels). A checkpoint folder's tower tensors are loaded into both modules.
+- from the full model's modules (PaddleOCR-VL, ERNIE-4.5-VL, HunyuanOCR): the tower and projector
+  modules of transformers' model, called as its get_image_features does. Built from the config.json
+  dict's vision/text configs (no language model); with a checkpoint folder the full transformers
+  model is loaded (`from_pretrained`, its weight renames applied) and its modules kept.
+
+With load_format="dummy" transformers' random weights (made on the target device) are given to the
+mmenc tower.
+
+    hf = build_projected(loaded, "sdpa")   # loaded: a mmenc LoadedTower
+    embeddings = hf(pixel_values, grid_thw)
 """
+import dataclasses
+import functools
 import importlib
 from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 
-# architecture -> (transformers module, model class, [(attribute, class, built from "vision"|"full" config)])
-HF_PROJECTED: dict[str, tuple[str, str, list[tuple[str, str, str]]]] = {
-    "PaddleOCRVLForConditionalGeneration": ("paddleocr_vl", "PaddleOCRVLForConditionalGeneration", [
-        ("visual", "PaddleOCRVisionModel", "vision"), ("projector", "PaddleOCRProjector", "full")]),
-    "Ernie4_5_VLMoeForConditionalGeneration": ("ernie4_5_vl_moe", "Ernie4_5_VLMoeForConditionalGeneration", [
-        ("vision_tower", "Ernie4_5_VLMoeVisionTransformerPretrainedModel", "vision"),
-        ("resampler_model", "Ernie4_5_VLMoeVariableResolutionResamplerModel", "full")]),
-    "HunYuanVLForConditionalGeneration": ("hunyuan_vl", "HunYuanVLForConditionalGeneration", [
-        ("vision_tower", "HunYuanVLVisionTransformer", "vision")]),
-}
+from mmenc.testing.checkpoints import pixtral_images
 
+Reference = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProjectedFamily:
+    """module: transformers.models.<module>; probe: a class of its modeling file the reference needs
+    (absent: this transformers is too old); build: (loaded, attn_implementation) -> Reference."""
+
+    module: str
+    probe: str
+    build: Callable[..., Reference]
+
+
+# ---- from the VLM's config: vision tower + projector (Pixtral, InternVL) ----
+
+class VLMTowerAndProjector:
+    """(pixel_values [T, C*p*p] or [T, C, p, p], grid_thw [N, 3]) -> transformers' embeddings [tokens, out]."""
+
+    def __init__(self, architecture: str, config, vision: nn.Module, projector: nn.Module, device):
+        self.architecture, self.config, self.device = architecture, config, device
+        self.vision, self.projector = vision, projector
+        patch = config.vision_config.patch_size
+        self.patch = patch[0] if isinstance(patch, (list, tuple)) else patch
+
+    @torch.inference_mode()
+    def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        if self.architecture == "InternVLForConditionalGeneration":
+            return self._internvl(pixel_values, grid_thw)
+        images, sizes = pixtral_images(pixel_values, grid_thw, self.patch)
+        sizes = torch.tensor(sizes)  # on the host, as the processor returns them (no device syncs when sliced)
+        feats = self.vision(images, image_sizes=sizes).last_hidden_state.squeeze(0)  # [T, D]
+        if self.architecture == "Mistral3ForConditionalGeneration":
+            return self.projector(feats, sizes)
+        return self.projector(feats)
+
+    def _internvl(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        from transformers.models.internvl.modeling_internvl import InternVLModel
+
+        p, ratio = self.patch, self.config.downsample_ratio
+        sizes = {(h, w) for _, h, w in grid_thw.tolist()}
+        if len(sizes) != 1:
+            raise ValueError(f"grid_thw has tiles of sizes {sorted(sizes)}; transformers' InternVL takes one batch of "
+                             f"equal tiles (its processor's 448 px), expected one (h, w)")
+        (h, w), = sizes
+        tiles = pixel_values.reshape(-1, h, w, 3, p, p).permute(0, 3, 1, 4, 2, 5).reshape(-1, 3, h * p, w * p)
+        feats = self.vision(pixel_values=tiles).last_hidden_state[:, 1:]  # CLS dropped
+        feats = InternVLModel.pixel_shuffle(None, feats.reshape(feats.shape[0], h, w, -1), scale_factor=ratio)
+        return self.projector(feats.reshape(-1, feats.shape[-1]))
+
+
+def _from_vlm_config(loaded, attn_implementation: str, *, module: str, config_name: str, vision_name: str,
+                     projector_name: str) -> VLMTowerAndProjector:
+    import transformers
+
+    architecture = next(a for a in loaded.hf_config.get("architectures", []) if a in HF_PROJECTED)
+    top = {k: v for k, v in loaded.hf_config.items() if k not in ("architectures", "model_type", "torch_dtype")}
+    if architecture == "InternVLForConditionalGeneration":
+        top["text_config"] = {"model_type": "qwen2", **top.get("text_config", {})}
+    config = getattr(transformers, config_name)(**top)
+    modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+    with torch.device(loaded.device):  # random init on the device (InternViT-6B: 5.7 B parameters)
+        vision = getattr(transformers, vision_name)._from_config(config.vision_config,
+                                                                 attn_implementation=attn_implementation,
+                                                                 dtype=loaded.dtype)
+        projector = getattr(modeling, projector_name)(config).to(loaded.dtype)
+    vision, projector = vision.to(loaded.device).eval(), projector.to(loaded.device).eval()
+    if loaded.load_format == "dummy":
+        with torch.no_grad():
+            loaded.tower.load_weights((n, t) for mod in (vision, projector) for n, t in mod.state_dict().items()
+                                      if "inv_freq" not in n)
+    else:
+        from mmenc.loader import iter_tower_tensors
+
+        tensors = dict(iter_tower_tensors(loaded.model, loaded.spec.weight_prefixes))
+        for mod in (vision, projector):
+            names = set(mod.state_dict())
+            missing, _ = mod.load_state_dict({k: v for k, v in tensors.items() if k in names}, strict=False)
+            missing = [m for m in missing if "inv_freq" not in m]
+            if missing:
+                raise ValueError(f"checkpoint {loaded.model!r} lacks transformers' {type(mod).__name__} tensors "
+                                 f"{missing[:5]}")
+    return VLMTowerAndProjector(architecture, config, vision, projector, loaded.device)
+
+
+# ---- from the full model's modules (PaddleOCR-VL, ERNIE-4.5-VL, HunyuanOCR) ----
 
 def _paddleocr(m: nn.Module, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
     p = m.visual.config.patch_size
@@ -38,32 +130,33 @@ def _hunyuan(m: nn.Module, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -
     return m.vision_tower(pixel_values, grid_thw=grid_thw).pooler_output[0]
 
 
-_CALLS: dict[str, Callable] = {"paddleocr_vl": _paddleocr, "ernie4_5_vl_moe": _ernie, "hunyuan_vl": _hunyuan}
+class ModelParts(nn.Module):
+    """The transformers modules as attributes (their in-model names) and the call of get_image_features;
+    calling it runs under inference_mode with grid_thw on the modules' device."""
 
-
-class ProjectedTower(nn.Module):
-    """The transformers modules as attributes (their in-model names) and the call of get_image_features."""
-
-    def __init__(self, modules: dict[str, nn.Module], call: Callable):
+    def __init__(self, modules: dict[str, nn.Module], call: Callable, device):
         super().__init__()
         for name, module in modules.items():
             setattr(self, name, module)
-        self._call = call
+        self._call, self._device = call, device
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         return self._call(self, pixel_values, grid_thw)
 
+    @torch.inference_mode()
+    def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        return super().__call__(pixel_values, grid_thw.to(self._device))
 
-def build_projected(loaded, attn_implementation: str = "sdpa") -> ProjectedTower:
-    """transformers' tower + projector for `loaded` (a mmenc LoadedTower), same dtype, device and weights."""
-    architecture = next(a for a in loaded.hf_config.get("architectures", []) if a in HF_PROJECTED)
-    module, model_cls, parts = HF_PROJECTED[architecture]
+
+def _from_model_parts(loaded, attn_implementation: str, *, module: str, model_cls: str,
+                      parts: tuple[tuple[str, str, str], ...], call: Callable) -> ModelParts:
+    """parts: (attribute in the model, class, built from the "vision" or the "full" config)."""
     modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
     if loaded.load_format != "dummy":
         full = getattr(modeling, model_cls).from_pretrained(str(loaded.model), dtype=loaded.dtype,
                                                            attn_implementation=attn_implementation)
         modules = {name: getattr(full.model, name) for name, _, _ in parts}
-        return ProjectedTower(modules, _CALLS[module]).to(loaded.device).eval()
+        return ModelParts(modules, call, loaded.device).to(loaded.device).eval()
     configuration = importlib.import_module(f"transformers.models.{module}.configuration_{module}")
     config_cls = next(getattr(configuration, n) for n in dir(configuration)
                       if n.endswith("Config") and getattr(getattr(configuration, n), "model_type", None) == module)
@@ -71,17 +164,51 @@ def build_projected(loaded, attn_implementation: str = "sdpa") -> ProjectedTower
                         text_config=dict(loaded.hf_config.get("text_config") or {}))
     config.vision_config._attn_implementation = attn_implementation
     modules = {}
-    for name, cls_name, which in parts:
-        cls = getattr(modeling, cls_name)
-        if which == "vision":
-            modules[name] = cls._from_config(config.vision_config, attn_implementation=attn_implementation,
-                                             dtype=loaded.dtype)
-        else:
-            modules[name] = cls(config).to(loaded.dtype)
-    tower = ProjectedTower(modules, _CALLS[module]).to(loaded.device).eval()
+    with torch.device(loaded.device):  # random init on the device
+        for name, cls_name, which in parts:
+            cls = getattr(modeling, cls_name)
+            if which == "vision":
+                modules[name] = cls._from_config(config.vision_config, attn_implementation=attn_implementation,
+                                                 dtype=loaded.dtype)
+            else:
+                modules[name] = cls(config).to(loaded.dtype)
+    tower = ModelParts(modules, call, loaded.device).to(loaded.device).eval()
     prefixes = tuple(f"{name}." for name, _, _ in parts)
     with torch.no_grad():  # share transformers' random weights with the mmenc tower (names without the prefix)
         loaded.tower.load_weights((n.split(".", 1)[1] if n.startswith(prefixes) and len(parts) > 1 else
                                    n.removeprefix("vision_tower."), t)
                                   for n, t in tower.state_dict().items() if "inv_freq" not in n)
     return tower
+
+
+def _vlm(module: str, config_name: str, vision_name: str, projector_name: str) -> ProjectedFamily:
+    return ProjectedFamily(module, projector_name, functools.partial(
+        _from_vlm_config, module=module, config_name=config_name, vision_name=vision_name,
+        projector_name=projector_name))
+
+
+def _parts(module: str, model_cls: str, parts: tuple[tuple[str, str, str], ...], call: Callable) -> ProjectedFamily:
+    return ProjectedFamily(module, parts[0][1], functools.partial(
+        _from_model_parts, module=module, model_cls=model_cls, parts=parts, call=call))
+
+
+HF_PROJECTED: dict[str, ProjectedFamily] = {
+    "Mistral3ForConditionalGeneration": _vlm("mistral3", "Mistral3Config", "PixtralVisionModel",
+                                             "Mistral3MultiModalProjector"),
+    "LlavaForConditionalGeneration": _vlm("llava", "LlavaConfig", "PixtralVisionModel", "LlavaMultiModalProjector"),
+    "InternVLForConditionalGeneration": _vlm("internvl", "InternVLConfig", "InternVLVisionModel",
+                                             "InternVLMultiModalProjector"),
+    "PaddleOCRVLForConditionalGeneration": _parts("paddleocr_vl", "PaddleOCRVLForConditionalGeneration", (
+        ("visual", "PaddleOCRVisionModel", "vision"), ("projector", "PaddleOCRProjector", "full")), _paddleocr),
+    "Ernie4_5_VLMoeForConditionalGeneration": _parts("ernie4_5_vl_moe", "Ernie4_5_VLMoeForConditionalGeneration", (
+        ("vision_tower", "Ernie4_5_VLMoeVisionTransformerPretrainedModel", "vision"),
+        ("resampler_model", "Ernie4_5_VLMoeVariableResolutionResamplerModel", "full")), _ernie),
+    "HunYuanVLForConditionalGeneration": _parts("hunyuan_vl", "HunYuanVLForConditionalGeneration", (
+        ("vision_tower", "HunYuanVLVisionTransformer", "vision"),), _hunyuan),
+}
+
+
+def build_projected(loaded, attn_implementation: str = "sdpa") -> Reference:
+    """transformers' tower + projector for `loaded` (a mmenc LoadedTower), same dtype, device and weights."""
+    architecture = next(a for a in loaded.hf_config.get("architectures", []) if a in HF_PROJECTED)
+    return HF_PROJECTED[architecture].build(loaded, attn_implementation)

@@ -9,7 +9,7 @@ import importlib
 
 import torch
 
-from mmenc.bench.hf_vlm_towers import HF_PROJECTED_TOWERS, build_projected_tower
+from mmenc.bench.hf_projected import HF_PROJECTED, Reference, build_projected
 from mmenc.models.base import vision_config_dict
 
 # architecture -> (transformers.models.<module>, tower class, vision config class)
@@ -154,13 +154,8 @@ def _missing_class(architecture: str, module: str, cls: str) -> str | None:
 
 def hf_tower_available(architecture: str) -> str | None:
     """None if transformers can build this architecture's tower here, else the reason."""
-    from mmenc.bench.hf_projected import HF_PROJECTED  # towers whose output includes the projector
-
-    if architecture in HF_PROJECTED_TOWERS:  # Pixtral, InternVL: tower + projector (mmenc/bench/hf_vlm_towers.py)
-        module, _, projector = HF_PROJECTED_TOWERS[architecture]
-        return _missing_class(architecture, module, projector)
-    if architecture in HF_PROJECTED:
-        return _missing_class(architecture, HF_PROJECTED[architecture][0], HF_PROJECTED[architecture][2][0][1])
+    if architecture in HF_PROJECTED:  # towers whose output includes the projector (mmenc/bench/hf_projected.py)
+        return _missing_class(architecture, HF_PROJECTED[architecture].module, HF_PROJECTED[architecture].probe)
     if architecture not in HF_TOWERS:
         return (f"no transformers tower registered for {architecture} (Kimi: its embeddings include the "
                 f"projector; compare with benchmarks/kimi_vs_transformers.py)")
@@ -168,14 +163,10 @@ def hf_tower_available(architecture: str) -> str | None:
     return _missing_class(architecture, module, cls)
 
 
-def build_hf_tower(loaded, attn_implementation: str = "sdpa") -> HFTower:
+def build_hf_tower(loaded, attn_implementation: str = "sdpa") -> Reference:
     """transformers' tower for `loaded` (a mmenc LoadedTower), same dtype, device and weights."""
-    if any(a in HF_PROJECTED_TOWERS for a in loaded.hf_config.get("architectures", [])):
-        return build_projected_tower(loaded, attn_implementation)
-    from mmenc.bench.hf_projected import HF_PROJECTED, build_projected
-
     if any(a in HF_PROJECTED for a in loaded.hf_config.get("architectures", [])):
-        return HFTower(build_projected(loaded, attn_implementation), loaded.device)
+        return build_projected(loaded, attn_implementation)
     architecture = next(a for a in loaded.hf_config.get("architectures", []) if a in HF_TOWERS)
     module, cls_name, cfg_name = HF_TOWERS[architecture]
     modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
@@ -188,7 +179,8 @@ def build_hf_tower(loaded, attn_implementation: str = "sdpa") -> HFTower:
         tower_cls = _llama4_with_projector(tower_cls, loaded.config.out_hidden_size)
     elif architecture == "Ovis2ForConditionalGeneration":
         tower_cls = _ovis2_with_table(tower_cls, loaded.config.out_hidden_size)
-    tower = tower_cls._from_config(config, attn_implementation=attn_implementation, dtype=loaded.dtype)
+    with torch.device(loaded.device):  # random init on the device (seconds for a 6B tower on a GPU, not minutes on CPU)
+        tower = tower_cls._from_config(config, attn_implementation=attn_implementation, dtype=loaded.dtype)
     tower = tower.to(loaded.device).eval()
     if loaded.load_format == "dummy":  # share transformers' random weights with the mmenc tower
         with torch.no_grad():

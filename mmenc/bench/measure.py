@@ -3,7 +3,8 @@
 Each workload is a list of grids (t, h, w) in patches; inputs are fresh random pixel values.
 Timing: warm-up calls, then `iters` calls timed one by one (CUDA events on GPU, perf_counter on
 CPU); the median is reported. The floor is the workload's matmul FLOPs over the bf16 matmul rate
-measured in the same run.
+measured in the same run. Peak memory: max_memory_allocated over the timed calls; a CUDA-graph replay
+allocates nothing, so a graphed call's peak adds the graph pool it holds (call_peak_gib).
 """
 import dataclasses
 import statistics
@@ -55,8 +56,9 @@ class BenchRow:
     images: int
     patches: int
     ms: float
-    peak_gib: float | None
+    peak_gib: float | None  # max_memory_allocated during the timed calls
     gflop: float
+    graph_pool_gib: float | None = None  # see graph_pool_free_bytes: add it to peak_gib for a graphed call
 
     @property
     def images_per_s(self) -> float:
@@ -94,9 +96,27 @@ def measure(name: str, impl: str, fn: Callable[[], object], grids, device: torch
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     ms = time_ms(fn, device, warmup, iters)
-    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    peak = pool = None
+    if device.type == "cuda":
+        peak, pool = torch.cuda.max_memory_allocated(device) / 2**30, graph_pool_free_bytes(device) / 2**30
     patches = sum(t * h * w for t, h, w in grids)
-    return BenchRow(name, impl, len(grids), patches, ms, peak, gflop)
+    return BenchRow(name, impl, len(grids), patches, ms, peak, gflop, pool)
+
+
+def graph_pool_free_bytes(device: torch.device) -> int:
+    """Bytes held by CUDA-graph memory pools beyond their live tensors: a replayed graph's working memory.
+    A replay allocates nothing, so max_memory_allocated leaves it out; a graphed call's peak is
+    peak_gib + graph_pool_gib (that pool is still held, unused, while another implementation is timed)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return sum(seg["total_size"] - seg["allocated_size"] for seg in torch.cuda.memory_snapshot()
+               if seg.get("device", index) == index and tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0))
+
+
+def call_peak_gib(row: "BenchRow") -> float | None:
+    """A row's peak memory: peak_gib, plus the graph pool for a graphed mmenc call ("+graphs" in its label)."""
+    if row.peak_gib is None:
+        return None
+    return row.peak_gib + ((row.graph_pool_gib or 0.0) if "+graphs" in row.impl else 0.0)
 
 
 def matmul_tflops(device: torch.device, dtype: torch.dtype) -> float:
@@ -122,7 +142,7 @@ def format_table(rows: list[BenchRow], floor_tflops: float | None) -> str:
         floor = f"{100 * (r.gflop / 1e3 / floor_tflops) / (r.ms / 1e3):.0f}" if floor_tflops and r.gflop else "-"
         base = hf.get(r.workload)
         ratio = f"{base.ms / r.ms:.2f}x" if base is not None and base is not r else "-"
-        peak = f"{r.peak_gib:.2f}" if r.peak_gib is not None else "-"
+        peak = f"{call_peak_gib(r):.2f}" if r.peak_gib is not None else "-"
         lines.append(f"{r.workload:<12} {r.impl:<26} {r.ms:>9.2f} {r.images_per_s:>8.1f} {r.patches_per_s:>10.0f} "
                      f"{peak:>8} {floor:>7} {ratio:>6}")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from mmenc.attention import make_cu_seqlens
 from mmenc.config import MultiModalConfig
@@ -92,6 +93,24 @@ class Ovis2VisionConfig(TowerConfigBase):
         return {} if hidden is None else {"out_hidden_size": int(hidden)}
 
 
+class PaddedRowsLinear(ReplicatedLinear):
+    """A bias-free linear whose weight has its out_features rounded up to a multiple of 8 rows (zeros past
+    the checkpoint's), so its output rows are 16-byte aligned for the GEMMs that read them: forward
+    x [..., in] -> [..., padded out]; the first out_features columns are the checkpoint's linear."""
+
+    def __init__(self, in_features: int, out_features: int, prefix: str = "", device=None, dtype=None):
+        super().__init__(in_features, -(-out_features // 8) * 8, bias=False, prefix=prefix, device=device,
+                         dtype=dtype)
+        self.out_features = out_features
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        expected = (self.out_features, param.shape[1])
+        if tuple(loaded.shape) != expected:
+            raise ValueError(f"weight {self._pname(param)} has shape {tuple(loaded.shape)}; expected {expected}")
+        param.data[:self.out_features].copy_(loaded)
+        param.data[self.out_features:].zero_()
+
+
 @dataclasses.dataclass
 class CropPlan:
     """A batch of crops: num_patches rows, `crops` crops; cu_seqlens int32 [crops + 1], max_seqlen: the
@@ -135,7 +154,7 @@ class Ovis2VisionTower(VisionTower):
             for i in range(config.depth)])})})
         self.post_norm = RMSNorm(dim, config.norm_eps, **dd)
         tokens = config.vocab_size - config.num_visual_indicator_tokens
-        self.head_linear = ReplicatedLinear(dim * m * m, tokens, bias=False, prefix="head_linear", **dd)
+        self.head_linear = PaddedRowsLinear(dim * m * m, tokens, prefix="head_linear", **dd)
         self.head_norm = LayerNorm(tokens, 1e-5, **dd)  # transformers: nn.LayerNorm's default eps
         self.embeddings_table = nn.Embedding(config.vocab_size, config.out_hidden_size, **dd)
         self.embeddings_table.weight.requires_grad_(False)
@@ -161,9 +180,12 @@ class Ovis2VisionTower(VisionTower):
         x = self.post_norm(x)
         # hidden stride: [B, s/m, dy, s/m, dx, dim] -> [B, s/m, s/m, dy, dx, dim] -> [B*(s/m)^2, m*m*dim]
         x = x.reshape(plan.crops, s // m, m, s // m, m, dim).permute(0, 1, 3, 2, 4, 5).reshape(-1, m * m * dim)
-        probs = self.head_norm(self.head_linear(x)).softmax(dim=-1)  # [T / m^2, vocab - indicators]
-        table = self.embeddings_table.weight[:probs.shape[-1]]  # indicator tokens: probability 0
-        return TowerOutput(probs @ table.to(probs.dtype))
+        # Both GEMMs of the head on rows whose length is a multiple of 8 (16-byte aligned in bf16): with
+        # vocab - indicators = 65531 columns, cuBLAS falls back to slow unaligned kernels.
+        logits = self.head_linear(x)[:, :self.head_norm.normalized_shape[0]]  # [T / m^2, vocab - indicators]
+        probs = self.head_norm(logits).softmax(dim=-1)
+        probs = F.pad(probs, (0, self.config.num_visual_indicator_tokens))  # indicator tokens: probability 0
+        return TowerOutput(probs @ self.embeddings_table.weight.to(probs.dtype))  # [T / m^2, out_hidden]
 
 
 # Published vision configs (config.json of the -hf conversions; AIMv2 448 px towers with hidden_stride 2

@@ -224,12 +224,11 @@ class SiglipVisionTower(VisionTower):
         else:
             x = x + self.pos_embed(plan.pos_index, plan.pos_weight).to(x.dtype)
         if plan.dense:
-            x = x.view(plan.frames, plan.seq, -1)  # [B, S, D]
-            for layer in self.encoder.layers:
-                x = layer(x, None, None)
-        else:
-            for layer in self.encoder.layers:
-                x = layer(x, plan.cu_seqlens, plan.max_seqlen)
+            # [B, S, D] with the plan's uniform cu_seqlens (made once per grid): MMEncoderAttention's
+            # cu_seqlens=None form builds them inside the call, which a fullgraph --compile cannot trace
+            x = x.view(plan.frames, plan.seq, -1)
+        for layer in self.encoder.layers:
+            x = layer(x, plan.cu_seqlens, plan.max_seqlen)
         return TowerOutput(self.post_layernorm(x).reshape(plan.num_patches, -1))
 
     def pool(self, embeddings: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
