@@ -8,7 +8,8 @@
 #   PY=.ray-venv/bin/python bash benchmarks/ray_h200.sh results/ray-h200
 # Env: MODEL (default: the built-in Qwen2.5-VL-7B tower, random weights), SIZES (448), IMAGES (8192),
 # FLAGS (extra Encoder flags, default "--compile --cuda-graphs" for serve; the offline job uses --compile),
-# DURATION (seconds measured per serve run, 90), RUNS (which runs, default "plain ray1 ray2 haproxy offline").
+# OFFLINE_FLAGS (the offline job's flags, default --compile), OFFLINE_IMAGES (images serve_load times offline,
+# 2048), DURATION (seconds measured per serve run, 90), RUNS (which runs, default "plain ray1 ray2 haproxy offline").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results/ray-h200}
@@ -28,7 +29,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv >> "$out/env.txt" 2>&1
 load() {  # $1: name, rest: serve_load flags
   local name=$1; shift
   timeout 900 $py benchmarks/serve_load.py --model "$model" --dtype bfloat16 $flags --sizes "$sizes" \
-    --clients 64 --requests 8192 --duration "$duration" --offline-images 2048 --json "$out/$name.json" "$@" \
+    --clients 64 --requests 8192 --duration "$duration" --offline-images "${OFFLINE_IMAGES:-2048}" --json "$out/$name.json" "$@" \
     > "$out/$name.log" 2>&1
   echo "$name: exit $?"; tail -n 3 "$out/$name.log" | head -n 2
 }
@@ -40,7 +41,7 @@ want ray2 && load serve_ray2 --ray-replicas 2
 want haproxy && RAY_SERVE_ENABLE_HA_PROXY=1 load serve_ray2_haproxy --ray-replicas 2
 
 want offline && for g in 1 2; do
-  timeout 900 $py benchmarks/ray_offline_bench.py --model "$model" --dtype bfloat16 --compile --gpus $g \
+  timeout 900 $py benchmarks/ray_offline_bench.py --model "$model" --dtype bfloat16 ${OFFLINE_FLAGS---compile} --gpus $g \
     --images "$images" --size "${sizes%%,*}" --json "$out/offline_${g}gpu.json" > "$out/offline_${g}gpu.log" 2>&1
   echo "offline ${g} GPU(s): exit $?"; tail -n 1 "$out/offline_${g}gpu.log"
 done
