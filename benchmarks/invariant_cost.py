@@ -20,6 +20,7 @@ The table comes last; --json PATH writes every row.
 """
 import argparse
 import contextlib
+import gc
 import json
 import statistics
 import sys
@@ -114,9 +115,11 @@ def time_variant(name, spec, mode, args, inputs, device) -> list[dict]:
             rows.append(dict(variant=name, mode=label, workload=wl, ms=ms, attention=attention_desc(enc),
                              tile=next((m.token_tile for m in enc.loaded.tower.modules()
                                         if isinstance(m, _LinearBase)), None)))
+            print(f"    {name:<16} {label:<16} {wl:<10} {ms:8.2f} ms", file=sys.stderr, flush=True)
     enc.loaded.graphs = graphs
     print(f"  {name} [{mode}] built+timed in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    del enc
+    del enc, graphs
+    gc.collect()  # compiled blocks hold themselves through functools.partial: free the tower now
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
