@@ -4,13 +4,15 @@
     PYTHONPATH=. python benchmarks/invariant_cost.py --tiny                    # CPU smoke run (tiny tower)
 
 Variants (each a fresh Encoder; knobs applied after it is built, before its first call):
-  default          MultiModalConfig() as it is
-  invariant        batch_invariant=True (token tiles of TOKEN_TILE + attention sub-packs)
-  tiles-N          default + only the token tiles, N tokens per GEMM call
-  subpacks         batch_invariant=True with the token tiles switched off (attention sub-packs only)
-  inv-tiles-N      batch_invariant=True with N-token tiles
-  inv-triton       batch_invariant=True with TRITON_ATTN allowed for the short (window) segments
-                   (its refusal lifted while the layers choose: timing only, NOT invariant)
+  default            MultiModalConfig() as it is
+  invariant          batch_invariant=True as it is (token tiles of TOKEN_TILE; windows through
+                     TRITON_ATTN's fixed-config path at once, long segments in fixed-shape sub-packs)
+  inv-sdpa           invariant, with TRITON_ATTN refused (the windows in SDPA sub-packs: the old mode)
+  inv-triton-chunks  invariant, with TRITON_ATTN's fixed-config path run on fixed-shape padded chunks
+  tiles-N            default + only the token tiles, N tokens per GEMM call (CUDA graphs mode only)
+  subpacks           batch_invariant=True with the token tiles off (invariant attention only)
+  subpacks-sdpa      the same with TRITON_ATTN refused (the old invariant attention only)
+  inv-tiles-N        batch_invariant=True with N-token tiles (CUDA graphs mode only)
 Modes: eager; graphs (eager + CUDA graphs: no launch overhead, no compile time); compiled (torch.compile +
 CUDA graphs, only the variants in --compiled, since each compiles the block anew).
 Then per-op timings on the tower's real inputs: one window layer's and one full layer's attention
@@ -26,6 +28,7 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 
 import torch
 import torch.nn.functional as F
@@ -45,29 +48,33 @@ KEEP = "keep"  # tile knob: leave what the config set
 
 
 def variants(sweep) -> dict[str, dict]:
-    v = {"default": dict(bi=False, tile=KEEP), "invariant": dict(bi=True, tile=KEEP)}
-    v.update({f"tiles-{n}": dict(bi=False, tile=n) for n in sweep})
+    v = {"default": dict(bi=False, tile=KEEP), "invariant": dict(bi=True, tile=KEEP),
+         "inv-sdpa": dict(bi=True, tile=KEEP, attn="sdpa"), "inv-triton-chunks": dict(bi=True, tile=KEEP, attn="chunks")}
+    v.update({f"tiles-{n}": dict(bi=False, tile=n, eager=False) for n in sweep})
     v["subpacks"] = dict(bi=True, tile=None)
-    v.update({f"inv-tiles-{n}": dict(bi=True, tile=n) for n in sweep[2::2] if n != TOKEN_TILE})
-    v["inv-triton"] = dict(bi=True, tile=KEEP, triton=True)
+    v["subpacks-sdpa"] = dict(bi=True, tile=None, attn="sdpa")
+    v.update({f"inv-tiles-{n}": dict(bi=True, tile=n, eager=False) for n in sweep[2::2] if n != TOKEN_TILE})
     return v
 
 
 @contextlib.contextmanager
-def triton_allowed(on: bool):
-    """Lift TRITON_ATTN's batch-invariance refusal while layers choose (timing only)."""
-    old = TritonAttnBackend.not_batch_invariant
-    if on:
-        TritonAttnBackend.not_batch_invariant = None
+def triton_knobs(attn: str):
+    """attn "sdpa": TRITON_ATTN refused while the layers choose (the old invariant mode); "chunks": its
+    fixed-config path run on fixed-shape chunks (not shape-independent) while timing; "auto": as it is."""
+    refuse, whole = TritonAttnBackend.not_batch_invariant, TritonAttnBackend.shape_independent
+    if attn == "sdpa":
+        TritonAttnBackend.not_batch_invariant = "refused by benchmarks/invariant_cost.py (inv-sdpa)"
+    if attn == "chunks":
+        TritonAttnBackend.shape_independent = False
     try:
         yield
     finally:
-        TritonAttnBackend.not_batch_invariant = old
+        TritonAttnBackend.not_batch_invariant, TritonAttnBackend.shape_independent = refuse, whole
 
 
 def build(model: str, device: str, dtype: str, spec: dict, compile_: bool) -> Encoder:
     graphs = device == "cuda"
-    with triton_allowed(spec.get("triton", False)):
+    with triton_knobs("sdpa" if spec.get("attn") == "sdpa" else "auto"):
         enc = Encoder(model, load_format="dummy", dtype=dtype, device=device, compile=compile_, cuda_graphs=graphs,
                       batch_invariant=spec["bi"])
     if spec["tile"] != KEEP:
@@ -100,12 +107,34 @@ def attention_desc(enc: Encoder) -> str:
 
 
 def time_variant(name, spec, mode, args, inputs, device) -> list[dict]:
-    compile_ = mode == "compiled"
     t0 = time.perf_counter()
+    try:
+        with triton_knobs("chunks" if spec.get("attn") == "chunks" else "auto"):
+            rows = _time_variant(name, spec, mode, args, inputs, device)
+    except Exception as e:  # a variant that fails is reported as such; the others still run
+        traceback.print_exc()
+        rows = [dict(variant=name, mode=mode, workload=wl, ms=float("nan"), attention=f"FAILED: {e!r}"[:120],
+                     tile=None) for wl in inputs]
+    print(f"  {name} [{mode}] built+timed in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    gc.collect()  # compiled blocks hold themselves through functools.partial: free the tower now
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _time_variant(name, spec, mode, args, inputs, device) -> list[dict]:
+    compile_ = mode == "compiled"
     enc = build(args.model, args.device, args.dtype, spec, compile_)
     rows = []
     graphs = enc.loaded.graphs
-    for use_graphs in ([False, True] if mode == "eager+graphs" else [mode == "compiled" and graphs is not None]):
+    if mode == "compiled":
+        passes = [graphs is not None]
+    elif device.type == "cuda":
+        passes = [False, True] if spec.get("eager", True) else [True]
+    else:
+        passes = [False]
+    for use_graphs in passes:
         enc.loaded.graphs = graphs if use_graphs else None
         label = "compiled+graphs" if compile_ and use_graphs else ("compiled" if compile_
                                                                      else ("graphs" if use_graphs else "eager"))
@@ -115,14 +144,8 @@ def time_variant(name, spec, mode, args, inputs, device) -> list[dict]:
             rows.append(dict(variant=name, mode=label, workload=wl, ms=ms, attention=attention_desc(enc),
                              tile=next((m.token_tile for m in enc.loaded.tower.modules()
                                         if isinstance(m, _LinearBase)), None)))
-            print(f"    {name:<16} {label:<16} {wl:<10} {ms:8.2f} ms", file=sys.stderr, flush=True)
-    enc.loaded.graphs = graphs
-    print(f"  {name} [{mode}] built+timed in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-    del enc, graphs
-    gc.collect()  # compiled blocks hold themselves through functools.partial: free the tower now
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+            print(f"    {name:<18} {label:<16} {wl:<10} {ms:8.2f} ms", file=sys.stderr, flush=True)
+    enc.loaded.graphs = None
     return rows
 
 
@@ -171,15 +194,22 @@ def time_ops(ops: dict, args, device) -> list[dict]:
             if kind not in cap:
                 continue
             q, k, v, cu, mx, scale, choice = cap[kind]
-            inv = BackendChoice(choice.main if choice.main != B.TRITON_ATTN else B.TORCH_SDPA, None,
-                                choice.short_seqlen_max, True)
-            cands = {"default": choice, "invariant": inv}
-            if device.type == "cuda":
-                cands["inv-triton"] = BackendChoice(inv.main, B.TRITON_ATTN, choice.short_seqlen_max, True)
-            for label, c in cands.items():
-                with triton_allowed(True):
-                    ms = time_ms(lambda: attend(q, k, v, cu, mx, scale, c), device, args.warmup, args.iters)
-                rows.append(dict(op=f"attn-{kind}", variant=label, workload=wl, ms=ms, detail=c.describe()))
+            main = choice.main if choice.main != B.TRITON_ATTN else B.TORCH_SDPA
+            sdpa = BackendChoice(main, None, choice.short_seqlen_max, True)
+            cands = {"default": (choice, "auto")}
+            if device.type == "cuda":  # what the platform picks in invariant mode on CUDA (TRITON_ATTN for windows)
+                triton = BackendChoice(main, B.TRITON_ATTN, choice.short_seqlen_max, True)
+                cands.update({"invariant": (triton, "auto"), "inv-triton-chunks": (triton, "chunks")})
+            cands["inv-sdpa"] = (sdpa, "auto")
+            for label, (c, knob) in cands.items():
+                try:
+                    with triton_knobs(knob):
+                        ms = time_ms(lambda: attend(q, k, v, cu, mx, scale, c), device, args.warmup, args.iters)
+                except Exception as e:  # reported in the table; the other rows still run
+                    traceback.print_exc()
+                    ms, c = float("nan"), f"FAILED: {e!r}"[:100]
+                rows.append(dict(op=f"attn-{kind}", variant=label, workload=wl, ms=ms,
+                                 detail=c if isinstance(c, str) else c.describe()))
         t = cap["tokens"]
         for n_in, n_out, bias in ops["linears"]:
             x = torch.randn(t, n_in, device=device, dtype=ops["dtype"])
@@ -235,18 +265,27 @@ def main() -> int:
     t_start = time.perf_counter()
     rows = []
     mode = "eager+graphs" if device.type == "cuda" else "eager"
+    op_rows = []
+
+    def dump():  # after every stage, so a run cut short still leaves its rows
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(dict(rows=rows, ops=op_rows, total_s=time.perf_counter() - t_start,
+                               torch=torch.__version__), f, indent=1)
+
     for name in chosen:
         rows += time_variant(name, table[name], mode, args, inputs, device)
+        dump()
+    if not args.no_ops:
+        op_rows = time_ops(capture_ops(args, inputs, device), args, device)
+        dump()
     for name in compiled:
         rows += time_variant(name, table[name], "compiled", args, inputs, device)
-    op_rows = [] if args.no_ops else time_ops(capture_ops(args, inputs, device), args, device)
+        dump()
     total = time.perf_counter() - t_start
     print_tables(rows, op_rows)
     print(f"total {total:.0f} s; torch {torch.__version__}; "
           f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(rows=rows, ops=op_rows, total_s=total, torch=torch.__version__), f, indent=1)
     if tmp is not None:
         tmp.cleanup()
     return 0
@@ -256,15 +295,15 @@ def print_tables(rows: list[dict], op_rows: list[dict]) -> None:
     base = {(r["mode"], r["workload"]): r["ms"] for r in rows if r["variant"] == "default"}
     if op_rows:
         ob = {(r["op"], r["workload"]): r["ms"] for r in op_rows if r["variant"] == "default"}
-        print(f"\n{'op':<22} {'variant':<14} {'workload':<10} {'ms':>8} {'x default':>9}  detail")
+        print(f"\n{'op':<22} {'variant':<18} {'workload':<10} {'ms':>8} {'x default':>9}  detail")
         for r in op_rows:
             rel = ob.get((r["op"], r["workload"]))
-            print(f"{r['op']:<22} {r['variant']:<14} {r['workload']:<10} {r['ms']:8.3f} "
+            print(f"{r['op']:<22} {r['variant']:<18} {r['workload']:<10} {r['ms']:8.3f} "
                   f"{(rel / r['ms']) if rel else float('nan'):9.2f}  {r['detail']}")
-    print(f"\n{'variant':<16} {'mode':<16} {'workload':<10} {'ms':>8} {'speed vs default':>16}  tile  attention")
+    print(f"\n{'variant':<18} {'mode':<16} {'workload':<10} {'ms':>8} {'speed vs default':>16}  tile  attention")
     for r in sorted(rows, key=lambda r: (r["workload"], r["mode"])):
         rel = base.get((r["mode"], r["workload"]))
-        print(f"{r['variant']:<16} {r['mode']:<16} {r['workload']:<10} {r['ms']:8.2f} "
+        print(f"{r['variant']:<18} {r['mode']:<16} {r['workload']:<10} {r['ms']:8.2f} "
               f"{(rel / r['ms']) if rel else float('nan'):16.2f}  {str(r['tile']):<5} {r['attention']}")
 
 
