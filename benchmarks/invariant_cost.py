@@ -9,15 +9,19 @@ Variants (each a fresh Encoder; knobs applied after it is built, before its firs
                      TRITON_ATTN's fixed-config path at once, long segments in fixed-shape sub-packs)
   inv-sdpa           invariant, with TRITON_ATTN refused (the windows in SDPA sub-packs: the old mode)
   inv-triton-chunks  invariant, with TRITON_ATTN's fixed-config path run on fixed-shape padded chunks
-  tiles-N            default + only the token tiles, N tokens per GEMM call (CUDA graphs mode only)
+  tiles-N            default + only the token tiles, N tokens per GEMM call (CUDA graphs mode only;
+                     every other size of the sweep: the per-op table has them all)
   subpacks           batch_invariant=True with the token tiles off (invariant attention only)
   subpacks-sdpa      the same with TRITON_ATTN refused (the old invariant attention only)
   inv-tiles-N        batch_invariant=True with N-token tiles (CUDA graphs mode only)
+  inv-gemm-triton    batch_invariant=True with mmenc.layers.invariant_gemm's Triton GEMM instead of tiles (CUDA)
+  gemm-triton        default + only that GEMM (CUDA graphs mode only)
 Modes: eager; graphs (eager + CUDA graphs: no launch overhead, no compile time); compiled (torch.compile +
 CUDA graphs, only the variants in --compiled, since each compiles the block anew).
 Then per-op timings on the tower's real inputs: one window layer's and one full layer's attention
 call (default choice, invariant sub-packs, invariant with TRITON_ATTN) and each linear shape, plain
-F.linear vs tiled_linear. Timing: CUDA events after warm-up, median (perf_counter on CPU).
+F.linear vs tiled_linear. Timing: CUDA events after warm-up, median (perf_counter on CPU); eager passes: 1 warm-up call,
+iters - 2 timed.
 The table comes last; --json PATH writes every row.
 """
 import argparse
@@ -38,7 +42,7 @@ from mmenc.backends.triton_attn import TritonAttnBackend
 from mmenc.bench.measure import WORKLOADS, random_pixels
 from mmenc.engine.encoder import Encoder
 from mmenc.layers.linear import _LinearBase, use_token_tiles
-from mmenc.layers.token_tiles import TOKEN_TILE, tiled_linear
+from mmenc.layers.token_tiles import TOKEN_TILE, TRITON_GEMM, tiled_linear
 
 MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 GPU_WORKLOADS = ("8x1036px", "32x448px")
@@ -49,11 +53,14 @@ KEEP = "keep"  # tile knob: leave what the config set
 
 def variants(sweep) -> dict[str, dict]:
     v = {"default": dict(bi=False, tile=KEEP), "invariant": dict(bi=True, tile=KEEP),
-         "inv-sdpa": dict(bi=True, tile=KEEP, attn="sdpa"), "inv-triton-chunks": dict(bi=True, tile=KEEP, attn="chunks")}
-    v.update({f"tiles-{n}": dict(bi=False, tile=n, eager=False) for n in sweep})
+         "inv-sdpa": dict(bi=True, tile=KEEP, attn="sdpa"),
+         "inv-triton-chunks": dict(bi=True, tile=KEEP, attn="chunks")}
+    v.update({f"tiles-{n}": dict(bi=False, tile=n, eager=False) for n in sweep[::2]})  # the ops table has every size
     v["subpacks"] = dict(bi=True, tile=None)
     v["subpacks-sdpa"] = dict(bi=True, tile=None, attn="sdpa")
     v.update({f"inv-tiles-{n}": dict(bi=True, tile=n, eager=False) for n in sweep[2::2] if n != TOKEN_TILE})
+    v["inv-gemm-triton"] = dict(bi=True, tile=TRITON_GEMM, cuda=True)
+    v["gemm-triton"] = dict(bi=False, tile=TRITON_GEMM, cuda=True, eager=False)
     return v
 
 
@@ -139,8 +146,8 @@ def _time_variant(name, spec, mode, args, inputs, device) -> list[dict]:
         label = "compiled+graphs" if compile_ and use_graphs else ("compiled" if compile_
                                                                      else ("graphs" if use_graphs else "eager"))
         for wl, (pixels, grid) in inputs.items():
-            ms = time_ms(lambda: enc.encode_pixels(pixels, grid), device, args.warmup + (2 if use_graphs else 0),
-                         args.iters)
+            warmup, iters = (args.warmup + 2, args.iters) if use_graphs or compile_ else (1, max(1, args.iters - 2))
+            ms = time_ms(lambda: enc.encode_pixels(pixels, grid), device, warmup, iters)
             rows.append(dict(variant=name, mode=label, workload=wl, ms=ms, attention=attention_desc(enc),
                              tile=next((m.token_tile for m in enc.loaded.tower.modules()
                                         if isinstance(m, _LinearBase)), None)))
@@ -167,8 +174,8 @@ def capture_ops(args, inputs, device) -> dict:
         if any(current[key][3] is cu for key in seen) or len(seen) == 2:
             return
         h, d = module.num_heads, module.head_size
-        current.setdefault(("window", "full")[len(seen)], tuple(t.detach().reshape(-1, h, d).contiguous() for t in (q, k, v)) + (
-            cu, int(mx), module.scale, module.choice))
+        packed = tuple(t.detach().reshape(-1, h, d).contiguous() for t in (q, k, v))
+        current.setdefault(("window", "full")[len(seen)], packed + (cu, int(mx), module.scale, module.choice))
 
     hooks = [m.register_forward_pre_hook(pre_hook, with_kwargs=True) for m in enc.loaded.tower.modules()
              if hasattr(m, "describe_backend") and hasattr(m, "num_heads")]
@@ -218,9 +225,14 @@ def time_ops(ops: dict, args, device) -> list[dict]:
             shape = f"{n_in}->{n_out}"
             rows.append(dict(op=f"linear {shape}", variant="default", workload=wl,
                              ms=time_ms(lambda: F.linear(x, w, b), device, args.warmup, args.iters), detail=""))
-            for tile in args.sweep:
-                ms = time_ms(lambda: tiled_linear(x, w, b, tile), device, args.warmup, args.iters)
-                rows.append(dict(op=f"linear {shape}", variant=f"tiles-{tile}", workload=wl, ms=ms, detail=""))
+            for tile in [*args.sweep, *([TRITON_GEMM] if device.type == "cuda" else [])]:
+                try:
+                    ms = time_ms(lambda: tiled_linear(x, w, b, tile), device, args.warmup, args.iters)
+                except Exception:  # reported in the table; the other rows still run
+                    traceback.print_exc()
+                    ms = float("nan")
+                rows.append(dict(op=f"linear {shape}", variant=f"tiles-{tile}" if tile else "gemm-triton", workload=wl,
+                                 ms=ms, detail=""))
     return rows
 
 
@@ -250,7 +262,8 @@ def main() -> int:
         workloads, args.sweep = {n: WORKLOADS[n] for n in GPU_WORKLOADS}, SWEEP
     device = torch.device(args.device)
     table = variants(args.sweep)
-    chosen = args.variants.split(",") if args.variants else list(table)
+    chosen = args.variants.split(",") if args.variants else [n for n in table
+                                                             if device.type == "cuda" or not table[n].get("cuda")]
     unknown = [n for n in chosen if n not in table]
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; expected names from {list(table)}")

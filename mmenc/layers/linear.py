@@ -238,8 +238,9 @@ class RowParallelLinear(_LinearBase):
 def use_token_tiles(module: nn.Module, tile: int | None = TOKEN_TILE) -> int:
     """Run every linear of `module` over token tiles of `tile` tokens (None: plain matmuls again);
     returns how many linears it set. Call before compiling or capturing CUDA graphs."""
-    if tile is not None and (not isinstance(tile, int) or tile <= 0):
-        raise ValueError(f"tile={tile!r} must be a positive number of tokens (or None to switch tiling off)")
+    if tile is not None and (not isinstance(tile, int) or tile < 0):
+        raise ValueError(f"tile={tile!r} must be a positive number of tokens, TRITON_GEMM (0: the Triton "
+                         f"batch-invariant GEMM) or None to switch tiling off")
     linears = [m for m in module.modules() if isinstance(m, _LinearBase)]
     for m in linears:
         m.token_tile = tile

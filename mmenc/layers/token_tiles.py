@@ -18,13 +18,20 @@ import torch
 
 # Tokens per GEMM call in batch-invariant mode. Changing it changes the (still invariant) results.
 TOKEN_TILE = 4096
+# `tile` value that runs mmenc.layers.invariant_gemm's Triton GEMM instead (fixed blocking, any row
+# count, no padding, one launch per call; needs triton and a GPU). Opt-in: use_token_tiles(m, TRITON_GEMM).
+TRITON_GEMM = 0
 
 
 @torch.library.custom_op("mmenc::tiled_linear", mutates_args=())
 def tiled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile: int) -> torch.Tensor:
-    if tile <= 0:
-        raise ValueError(f"tile={tile} must be a positive number of tokens")
+    if tile < 0:
+        raise ValueError(f"tile={tile} must be a positive number of tokens (or TRITON_GEMM = 0)")
     rows = x.reshape(-1, x.shape[-1]).contiguous()  # [T, in]
+    if tile == TRITON_GEMM:
+        from mmenc.layers.invariant_gemm import invariant_linear
+
+        return invariant_linear(rows, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
     if rows.data_ptr() % 256:  # a view at an odd offset (e.g. a chunk of pixel_values): GEMM libraries may pick
         rows = rows.clone()  # their code path from the address, so every tile starts 256-byte aligned
     t, n_out = rows.shape[0], weight.shape[0]
