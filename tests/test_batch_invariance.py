@@ -166,8 +166,8 @@ def test_tiled_linear_pads_to_one_shape_and_matches_linear():
     finally:
         torch.addmm = original
     assert shapes == [(4, 8)] * 6  # 22 rows: five full tiles and one padded one
-    with pytest.raises(ValueError, match="tile=0 must be a positive"):
-        tiled_linear(x, w, b, 0)
+    with pytest.raises(ValueError, match="tile=-1 must be a positive"):
+        tiled_linear(x, w, b, -1)
 
 
 # -- attention: per-class choice (default mode) and fixed sub-packs (invariant mode) --------------
