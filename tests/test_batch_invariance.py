@@ -270,6 +270,32 @@ def test_segment_result_does_not_depend_on_the_pack():
         assert torch.equal(got, alone), f"segment of 40 after {before}, before {after} differs"
 
 
+def test_shape_independent_backend_runs_each_class_at_once(monkeypatch):
+    """A backend declaring shape_independent gets its whole class in one call in batch-invariant mode
+    (a view of the pack when the class is the pack: no copy), and a segment's result is unchanged."""
+    monkeypatch.setattr(NaiveBackend, "shape_independent", True)
+    seen = _spy(monkeypatch)
+    calls = []
+    monkeypatch.setattr(NaiveBackend, "forward_batch_invariant",
+                        classmethod(lambda cls, q, *a: calls.append(q.data_ptr()) or cls.forward(q, *a)))
+    choice = BackendChoice(B.TORCH_SDPA, B.NAIVE, 8, batch_invariant=True)
+    lengths = [5, 20, 3, 8, 20, 2]
+    q, k, v = _qkv(sum(lengths))
+    cu, max_seqlen = make_cu_seqlens(lengths)
+    out = attend(q, k, v, cu, max_seqlen, 0.25, choice)
+    assert seen["NAIVE"] == [(5, 3, 8, 2)]  # the short class at once, no chunks or padding copies
+    assert all(n == 20 for lengths_ in seen["TORCH_SDPA"] for n in lengths_)  # long ones: fixed chunks
+    torch.testing.assert_close(out, NaiveBackend.forward(q, k, v, cu, max_seqlen, 0.25), rtol=1e-5, atol=1e-5)
+    calls.clear()
+    short = [5, 3, 8]
+    q2, k2, v2 = _qkv(16, seed=3)
+    cu2, m2 = make_cu_seqlens(short)
+    alone = attend(q2[5:8], k2[5:8], v2[5:8], *make_cu_seqlens([3]), 0.25, choice)
+    got = attend(q2, k2, v2, cu2, m2, 0.25, choice)
+    assert calls[-1] == q2.data_ptr()  # the pack itself, not a gathered copy
+    assert torch.equal(got[5:8], alone)
+
+
 def test_platform_chooses_only_invariant_backends(monkeypatch):
     h100 = CudaPlatform(DeviceInfo(type="cuda", vendor="nvidia", capability=(9, 0)))
     monkeypatch.setattr(get_backend_class(B.TRITON_ATTN), "is_installed", classmethod(lambda cls: True))
@@ -298,10 +324,15 @@ def _gpu_calls():
             ([same, mid, GPU_TARGET, large, small], 2, None), ([large, small, GPU_TARGET, mid], 2, 6000)]
 
 
-def _gpu_worst_difference(model: str, case: ck.FamilyCase, mode: str) -> float:
-    """Largest |difference| over _gpu_calls() between GPU_TARGET's outputs alone and in each call."""
+def _gpu_worst_difference(model: str, case: ck.FamilyCase, mode: str, tile: int | None = None) -> float:
+    """Largest |difference| over _gpu_calls() between GPU_TARGET's outputs alone and in each call;
+    `tile`: the linears' token tile instead of the default (mmenc.layers.linear.use_token_tiles)."""
     enc = Encoder(model, load_format="dummy", dtype="bfloat16", device="cuda", batch_invariant=True,
                   compile=mode != "eager", cuda_graphs=mode == "graphs")
+    if tile is not None:
+        from mmenc.layers.linear import use_token_tiles
+
+        use_token_tiles(enc.loaded.tower, tile)
     runs = 3 if mode == "graphs" else 1  # graphs: warm-up, capture, then the replay is checked
 
     def encode(grids, index, max_patches=None):
@@ -378,3 +409,38 @@ def test_compiled_cpu_tower_is_batch_invariant(tmp_path):
         pixels, grid = _pixels(case, grids)
         out = enc.encode_pixels(pixels, grid, return_extras=True)
         _assert_equal(alone, _per_image(enc, out, grid, index), f"compiled, call {grids}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("shape", [(1176, 1280), (1280, 3840), (1280, 1280), (1280, 6840), (3420, 1280),
+                                   (5120, 5120), (5120, 3584)])
+def test_gpu_triton_gemm_rows_do_not_depend_on_the_row_count(shape):
+    """The opt-in Triton GEMM (tile=TRITON_GEMM): a row's bits are the same for any row count and position."""
+    from mmenc.layers.token_tiles import TRITON_GEMM
+
+    n_in, n_out = shape
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16, generator=g) * n_in ** -0.5
+    b = torch.randn(n_out, device="cuda", dtype=torch.bfloat16, generator=g)
+    rows = torch.randn(37, n_in, device="cuda", dtype=torch.bfloat16, generator=g)
+    alone = tiled_linear(rows, w, b, TRITON_GEMM)
+    torch.testing.assert_close(alone.float(), torch.nn.functional.linear(rows, w, b).float(), rtol=2e-2, atol=2e-2)
+    for offset, total in ((1, 3000), (4076, 8197), (5000, 43808), (129, 300)):
+        x = torch.randn(total, n_in, device="cuda", dtype=torch.bfloat16, generator=g)
+        x[offset:offset + 37] = rows
+        got = tiled_linear(x, w, b, TRITON_GEMM)[offset:offset + 37]
+        diff = float((got.float() - alone.float()).abs().max())
+        assert torch.equal(got, alone), f"shape {shape}: rows at {offset} of {total} differ by up to {diff:.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", ["eager", "graphs"])
+def test_gpu_tower_is_batch_invariant_with_the_triton_gemm(mode):
+    """Qwen2.5-VL-7B's tower with every linear on the Triton GEMM instead of token tiles."""
+    from mmenc.layers.token_tiles import TRITON_GEMM
+
+    worst = _gpu_worst_difference("Qwen/Qwen2.5-VL-7B-Instruct", ck.FAMILIES["Qwen2_5_VLForConditionalGeneration"],
+                                  mode, tile=TRITON_GEMM)
+    assert worst == 0.0, f"{mode}: an image's embedding changed with the batch by up to {worst:.3e}"
