@@ -249,7 +249,8 @@ def test_invariant_tables_give_each_segment_its_own_blocks():
     windows, tiles, seg_ids = segment_tables(info, 64, 128, 64, torch.device("cpu"))
     assert windows.tolist() == [[0, 64], [64, 67], [197, 261]]  # segments of 1..64 tokens
     # 130 tokens: two tiles cut from its own start, each over its whole segment; 65: one tile of its own
-    assert sorted(map(tuple, tiles.tolist())) == [(67, 195, 67, 197, 2), (195, 197, 67, 197, 2), (261, 326, 261, 326, 1)]
+    assert sorted(map(tuple, tiles.tolist())) == [(67, 195, 67, 197, 2), (195, 197, 67, 197, 2),
+                                                  (261, 326, 261, 326, 1)]
     assert seg_ids.shape == (326,)
     assert invariant_configs(80)[0].windows and not invariant_configs(80)[1].tma
     assert invariant_configs(80) == invariant_configs(72)  # one pair per head class
