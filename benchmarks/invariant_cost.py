@@ -41,6 +41,7 @@ from mmenc.backends.dispatch import attend
 from mmenc.backends.triton_attn import TritonAttnBackend
 from mmenc.bench.measure import WORKLOADS, random_pixels
 from mmenc.engine.encoder import Encoder
+from mmenc.layers.invariant_gemm import GemmConfig
 from mmenc.layers.linear import _LinearBase, use_token_tiles
 from mmenc.layers.token_tiles import TOKEN_TILE, TRITON_GEMM, tiled_linear
 
@@ -48,6 +49,9 @@ MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 GPU_WORKLOADS = ("8x1036px", "32x448px")
 TINY_WORKLOADS = {"tiny-2x16": [(1, 16, 16)] * 2, "tiny-4x8": [(1, 8, 8)] * 4}
 SWEEP = (4096, 8192, 16384, 32768, 65536)
+# Triton GEMM launch configs timed per linear shape (the ops table's gemm-triton* rows); the first is CONFIG.
+GEMM_CONFIGS = [GemmConfig(128, 128, 64, 8, 8, 3), GemmConfig(128, 256, 64, 8, 8, 3), GemmConfig(128, 128, 64, 8, 4, 4),
+                GemmConfig(128, 256, 64, 8, 8, 4), GemmConfig(64, 128, 64, 8, 4, 4)]
 KEEP = "keep"  # tile knob: leave what the config set
 
 
@@ -238,6 +242,17 @@ def time_ops(ops: dict, args, device) -> list[dict]:
                     ms = float("nan")
                 rows.append(dict(op=f"linear {shape}", variant=f"tiles-{tile}" if tile else "gemm-triton", workload=wl,
                                  ms=ms, detail=""))
+            for config in (GEMM_CONFIGS if device.type == "cuda" else ()):
+                from mmenc.layers.invariant_gemm import invariant_linear
+
+                try:
+                    ms = time_ms(lambda: invariant_linear(x, w, b, config), device, args.warmup, args.iters)
+                except Exception:  # reported in the table; the other rows still run
+                    traceback.print_exc()
+                    ms = float("nan")
+                rows.append(dict(op=f"linear {shape}", variant="gemm-triton*", workload=wl, ms=ms,
+                                 detail=f"m{config.block_m}n{config.block_n}k{config.block_k}w{config.num_warps}"
+                                        f"s{config.num_stages}"))
     return rows
 
 
