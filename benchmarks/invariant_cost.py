@@ -9,18 +9,21 @@ Variants (each a fresh Encoder; knobs applied after it is built, before its firs
                      TRITON_ATTN's fixed-config path at once, long segments in fixed-shape sub-packs)
   inv-sdpa           invariant, with TRITON_ATTN refused (the windows in SDPA sub-packs: the old mode)
   inv-triton-chunks  invariant, with TRITON_ATTN's fixed-config path run on fixed-shape padded chunks
-  tiles-N            default + only the token tiles, N tokens per GEMM call (CUDA graphs mode only;
-                     every other size of the sweep: the per-op table has them all)
+  tiles-N            default + only the token tiles, N tokens per GEMM call (every other size of
+                     the sweep; the per-op table has them all)
   subpacks           batch_invariant=True with the token tiles off (invariant attention only)
   subpacks-sdpa      the same with TRITON_ATTN refused (the old invariant attention only)
-  inv-tiles-N        batch_invariant=True with N-token tiles (CUDA graphs mode only)
-  inv-gemm-triton    batch_invariant=True with mmenc.layers.invariant_gemm's Triton GEMM instead of tiles (CUDA)
-  gemm-triton        default + only that GEMM (CUDA graphs mode only)
-Modes: eager; graphs (eager + CUDA graphs: no launch overhead, no compile time); compiled (torch.compile +
-CUDA graphs, only the variants in --compiled, since each compiles the block anew).
+  inv-tiles-N        batch_invariant=True with N-token tiles
+  inv-gemm-triton    batch_invariant=True with mmenc.layers.invariant_gemm's Triton GEMM instead of
+                     token tiles (CUDA)
+  gemm-triton        default + only that GEMM (CUDA)
+Modes: eager (on CUDA only default, invariant and inv-sdpa); graphs (eager + CUDA graphs: no launch
+overhead, no compile time); compiled (torch.compile + CUDA graphs, only the variants in --compiled,
+since each compiles the block anew). Variants on kernels new in this branch run after the others.
 Then per-op timings on the tower's real inputs: one window layer's and one full layer's attention
-call (default choice, invariant sub-packs, invariant with TRITON_ATTN) and each linear shape, plain
-F.linear vs tiled_linear. Timing: CUDA events after warm-up, median (perf_counter on CPU); eager passes: 1 warm-up call,
+call (default choice, invariant, invariant on chunks, the old SDPA sub-packs) and each linear shape:
+F.linear vs tiled_linear per tile size vs the Triton GEMM (per launch config).
+Timing: CUDA events after warm-up, median (perf_counter on CPU); eager passes: 1 warm-up call,
 iters - 2 timed.
 The table comes last; --json PATH writes every row.
 """
@@ -56,14 +59,15 @@ KEEP = "keep"  # tile knob: leave what the config set
 
 
 def variants(sweep) -> dict[str, dict]:
+    # eager=False: CUDA graphs mode only (saves time; eager adds launch overhead, measured on the first three)
     v = {"default": dict(bi=False, tile=KEEP), "invariant": dict(bi=True, tile=KEEP),
          "inv-sdpa": dict(bi=True, tile=KEEP, attn="sdpa"),
-         "inv-triton-chunks": dict(bi=True, tile=KEEP, attn="chunks")}
+         "inv-triton-chunks": dict(bi=True, tile=KEEP, attn="chunks", eager=False)}
     v.update({f"tiles-{n}": dict(bi=False, tile=n, eager=False) for n in sweep[::2]})  # the ops table has every size
-    v["subpacks"] = dict(bi=True, tile=None)
-    v["subpacks-sdpa"] = dict(bi=True, tile=None, attn="sdpa")
+    v["subpacks"] = dict(bi=True, tile=None, eager=False)
+    v["subpacks-sdpa"] = dict(bi=True, tile=None, attn="sdpa", eager=False)
     v.update({f"inv-tiles-{n}": dict(bi=True, tile=n, eager=False) for n in sweep[2::2] if n != TOKEN_TILE})
-    v["inv-gemm-triton"] = dict(bi=True, tile=TRITON_GEMM, cuda=True)
+    v["inv-gemm-triton"] = dict(bi=True, tile=TRITON_GEMM, cuda=True, eager=False)
     v["gemm-triton"] = dict(bi=False, tile=TRITON_GEMM, cuda=True, eager=False)
     return v
 
