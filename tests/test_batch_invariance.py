@@ -170,6 +170,48 @@ def test_tiled_linear_pads_to_one_shape_and_matches_linear():
         tiled_linear(x, w, b, -1)
 
 
+def test_tiled_linear_pads_unaligned_rows_in_both_operands(monkeypatch):
+    """Rows of 3420 bf16 values (6840 bytes) are zero-padded to 3424 in x and W; the result is the
+    same sums, and a row's bits do not depend on the other rows."""
+    torch.manual_seed(1)
+    x, w, b = torch.randn(70, 3420).bfloat16(), (torch.randn(24, 3420) * 0.02).bfloat16(), torch.randn(24).bfloat16()
+    shapes = []
+    original = torch.addmm
+
+    def spy(bias, a, m, out):
+        shapes.append((tuple(a.shape), tuple(m.shape)))
+        return original(bias, a, m, out=out)
+
+    monkeypatch.setattr(torch, "addmm", spy)
+    got = tiled_linear(x, w, b, 32)
+    assert shapes == [((32, 3424), (3424, 24))] * 3
+    torch.testing.assert_close(got.float(), torch.nn.functional.linear(x.float(), w.float(), b.float()),
+                               rtol=2e-2, atol=2e-2)
+    assert torch.equal(tiled_linear(x[5:9], w, b, 32), got[5:9])
+    strided = torch.zeros(70, 3424).bfloat16()[:, :3420]  # e.g. Inductor's padded strides
+    strided.copy_(x)
+    assert torch.equal(tiled_linear(strided, w, b, 32), got)
+
+
+def test_narrow_linears_get_the_narrow_tile():
+    from mmenc.layers.linear import ReplicatedLinear, use_token_tiles
+    from mmenc.layers.token_tiles import NARROW_OUT_FEATURES, NARROW_TOKEN_TILE, TOKEN_TILE, TRITON_GEMM
+
+    wide = ReplicatedLinear(16, NARROW_OUT_FEATURES, device="meta")
+    narrow = ReplicatedLinear(16, NARROW_OUT_FEATURES - 1, device="meta")
+    model = torch.nn.Sequential(wide, narrow)
+    assert use_token_tiles(model) == 2
+    assert (wide.token_tile, narrow.token_tile) == (TOKEN_TILE, NARROW_TOKEN_TILE)
+    use_token_tiles(model, 4096, narrow_tile=None)
+    assert (wide.token_tile, narrow.token_tile) == (4096, 4096)
+    use_token_tiles(model, TRITON_GEMM)
+    assert (wide.token_tile, narrow.token_tile) == (TRITON_GEMM, TRITON_GEMM)
+    use_token_tiles(model, None)
+    assert (wide.token_tile, narrow.token_tile) == (None, None)
+    with pytest.raises(ValueError, match="narrow_tile=-2 must be a positive number"):
+        use_token_tiles(model, narrow_tile=-2)
+
+
 # -- attention: per-class choice (default mode) and fixed sub-packs (invariant mode) --------------
 
 class _FakePlatform(Platform):
@@ -379,19 +421,21 @@ def test_gpu_every_family_is_batch_invariant_eager(arch):
                                    (5120, 5120), (5120, 3584)])
 def test_gpu_tile_gemm_row_position(shape):
     """The tile GEMM (Qwen2.5-VL-7B tower shapes (in, out), bf16: patch embedding, qkv, proj, gate_up, down,
-    merger) gives a row the same bits at any position in the tile."""
-    from mmenc.layers.token_tiles import TOKEN_TILE
+    merger) gives a row the same bits at any position in the tile, with the tile size the tower uses for
+    the shape (narrow linears: NARROW_TOKEN_TILE; 3420 inputs: zero-padded to 3424)."""
+    from mmenc.layers.token_tiles import NARROW_OUT_FEATURES, NARROW_TOKEN_TILE, TOKEN_TILE
 
     n_in, n_out = shape
+    tile = NARROW_TOKEN_TILE if n_out < NARROW_OUT_FEATURES else TOKEN_TILE
     g = torch.Generator(device="cuda").manual_seed(0)
     w = torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16, generator=g) * n_in ** -0.5
     b = torch.randn(n_out, device="cuda", dtype=torch.bfloat16, generator=g)
     rows = torch.randn(37, n_in, device="cuda", dtype=torch.bfloat16, generator=g)
-    alone = tiled_linear(rows, w, b, TOKEN_TILE)
-    for offset, total in ((1, 3000), (TOKEN_TILE - 20, 2 * TOKEN_TILE + 5), (5000, 9000), (129, 300)):
+    alone = tiled_linear(rows, w, b, tile)
+    for offset, total in ((1, 3000), (tile - 20, 2 * tile + 5), (5000, 9000), (129, 300)):
         x = torch.randn(total, n_in, device="cuda", dtype=torch.bfloat16, generator=g)
         x[offset:offset + 37] = rows
-        got = tiled_linear(x, w, b, TOKEN_TILE)[offset:offset + 37]
+        got = tiled_linear(x, w, b, tile)[offset:offset + 37]
         diff = float((got.float() - alone.float()).abs().max())
         assert torch.equal(got, alone), f"shape {shape}: rows at {offset} of {total} differ by up to {diff:.3e}"
 
