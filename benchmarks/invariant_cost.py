@@ -17,6 +17,9 @@ Variants (each a fresh Encoder; knobs applied after it is built, before its firs
   inv-gemm-triton    batch_invariant=True with mmenc.layers.invariant_gemm's Triton GEMM instead of
                      token tiles (CUDA)
   gemm-triton        default + only that GEMM (CUDA)
+  inv-uniform        invariant with one tile size for every linear (no NARROW_TOKEN_TILE)
+  inv-narrow-8192    invariant with 8192-row tiles for the narrow linears
+  inv-unaligned      invariant with uniform tiles and unaligned rows not padded (the linears of GPU run 8a)
 Modes: eager (on CUDA only default, invariant and inv-sdpa); graphs (eager + CUDA graphs: no launch
 overhead, no compile time); compiled (torch.compile + CUDA graphs, only the variants in --compiled,
 since each compiles the block anew). Variants on kernels new in this branch run after the others.
@@ -44,6 +47,7 @@ from mmenc.backends.dispatch import attend
 from mmenc.backends.triton_attn import TritonAttnBackend
 from mmenc.bench.measure import WORKLOADS, random_pixels
 from mmenc.engine.encoder import Encoder
+from mmenc.layers import token_tiles
 from mmenc.layers.invariant_gemm import GemmConfig
 from mmenc.layers.linear import _LinearBase, use_token_tiles
 from mmenc.layers.token_tiles import TOKEN_TILE, TRITON_GEMM, tiled_linear
@@ -69,6 +73,11 @@ def variants(sweep) -> dict[str, dict]:
     v.update({f"inv-tiles-{n}": dict(bi=True, tile=n, eager=False) for n in sweep[2::2] if n != TOKEN_TILE})
     v["inv-gemm-triton"] = dict(bi=True, tile=TRITON_GEMM, cuda=True, eager=False)
     v["gemm-triton"] = dict(bi=False, tile=TRITON_GEMM, cuda=True, eager=False)
+    # the linears' two refinements, one at a time (compare in --compiled): uniform tiles (no narrow
+    # tile), and the GPU run 8a linears (uniform 4096-row tiles, unaligned 3420-wide rows left as they are)
+    v["inv-uniform"] = dict(bi=True, tile=TOKEN_TILE, narrow=None, eager=False)
+    v["inv-narrow-8192"] = dict(bi=True, tile=TOKEN_TILE, narrow=8192, eager=False)
+    v["inv-unaligned"] = dict(bi=True, tile=TOKEN_TILE, narrow=None, align=False, eager=False)
     return v
 
 
@@ -97,9 +106,20 @@ def build(model: str, device: str, dtype: str, spec: dict, compile_: bool) -> En
     with triton_knobs("sdpa" if spec.get("attn") == "sdpa" else "auto"):
         enc = Encoder(model, load_format="dummy", dtype=dtype, device=device, compile=compile_, cuda_graphs=graphs,
                       batch_invariant=spec["bi"])
-    if spec["tile"] != KEEP:
-        use_token_tiles(enc.loaded.tower, spec["tile"])
+    if spec["tile"] != KEEP:  # tiles-N and the like: one tile size for every linear unless "narrow" says
+        use_token_tiles(enc.loaded.tower, spec["tile"], narrow_tile=spec.get("narrow"))
     return enc
+
+
+@contextlib.contextmanager
+def row_alignment(on: bool):
+    """align=False variants: tiled_linear leaves unaligned rows as they are (token_tiles.ALIGN_K_BYTES = 0)."""
+    old = token_tiles.ALIGN_K_BYTES
+    token_tiles.ALIGN_K_BYTES = old if on else 0
+    try:
+        yield
+    finally:
+        token_tiles.ALIGN_K_BYTES = old
 
 
 def time_ms(fn, device: torch.device, warmup: int, iters: int) -> float:
@@ -129,7 +149,7 @@ def attention_desc(enc: Encoder) -> str:
 def time_variant(name, spec, mode, args, inputs, device) -> list[dict]:
     t0 = time.perf_counter()
     try:
-        with triton_knobs("chunks" if spec.get("attn") == "chunks" else "auto"):
+        with triton_knobs("chunks" if spec.get("attn") == "chunks" else "auto"), row_alignment(spec.get("align", True)):
             rows = _time_variant(name, spec, mode, args, inputs, device)
     except Exception as e:  # a variant that fails is reported as such; the others still run
         traceback.print_exc()
@@ -162,8 +182,8 @@ def _time_variant(name, spec, mode, args, inputs, device) -> list[dict]:
             warmup, iters = (args.warmup + 2, args.iters) if use_graphs or compile_ else (1, max(1, args.iters - 2))
             ms = time_ms(lambda: enc.encode_pixels(pixels, grid), device, warmup, iters)
             rows.append(dict(variant=name, mode=label, workload=wl, ms=ms, attention=attention_desc(enc),
-                             tile=next((m.token_tile for m in enc.loaded.tower.modules()
-                                        if isinstance(m, _LinearBase)), None)))
+                             tile="/".join(map(str, sorted({m.token_tile for m in enc.loaded.tower.modules()
+                                                            if isinstance(m, _LinearBase)}, key=str)))))
             print(f"    {name:<18} {label:<16} {wl:<10} {ms:8.2f} ms", file=sys.stderr, flush=True)
     enc.loaded.graphs = None
     return rows
@@ -266,7 +286,8 @@ def main() -> int:
     p.add_argument("--json", default=None, metavar="PATH")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=5)
-    p.add_argument("--variants", default=None, help="comma list (default: all); see the module docstring")
+    p.add_argument("--variants", default=None,
+                   help="comma list run eager / with CUDA graphs (default: all; '' for none); see the module docstring")
     p.add_argument("--compiled", default="default,invariant",
                    help="variants also run compiled + CUDA graphs (comma list, '' for none; default: %(default)s)")
     p.add_argument("--no-ops", action="store_true", help="skip the per-op timings")
@@ -286,12 +307,14 @@ def main() -> int:
         workloads, args.sweep = {n: WORKLOADS[n] for n in GPU_WORKLOADS}, SWEEP
     device = torch.device(args.device)
     table = variants(args.sweep)
-    chosen = args.variants.split(",") if args.variants else [n for n in table
-                                                             if device.type == "cuda" or not table[n].get("cuda")]
-    unknown = [n for n in chosen if n not in table]
-    if unknown:
-        raise SystemExit(f"--variants: unknown {unknown}; expected names from {list(table)}")
+    if args.variants is None:  # all that this device runs
+        chosen = [n for n in table if device.type == "cuda" or not table[n].get("cuda")]
+    else:  # "" for none (e.g. --compiled only)
+        chosen = [n for n in args.variants.split(",") if n]
     compiled = [n for n in (args.compiled.split(",") if args.compiled else []) if n]
+    unknown = [n for n in chosen + compiled if n not in table]
+    if unknown:
+        raise SystemExit(f"--variants/--compiled: unknown {unknown}; expected names from {list(table)}")
     probe = build(args.model, args.device, args.dtype, dict(bi=False, tile=KEEP), False)
     cfg = probe.loaded.config
     channels = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size ** 2
@@ -340,11 +363,11 @@ def print_tables(rows: list[dict], op_rows: list[dict]) -> None:
             rel = ob.get((r["op"], r["workload"]))
             print(f"{r['op']:<22} {r['variant']:<18} {r['workload']:<10} {r['ms']:8.3f} "
                   f"{(rel / r['ms']) if rel else float('nan'):9.2f}  {r['detail']}")
-    print(f"\n{'variant':<18} {'mode':<16} {'workload':<10} {'ms':>8} {'speed vs default':>16}  tile  attention")
+    print(f"\n{'variant':<18} {'mode':<16} {'workload':<10} {'ms':>8} {'speed vs default':>16}  {'tile':<10} attention")
     for r in sorted(rows, key=lambda r: (r["workload"], r["mode"])):
         rel = base.get((r["mode"], r["workload"]))
         print(f"{r['variant']:<18} {r['mode']:<16} {r['workload']:<10} {r['ms']:8.2f} "
-              f"{(rel / r['ms']) if rel else float('nan'):16.2f}  {str(r['tile']):<5} {r['attention']}")
+              f"{(rel / r['ms']) if rel else float('nan'):16.2f}  {str(r['tile']):<10} {r['attention']}")
 
 
 if __name__ == "__main__":
