@@ -18,7 +18,7 @@ Variants (each a fresh Encoder; knobs applied after it is built, before its firs
                      token tiles (CUDA)
   gemm-triton        default + only that GEMM (CUDA)
   inv-uniform        invariant with one tile size for every linear (no NARROW_TOKEN_TILE)
-  inv-narrow-8192    invariant with 8192-row tiles for the narrow linears
+  inv-narrow-16384   invariant with 16384-row tiles for the narrow linears
   inv-unaligned      invariant with uniform tiles and unaligned rows not padded (the linears of GPU run 8a)
 Modes: eager (on CUDA only default, invariant and inv-sdpa); graphs (eager + CUDA graphs: no launch
 overhead, no compile time); compiled (torch.compile + CUDA graphs, only the variants in --compiled,
@@ -76,7 +76,7 @@ def variants(sweep) -> dict[str, dict]:
     # the linears' two refinements, one at a time (compare in --compiled): uniform tiles (no narrow
     # tile), and the GPU run 8a linears (uniform 4096-row tiles, unaligned 3420-wide rows left as they are)
     v["inv-uniform"] = dict(bi=True, tile=TOKEN_TILE, narrow=None, eager=False)
-    v["inv-narrow-8192"] = dict(bi=True, tile=TOKEN_TILE, narrow=8192, eager=False)
+    v["inv-narrow-16384"] = dict(bi=True, tile=TOKEN_TILE, narrow=16384, eager=False)
     v["inv-unaligned"] = dict(bi=True, tile=TOKEN_TILE, narrow=None, align=False, eager=False)
     return v
 

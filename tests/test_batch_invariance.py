@@ -210,6 +210,9 @@ def test_narrow_linears_get_the_narrow_tile():
     assert (wide.token_tile, narrow.token_tile) == (None, None)
     with pytest.raises(ValueError, match="narrow_tile=-2 must be a positive number"):
         use_token_tiles(model, narrow_tile=-2)
+    on_cpu = ReplicatedLinear(16, 8, device="cpu")
+    use_token_tiles(on_cpu)
+    assert on_cpu.token_tile == TOKEN_TILE  # narrow tiles are for GPUs only
 
 
 # -- attention: per-class choice (default mode) and fixed sub-packs (invariant mode) --------------
