@@ -13,8 +13,8 @@ differed between row positions of one fixed shape, on its position in the tile: 
 It is a torch custom op (`mmenc::tiled_linear`), opaque to torch.compile, so compiled blocks run
 exactly the GEMMs eager runs (no Inductor-chosen matmul templates) and CUDA graphs capture the loop.
 Rows whose size in bytes is not a multiple of ALIGN_K_BYTES (Qwen2.5-VL's 3420-wide MLP: 6840 bytes)
-are zero-padded to it, in both operands (zeros add nothing: every sum is the same): cuBLAS serves
-unaligned rows with slow kernels (about 200 TFLOP/s instead of 600+ on an H200), and outside this op
+are zero-padded to it, in both operands (zeros add nothing: every sum is the same): cuBLAS served
+such rows with slow kernels (about 200 TFLOP/s instead of 600+ on an H200), and outside this op
 torch.compile pads them itself (Inductor's mm padding), which it cannot do through an opaque op.
 Cost: up to tile - 1 padded rows per call and one launch per tile (see docs/attention.md).
 """
