@@ -20,6 +20,7 @@ Variants (each a fresh Encoder; knobs applied after it is built, before its firs
   inv-uniform        invariant with one tile size for every linear (no NARROW_TOKEN_TILE)
   inv-narrow-16384   invariant with 16384-row tiles for the narrow linears
   inv-unaligned      invariant with uniform tiles and unaligned rows not padded (the linears of GPU run 8a)
+  inv-triton-all     invariant with TRITON_ATTN for every segment (full layers too) (CUDA)
 Modes: eager (on CUDA only default, invariant and inv-sdpa); graphs (eager + CUDA graphs: no launch
 overhead, no compile time); compiled (torch.compile + CUDA graphs, only the variants in --compiled,
 since each compiles the block anew). Variants on kernels new in this branch run after the others.
@@ -78,6 +79,8 @@ def variants(sweep) -> dict[str, dict]:
     v["inv-uniform"] = dict(bi=True, tile=TOKEN_TILE, narrow=None, eager=False)
     v["inv-narrow-16384"] = dict(bi=True, tile=TOKEN_TILE, narrow=16384, eager=False)
     v["inv-unaligned"] = dict(bi=True, tile=TOKEN_TILE, narrow=None, align=False, eager=False)
+    # every segment through TRITON_ATTN's invariant path (mm_encoder_attn_backend), the full layers too
+    v["inv-triton-all"] = dict(bi=True, tile=KEEP, backend="TRITON_ATTN", cuda=True, eager=False)
     return v
 
 
@@ -105,7 +108,7 @@ def build(model: str, device: str, dtype: str, spec: dict, compile_: bool) -> En
     graphs = device == "cuda"
     with triton_knobs("sdpa" if spec.get("attn") == "sdpa" else "auto"):
         enc = Encoder(model, load_format="dummy", dtype=dtype, device=device, compile=compile_, cuda_graphs=graphs,
-                      batch_invariant=spec["bi"])
+                      batch_invariant=spec["bi"], mm_encoder_attn_backend=spec.get("backend"))
     if spec["tile"] != KEEP:  # tiles-N and the like: one tile size for every linear unless "narrow" says
         use_token_tiles(enc.loaded.tower, spec["tile"], narrow_tile=spec.get("narrow"))
     return enc
