@@ -5,7 +5,8 @@ windows are packed into one tile with a block-diagonal mask, or (packs of window
 block) attend window by window, several per program. Any head size from 1 to 256 (multiples
 of 8 run fastest); non-powers of two (72, 80) are split into two power-of-two parts rather than
 padded. The kernel's tile table is built once per pack (cached in PackInfo.cache); the kernel is a
-torch custom op, so compiled towers trace through it.
+torch custom op, so compiled towers trace through it. Batch-invariant mode runs its fixed-config
+path instead (mmenc/backends/kernels/triton_invariant.py): no timing, no shared tiles.
 """
 from mmenc.backends.backend_enum import AttentionBackendEnum
 from mmenc.backends.base import AttentionBackend, collect, need_half, need_nvidia_capability

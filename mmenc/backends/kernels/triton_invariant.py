@@ -21,7 +21,7 @@ so the dispatcher may run a whole length class in one call (no fixed-shape chunk
 import torch
 
 from mmenc.backends.kernels import triton_varlen_attn as tva
-from mmenc.backends.kernels.triton_attn_plan import head_class, head_split, invariant_configs, segment_tables
+from mmenc.backends.kernels.triton_attn_plan import head_split, invariant_configs, segment_tables
 from mmenc.backends.packing import pack_info
 
 
@@ -61,9 +61,3 @@ def varlen_attention_invariant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                     BLOCK_M=config.block_m, BLOCK_N=config.block_n, USE_TMA=False, **common)
     return out
 
-
-def describe(head_size: int) -> str:
-    """"windows m64n64w4s2-win4 (<= 64 tokens), tiles m128n64w4s3" for `mmenc backends`-style output."""
-    windows_cfg, tiles_cfg = invariant_configs(head_size)
-    return (f"head class {head_class(head_size)}: windows {windows_cfg} (<= {windows_cfg.block_m} tokens), "
-            f"tiles {tiles_cfg}")
