@@ -318,6 +318,7 @@ def main() -> int:
     unknown = [n for n in chosen + compiled if n not in table]
     if unknown:
         raise SystemExit(f"--variants/--compiled: unknown {unknown}; expected names from {list(table)}")
+    compiled = [n for n in compiled if device.type == "cuda" or not table[n].get("cuda")]  # CUDA-only variants
     probe = build(args.model, args.device, args.dtype, dict(bi=False, tile=KEEP), False)
     cfg = probe.loaded.config
     channels = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size ** 2
