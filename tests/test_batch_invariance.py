@@ -166,8 +166,53 @@ def test_tiled_linear_pads_to_one_shape_and_matches_linear():
     finally:
         torch.addmm = original
     assert shapes == [(4, 8)] * 6  # 22 rows: five full tiles and one padded one
-    with pytest.raises(ValueError, match="tile=0 must be a positive"):
-        tiled_linear(x, w, b, 0)
+    with pytest.raises(ValueError, match="tile=-1 must be a positive"):
+        tiled_linear(x, w, b, -1)
+
+
+def test_tiled_linear_pads_unaligned_rows_in_both_operands(monkeypatch):
+    """Rows of 3420 bf16 values (6840 bytes) are zero-padded to 3424 in x and W; the result is the
+    same sums, and a row's bits do not depend on the other rows."""
+    torch.manual_seed(1)
+    x, w, b = torch.randn(70, 3420).bfloat16(), (torch.randn(24, 3420) * 0.02).bfloat16(), torch.randn(24).bfloat16()
+    shapes = []
+    original = torch.addmm
+
+    def spy(bias, a, m, out):
+        shapes.append((tuple(a.shape), tuple(m.shape)))
+        return original(bias, a, m, out=out)
+
+    monkeypatch.setattr(torch, "addmm", spy)
+    got = tiled_linear(x, w, b, 32)
+    assert shapes == [((32, 3424), (3424, 24))] * 3
+    torch.testing.assert_close(got.float(), torch.nn.functional.linear(x.float(), w.float(), b.float()),
+                               rtol=2e-2, atol=2e-2)
+    assert torch.equal(tiled_linear(x[5:9], w, b, 32), got[5:9])
+    strided = torch.zeros(70, 3424).bfloat16()[:, :3420]  # e.g. Inductor's padded strides
+    strided.copy_(x)
+    assert torch.equal(tiled_linear(strided, w, b, 32), got)
+
+
+def test_narrow_linears_get_the_narrow_tile():
+    from mmenc.layers.linear import ReplicatedLinear, use_token_tiles
+    from mmenc.layers.token_tiles import NARROW_OUT_FEATURES, NARROW_TOKEN_TILE, TOKEN_TILE, TRITON_GEMM
+
+    wide = ReplicatedLinear(16, NARROW_OUT_FEATURES, device="meta")
+    narrow = ReplicatedLinear(16, NARROW_OUT_FEATURES - 1, device="meta")
+    model = torch.nn.Sequential(wide, narrow)
+    assert use_token_tiles(model) == 2
+    assert (wide.token_tile, narrow.token_tile) == (TOKEN_TILE, NARROW_TOKEN_TILE)
+    use_token_tiles(model, 4096, narrow_tile=None)
+    assert (wide.token_tile, narrow.token_tile) == (4096, 4096)
+    use_token_tiles(model, TRITON_GEMM)
+    assert (wide.token_tile, narrow.token_tile) == (TRITON_GEMM, TRITON_GEMM)
+    use_token_tiles(model, None)
+    assert (wide.token_tile, narrow.token_tile) == (None, None)
+    with pytest.raises(ValueError, match="narrow_tile=-2 must be a positive number"):
+        use_token_tiles(model, narrow_tile=-2)
+    on_cpu = ReplicatedLinear(16, 8, device="cpu")
+    use_token_tiles(on_cpu)
+    assert on_cpu.token_tile == TOKEN_TILE  # narrow tiles are for GPUs only
 
 
 # -- attention: per-class choice (default mode) and fixed sub-packs (invariant mode) --------------
@@ -270,13 +315,42 @@ def test_segment_result_does_not_depend_on_the_pack():
         assert torch.equal(got, alone), f"segment of 40 after {before}, before {after} differs"
 
 
-def test_platform_chooses_only_invariant_backends():
+def test_shape_independent_backend_runs_each_class_at_once(monkeypatch):
+    """A backend declaring shape_independent gets its whole class in one call in batch-invariant mode
+    (a view of the pack when the class is the pack: no copy), and a segment's result is unchanged."""
+    monkeypatch.setattr(NaiveBackend, "shape_independent", True)
+    seen = _spy(monkeypatch)
+    calls = []
+    monkeypatch.setattr(NaiveBackend, "forward_batch_invariant",
+                        classmethod(lambda cls, q, *a: calls.append(q.data_ptr()) or cls.forward(q, *a)))
+    choice = BackendChoice(B.TORCH_SDPA, B.NAIVE, 8, batch_invariant=True)
+    lengths = [5, 20, 3, 8, 20, 2]
+    q, k, v = _qkv(sum(lengths))
+    cu, max_seqlen = make_cu_seqlens(lengths)
+    out = attend(q, k, v, cu, max_seqlen, 0.25, choice)
+    assert seen["NAIVE"] == [(5, 3, 8, 2)]  # the short class at once, no chunks or padding copies
+    assert all(n == 20 for lengths_ in seen["TORCH_SDPA"] for n in lengths_)  # long ones: fixed chunks
+    torch.testing.assert_close(out, NaiveBackend.forward(q, k, v, cu, max_seqlen, 0.25), rtol=1e-5, atol=1e-5)
+    calls.clear()
+    short = [5, 3, 8]
+    q2, k2, v2 = _qkv(16, seed=3)
+    cu2, m2 = make_cu_seqlens(short)
+    alone = attend(q2[5:8], k2[5:8], v2[5:8], *make_cu_seqlens([3]), 0.25, choice)
+    got = attend(q2, k2, v2, cu2, m2, 0.25, choice)
+    assert calls[-1] == q2.data_ptr()  # the pack itself, not a gathered copy
+    assert torch.equal(got[5:8], alone)
+
+
+def test_platform_chooses_only_invariant_backends(monkeypatch):
     h100 = CudaPlatform(DeviceInfo(type="cuda", vendor="nvidia", capability=(9, 0)))
+    monkeypatch.setattr(get_backend_class(B.TRITON_ATTN), "is_installed", classmethod(lambda cls: True))
     choice = h100.choose_vit_attn(80, torch.bfloat16, batch_invariant=True)
-    assert choice.batch_invariant and B.TRITON_ATTN not in (choice.main, choice.short)
+    # TRITON_ATTN's fixed-config path (shape-independent) runs the windows, as in the default mode
+    assert choice.batch_invariant and choice.short == B.TRITON_ATTN
+    assert get_backend_class(B.TRITON_ATTN).shape_independent
     for backend in (choice.main, choice.short or choice.main):
         assert get_backend_class(backend).not_batch_invariant is None
-    for backend in (B.TRITON_ATTN, B.FLEX_ATTENTION, B.PALLAS):
+    for backend in (B.FLEX_ATTENTION, B.PALLAS):
         reasons = get_backend_class(backend).unsupported_reasons(80, torch.bfloat16, h100.device_info(), True)
         assert any(r.startswith("not batch invariant: ") for r in reasons), reasons
     with pytest.raises(ValueError, match=r"FLEX_ATTENTION cannot run .*batch-invariantly.*not batch invariant"):
@@ -295,10 +369,15 @@ def _gpu_calls():
             ([same, mid, GPU_TARGET, large, small], 2, None), ([large, small, GPU_TARGET, mid], 2, 6000)]
 
 
-def _gpu_worst_difference(model: str, case: ck.FamilyCase, mode: str) -> float:
-    """Largest |difference| over _gpu_calls() between GPU_TARGET's outputs alone and in each call."""
+def _gpu_worst_difference(model: str, case: ck.FamilyCase, mode: str, tile: int | None = None) -> float:
+    """Largest |difference| over _gpu_calls() between GPU_TARGET's outputs alone and in each call;
+    `tile`: the linears' token tile instead of the default (mmenc.layers.linear.use_token_tiles)."""
     enc = Encoder(model, load_format="dummy", dtype="bfloat16", device="cuda", batch_invariant=True,
                   compile=mode != "eager", cuda_graphs=mode == "graphs")
+    if tile is not None:
+        from mmenc.layers.linear import use_token_tiles
+
+        use_token_tiles(enc.loaded.tower, tile)
     runs = 3 if mode == "graphs" else 1  # graphs: warm-up, capture, then the replay is checked
 
     def encode(grids, index, max_patches=None):
@@ -345,19 +424,21 @@ def test_gpu_every_family_is_batch_invariant_eager(arch):
                                    (5120, 5120), (5120, 3584)])
 def test_gpu_tile_gemm_row_position(shape):
     """The tile GEMM (Qwen2.5-VL-7B tower shapes (in, out), bf16: patch embedding, qkv, proj, gate_up, down,
-    merger) gives a row the same bits at any position in the tile."""
-    from mmenc.layers.token_tiles import TOKEN_TILE
+    merger) gives a row the same bits at any position in the tile, with the tile size the tower uses for
+    the shape (narrow linears: NARROW_TOKEN_TILE; 3420 inputs: zero-padded to 3424)."""
+    from mmenc.layers.token_tiles import NARROW_OUT_FEATURES, NARROW_TOKEN_TILE, TOKEN_TILE
 
     n_in, n_out = shape
+    tile = NARROW_TOKEN_TILE if n_out < NARROW_OUT_FEATURES else TOKEN_TILE
     g = torch.Generator(device="cuda").manual_seed(0)
     w = torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16, generator=g) * n_in ** -0.5
     b = torch.randn(n_out, device="cuda", dtype=torch.bfloat16, generator=g)
     rows = torch.randn(37, n_in, device="cuda", dtype=torch.bfloat16, generator=g)
-    alone = tiled_linear(rows, w, b, TOKEN_TILE)
-    for offset, total in ((1, 3000), (TOKEN_TILE - 20, 2 * TOKEN_TILE + 5), (5000, 9000), (129, 300)):
+    alone = tiled_linear(rows, w, b, tile)
+    for offset, total in ((1, 3000), (tile - 20, 2 * tile + 5), (5000, 9000), (129, 300)):
         x = torch.randn(total, n_in, device="cuda", dtype=torch.bfloat16, generator=g)
         x[offset:offset + 37] = rows
-        got = tiled_linear(x, w, b, TOKEN_TILE)[offset:offset + 37]
+        got = tiled_linear(x, w, b, tile)[offset:offset + 37]
         diff = float((got.float() - alone.float()).abs().max())
         assert torch.equal(got, alone), f"shape {shape}: rows at {offset} of {total} differ by up to {diff:.3e}"
 
@@ -375,3 +456,38 @@ def test_compiled_cpu_tower_is_batch_invariant(tmp_path):
         pixels, grid = _pixels(case, grids)
         out = enc.encode_pixels(pixels, grid, return_extras=True)
         _assert_equal(alone, _per_image(enc, out, grid, index), f"compiled, call {grids}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("shape", [(1176, 1280), (1280, 3840), (1280, 1280), (1280, 6840), (3420, 1280),
+                                   (5120, 5120), (5120, 3584)])
+def test_gpu_triton_gemm_rows_do_not_depend_on_the_row_count(shape):
+    """The opt-in Triton GEMM (tile=TRITON_GEMM): a row's bits are the same for any row count and position."""
+    from mmenc.layers.token_tiles import TRITON_GEMM
+
+    n_in, n_out = shape
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16, generator=g) * n_in ** -0.5
+    b = torch.randn(n_out, device="cuda", dtype=torch.bfloat16, generator=g)
+    rows = torch.randn(37, n_in, device="cuda", dtype=torch.bfloat16, generator=g)
+    alone = tiled_linear(rows, w, b, TRITON_GEMM)
+    torch.testing.assert_close(alone.float(), torch.nn.functional.linear(rows, w, b).float(), rtol=2e-2, atol=2e-2)
+    for offset, total in ((1, 3000), (4076, 8197), (5000, 43808), (129, 300)):
+        x = torch.randn(total, n_in, device="cuda", dtype=torch.bfloat16, generator=g)
+        x[offset:offset + 37] = rows
+        got = tiled_linear(x, w, b, TRITON_GEMM)[offset:offset + 37]
+        diff = float((got.float() - alone.float()).abs().max())
+        assert torch.equal(got, alone), f"shape {shape}: rows at {offset} of {total} differ by up to {diff:.3e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", ["eager", "graphs"])
+def test_gpu_tower_is_batch_invariant_with_the_triton_gemm(mode):
+    """Qwen2.5-VL-7B's tower with every linear on the Triton GEMM instead of token tiles."""
+    from mmenc.layers.token_tiles import TRITON_GEMM
+
+    worst = _gpu_worst_difference("Qwen/Qwen2.5-VL-7B-Instruct", ck.FAMILIES["Qwen2_5_VLForConditionalGeneration"],
+                                  mode, tile=TRITON_GEMM)
+    assert worst == 0.0, f"{mode}: an image's embedding changed with the batch by up to {worst:.3e}"

@@ -225,6 +225,101 @@ def test_interpreter_windows_strided_views():
     _check(tva.launch(q, k, v, cu, d ** -0.5, tva.KernelConfig(16, 16, windows=2)), q, k, v, cu, mx, "windows, views")
 
 
+# ---------------------------------------------------------------- batch-invariant mode (fixed configs)
+
+def _alone_and_in_packs(run, length, hq, hkv, d, dtype, device):
+    """(segment alone, [the same segment's rows inside packs with other segments around it]) via run."""
+    q, k, v, cu, _ = _pack([length], hq, hkv, d, dtype, device, seed=length)
+    alone = run(q, k, v, cu)
+    got = []
+    for before, after in (([7, 64], [200]), ([300], [5, 64, 64]), ([1, 65], [])):
+        parts = [_pack([n], hq, hkv, d, dtype, device, seed=n + 1)[:3] for n in before] + [(q, k, v)]
+        parts += [_pack([n], hq, hkv, d, dtype, device, seed=n + 2)[:3] for n in after]
+        qq, kk, vv = (torch.cat([p[i] for p in parts]) for i in range(3))
+        cu, _ = make_cu_seqlens([*before, length, *after], device)
+        start = sum(before)
+        got.append(run(qq, kk, vv, cu)[start:start + length])
+    return alone, got
+
+
+def test_invariant_tables_give_each_segment_its_own_blocks():
+    from mmenc.backends.kernels.triton_attn_plan import invariant_configs, segment_tables
+
+    info = PackInfo(lengths=(64, 0, 3, 130, 64, 65), max_seqlen=130)
+    windows, tiles, seg_ids = segment_tables(info, 64, 128, 64, torch.device("cpu"))
+    assert windows.tolist() == [[0, 64], [64, 67], [197, 261]]  # segments of 1..64 tokens
+    # 130 tokens: two tiles cut from its own start, each over its whole segment; 65: one tile of its own
+    assert sorted(map(tuple, tiles.tolist())) == [(67, 195, 67, 197, 2), (195, 197, 67, 197, 2),
+                                                  (261, 326, 261, 326, 1)]
+    assert seg_ids.shape == (326,)
+    assert invariant_configs(80)[0].windows and not invariant_configs(80)[1].tma
+    assert invariant_configs(80) == invariant_configs(72)  # one pair per head class
+
+
+@interp
+@pytest.mark.parametrize("length", [16, 64, 65, 200])
+@pytest.mark.parametrize("d,hq,hkv", [(80, 2, 1), (64, 2, 2)])
+def test_interpreter_invariant_segment_is_independent_of_the_pack(length, d, hq, hkv):
+    from mmenc.backends.kernels.triton_invariant import varlen_attention_invariant
+
+    def run(q, k, v, cu):
+        return varlen_attention_invariant(q, k, v, cu, d ** -0.5)
+
+    alone, got = _alone_and_in_packs(run, length, hq, hkv, d, torch.float32, "cpu")
+    q, k, v, cu, mx = _pack([length], hq, hkv, d, torch.float32, "cpu", seed=length)
+    _check(alone, q, k, v, cu, mx, f"invariant path, {length} tokens", tol=1e-4)
+    for i, g in enumerate(got):
+        assert torch.equal(g, alone), f"{length}-token segment, pack {i}: differs from alone"
+
+
+@interp
+def test_interpreter_invariant_dispatch_runs_the_short_class_at_once(monkeypatch):
+    """Batch-invariant dispatch with TRITON_ATTN for short segments: the short class is one call (no
+    chunks, no padding), a slice of the pack when contiguous; results match the class run apart."""
+    from mmenc.backends.choice import BackendChoice
+    from mmenc.backends.dispatch import attend
+    from mmenc.backends.packing import pack_info, sub_packs
+
+    triton_cls = get_backend_class(AttentionBackendEnum.TRITON_ATTN)
+    seen = []
+    original = triton_cls.forward_batch_invariant.__func__
+
+    def spy(klass, q, k, v, cu_seqlens, max_seqlen, scale):
+        seen.append(pack_info(cu_seqlens, q.shape[0]).lengths)
+        return original(klass, q, k, v, cu_seqlens, max_seqlen, scale)
+
+    monkeypatch.setattr(triton_cls, "forward_batch_invariant", classmethod(spy))
+    choice = BackendChoice(AttentionBackendEnum.NAIVE, AttentionBackendEnum.TRITON_ATTN, 64, batch_invariant=True)
+    lengths = [16, 64, 100, 3, 64]
+    q, k, v, cu, mx = _pack(lengths, 2, 1, 80, torch.float32, "cpu")
+    out = attend(q, k, v, cu, mx, 80 ** -0.5, choice)
+    assert seen == [(16, 64, 3, 64)]  # one call for the whole short class
+    plan = sub_packs(pack_info(cu, q.shape[0]), 64, True, torch.device("cpu"), frozenset({True}))
+    short = [p for p in plan if p.short]
+    assert len(short) == 1 and isinstance(short[0].rows, torch.Tensor) and short[0].rows.shape[0] == 147
+    _check(out, q, k, v, cu, mx, "invariant dispatch", tol=1e-4)
+    seen.clear()
+    q2, k2, v2, cu2, mx2 = _pack([16, 64, 3], 2, 1, 80, torch.float32, "cpu")  # all short: the pack itself
+    attend(q2, k2, v2, cu2, mx2, 80 ** -0.5, choice)
+    assert seen == [(16, 64, 3)]
+
+
+@interp
+def test_interpreter_invariant_gemm_rows_do_not_depend_on_the_row_count():
+    """The opt-in Triton GEMM of batch-invariant mode (mmenc.layers.invariant_gemm), here because this
+    module sets up Triton's interpreter: rows equal alone and at any offset of any row count."""
+    from mmenc.layers.invariant_gemm import GemmConfig, invariant_linear
+
+    config = GemmConfig(32, 32, 16, 2, 4, 2)
+    g = torch.Generator().manual_seed(0)
+    w, b, x = torch.randn(40, 50, generator=g), torch.randn(40, generator=g), torch.randn(100, 50, generator=g)
+    full = invariant_linear(x, w, b, config)
+    torch.testing.assert_close(full, torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-4)
+    for lo, hi in ((0, 1), (3, 70), (99, 100), (31, 65)):
+        assert torch.equal(invariant_linear(x[lo:hi], w, b, config), full[lo:hi]), (lo, hi)
+    assert invariant_linear(x[:0], w, None, config).shape == (0, 40)
+
+
 # ---------------------------------------------------------------- GPU
 
 GPU_PACKS = {
@@ -289,3 +384,26 @@ def test_gpu_strided_and_compile():
     _check(backend.forward(q, k, v, cu, mx, d ** -0.5), q, k, v, cu, mx, "views of a fused qkv")
     compiled = torch.compile(backend.forward, fullgraph=True)
     _check(compiled(q, k, v, cu, mx, d ** -0.5), q, k, v, cu, mx, "torch.compile(fullgraph=True)")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 72, 80, 128])
+@pytest.mark.parametrize("length", [4, 16, 64, 65, 100, 256, 300, 1024])
+def test_gpu_invariant_segment_is_independent_of_the_pack(d, length):
+    """TRITON_ATTN's batch-invariant path (bf16): a segment's rows are bitwise the same alone, inside
+    packs of other segments, and read through strided views of a fused qkv."""
+    from mmenc.backends.kernels.triton_invariant import varlen_attention_invariant
+
+    def run(q, k, v, cu):
+        return varlen_attention_invariant(q, k, v, cu, d ** -0.5)
+
+    alone, got = _alone_and_in_packs(run, length, 16, 16, d, torch.bfloat16, "cuda")
+    q, k, v, cu, mx = _pack([length], 16, 16, d, torch.bfloat16, "cuda", seed=length)
+    _check(alone, q, k, v, cu, mx, f"invariant path d={d}, {length} tokens")
+    for i, g in enumerate(got):
+        diff = float((g.float() - alone.float()).abs().max())
+        assert torch.equal(g, alone), f"d={d}, {length}-token segment, pack {i}: differs by up to {diff:.3e}"
+    fused = torch.stack([q, k, v], dim=1)  # [T, 3, H, D]: the tower's layout
+    viewed = run(*fused.unbind(1), cu)
+    assert torch.equal(viewed, alone), f"d={d}, {length} tokens: strided views differ from contiguous inputs"

@@ -26,6 +26,10 @@ class AttentionBackend:
     not_batch_invariant: ClassVar[str | None] = ("the backend does not declare it (a backend whose result for a "
                                                  "segment depends only on that segment sets "
                                                  "not_batch_invariant = None)")
+    # In batch-invariant mode: True when `forward_batch_invariant`'s result for a segment depends only on
+    # that segment (its rows and length), whatever the pack's size, offsets or other segments; the
+    # dispatcher then runs a whole length class in one call instead of fixed-shape padded chunks.
+    shape_independent: ClassVar[bool] = False
 
     @classmethod
     def is_installed(cls) -> bool:
@@ -60,6 +64,13 @@ class AttentionBackend:
     def forward(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                 max_seqlen: int, scale: float) -> torch.Tensor:
         raise NotImplementedError
+
+    @classmethod
+    def forward_batch_invariant(cls, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
+                                max_seqlen: int, scale: float) -> torch.Tensor:
+        """The dispatcher's call in batch-invariant mode (same contract as forward); forward unless the
+        backend has a fixed-configuration path for that mode."""
+        return cls.forward(q, k, v, cu_seqlens, max_seqlen, scale)
 
 
 # Checks shared by several backends; each returns a reason or None.

@@ -8,7 +8,9 @@ short-segment bound, batch invariance) and applies it here, per segment: a pack 
 all of one length class runs its class's backend over the whole pack; a pack with both classes is
 split into its short and long sub-packs (index tensors made once per pack, host side, cached with
 the pack), each run by its own backend and written back; in batch-invariant mode every pack runs as
-fixed-shape sub-packs of equal-length segments (mmenc.backends.packing.sub_packs). No host sync.
+fixed-shape sub-packs of equal-length segments (mmenc.backends.packing.sub_packs), except for a
+class whose backend is shape-independent (TRITON_ATTN's fixed-config path), which runs at once
+through `forward_batch_invariant`. No host sync.
 The real implementation runs eagerly; the fake one only gives the shape, so torch.compile traces a
 block around it without graph breaks.
 """
@@ -39,19 +41,27 @@ def mm_encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_s
         raise ValueError(f"max_seqlen={max_seqlen} but the longest segment of cu_seqlens has {info.max_seqlen} "
                          f"tokens; pass the pack's own max_seqlen (make_cu_seqlens returns it)")
     choice = _choice(backend, short_backend, short_seqlen_max, batch_invariant)
-    plan = sub_packs(info, choice.short_seqlen_max if choice.short is not None else None, batch_invariant, q.device)
-    if plan is None:  # one length class: the whole pack at once
-        out = get_backend_class(choice.backend_for(info.min_seqlen)).forward(q, k, v, cu_seqlens, max_seqlen, scale)
+    short_max = choice.short_seqlen_max if choice.short is not None else None
+    whole = frozenset(short for short, enum in ((True, choice.short or choice.main), (False, choice.main))
+                      if batch_invariant and get_backend_class(enum).shape_independent)
+    plan = sub_packs(info, short_max, batch_invariant, q.device, whole)
+    if plan is not None and len(plan) == 1 and isinstance(plan[0].rows, slice) and plan[0].rows == slice(0, q.shape[0]):
+        plan = None  # one class run whole (shape-independent backend, batch-invariant mode): no copies
+    if plan is None:  # the whole pack at once
+        cls = get_backend_class(choice.backend_for(info.min_seqlen))
+        run = cls.forward_batch_invariant if batch_invariant else cls.forward
+        out = run(q, k, v, cu_seqlens, max_seqlen, scale)
         return out.contiguous() if out.data_ptr() in (q.data_ptr(), k.data_ptr(), v.data_ptr()) else out
     out = q.new_empty(q.shape)
     for sub in plan:
         cls = get_backend_class(choice.short if sub.short else choice.main)
+        run = cls.forward_batch_invariant if batch_invariant else cls.forward
         if isinstance(sub.rows, slice):  # [t, H, D] views of the pack
-            res = cls.forward(q[sub.rows], k[sub.rows], v[sub.rows], sub.cu_seqlens, sub.max_seqlen, scale)
+            res = run(q[sub.rows], k[sub.rows], v[sub.rows], sub.cu_seqlens, sub.max_seqlen, scale)
             out[sub.dest] = res
         else:  # gathered rows (fresh, contiguous buffers)
             qs, ks, vs = (x.index_select(0, sub.rows) for x in (q, k, v))
-            res = cls.forward(qs, ks, vs, sub.cu_seqlens, sub.max_seqlen, scale)
+            res = run(qs, ks, vs, sub.cu_seqlens, sub.max_seqlen, scale)
             n = sub.dest.shape[0]
             out.index_copy_(0, sub.dest, res[:n] if n != res.shape[0] else res)
     return out

@@ -13,7 +13,10 @@ dispatcher runs as packs of their own (index tensors made once per pack, on the 
                    (C(L) = min(INVARIANT_CHUNK_SEGMENTS, max(1, INVARIANT_CHUNK_TOKENS // L))), the
                    last one padded with copies of
                    its first segment: every backend call for length L has the same shape, and a
-                   segment's result cannot depend on the others
+                   segment's result cannot depend on the others. A class whose backend is
+                   shape-independent (`whole`, see AttentionBackend.shape_independent) runs at once
+                   instead, as in the default mode: its rows as a slice when they are one contiguous
+                   run (no copy at all), else gathered; no chunks, no padding.
 """
 import dataclasses
 import functools
@@ -127,16 +130,18 @@ class SubPack:
 
 
 def sub_packs(info: PackInfo, short_seqlen_max: int | None, batch_invariant: bool,
-              device: torch.device) -> list[SubPack] | None:
+              device: torch.device, whole: frozenset[bool] = frozenset()) -> list[SubPack] | None:
     """The sub-packs of a pack (see the module docstring); None: run the whole pack at once.
-    `short_seqlen_max` None: one class (no short backend). Cached in `info.cache`."""
-    key = ("sub_packs", short_seqlen_max, batch_invariant, device)
+    `short_seqlen_max` None: one class (no short backend). `whole`: in batch-invariant mode, the
+    classes (short? True/False) whose backend is shape-independent. Cached in `info.cache`."""
+    key = ("sub_packs", short_seqlen_max, batch_invariant, device, whole if batch_invariant else frozenset())
     if key not in info.cache:
-        info.cache[key] = _plan(info, short_seqlen_max, batch_invariant, device)
+        info.cache[key] = _plan(info, short_seqlen_max, batch_invariant, device, whole)
     return info.cache[key]
 
 
-def _plan(info: PackInfo, short_max: int | None, batch_invariant: bool, device) -> list[SubPack] | None:
+def _plan(info: PackInfo, short_max: int | None, batch_invariant: bool, device,
+          whole: frozenset[bool] = frozenset()) -> list[SubPack] | None:
     starts = info.starts()
     classes: dict[bool, list[int]] = {}  # short? -> its non-empty segments, in pack order
     for i, n in enumerate(info.lengths):
@@ -154,6 +159,11 @@ def _plan(info: PackInfo, short_max: int | None, batch_invariant: bool, device) 
         return plans
     plans = []
     for short, segs in sorted(classes.items()):
+        if short in whole:  # shape-independent backend: the class at once, as in the default mode
+            rows = _rows([range(starts[s], starts[s] + info.lengths[s]) for s in segs], device)
+            cu, max_seqlen = make_cu_seqlens([info.lengths[s] for s in segs], device)
+            plans.append(SubPack(rows, rows, cu, max_seqlen, short))
+            continue
         by_length: dict[int, list[int]] = {}
         for s in segs:
             by_length.setdefault(info.lengths[s], []).append(s)

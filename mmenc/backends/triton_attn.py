@@ -5,7 +5,8 @@ windows are packed into one tile with a block-diagonal mask, or (packs of window
 block) attend window by window, several per program. Any head size from 1 to 256 (multiples
 of 8 run fastest); non-powers of two (72, 80) are split into two power-of-two parts rather than
 padded. The kernel's tile table is built once per pack (cached in PackInfo.cache); the kernel is a
-torch custom op, so compiled towers trace through it.
+torch custom op, so compiled towers trace through it. Batch-invariant mode runs its fixed-config
+path instead (mmenc/backends/kernels/triton_invariant.py): no timing, no shared tiles.
 """
 from mmenc.backends.backend_enum import AttentionBackendEnum
 from mmenc.backends.base import AttentionBackend, collect, need_half, need_nvidia_capability
@@ -15,8 +16,11 @@ MAX_HEAD_SIZE = 256
 
 class TritonAttnBackend(AttentionBackend):
     enum = AttentionBackendEnum.TRITON_ATTN
-    not_batch_invariant = ("it picks a launch configuration by timing candidates (per process) and packs several short "
-                           "segments into one tile, so a segment's blocking depends on its neighbours")
+    # Its tuned path times configs per process and packs short segments into shared tiles; batch-invariant
+    # mode runs forward_batch_invariant instead: fixed configs, each segment blocked on its own
+    # (mmenc/backends/kernels/triton_invariant.py), so any pack shape gives a segment the same result.
+    not_batch_invariant = None
+    shape_independent = True
     requires = ("triton", "triton")
 
     @classmethod
@@ -35,3 +39,9 @@ class TritonAttnBackend(AttentionBackend):
         from mmenc.backends.kernels.triton_varlen_attn import varlen_attention
 
         return varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale)
+
+    @classmethod
+    def forward_batch_invariant(cls, q, k, v, cu_seqlens, max_seqlen, scale):
+        from mmenc.backends.kernels.triton_invariant import varlen_attention_invariant
+
+        return varlen_attention_invariant(q, k, v, cu_seqlens, scale)

@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmenc.distributed.parallel_state import get_tp_rank, get_tp_size, tp_all_gather, tp_all_reduce
-from mmenc.layers.token_tiles import TOKEN_TILE, tiled_linear
+from mmenc.layers.token_tiles import NARROW_OUT_FEATURES, NARROW_TOKEN_TILE, TOKEN_TILE, TRITON_GEMM, tiled_linear
 
 
 def _divide(n: int, d: int, what: str) -> int:
@@ -235,14 +235,23 @@ class RowParallelLinear(_LinearBase):
         return y + self.bias if self.bias is not None else y
 
 
-def use_token_tiles(module: nn.Module, tile: int | None = TOKEN_TILE) -> int:
-    """Run every linear of `module` over token tiles of `tile` tokens (None: plain matmuls again);
-    returns how many linears it set. Call before compiling or capturing CUDA graphs."""
-    if tile is not None and (not isinstance(tile, int) or tile <= 0):
-        raise ValueError(f"tile={tile!r} must be a positive number of tokens (or None to switch tiling off)")
+def use_token_tiles(module: nn.Module, tile: int | None = TOKEN_TILE, narrow_tile: int | None = NARROW_TOKEN_TILE,
+                    narrow_below: int = NARROW_OUT_FEATURES) -> int:
+    """Run every linear of `module` over token tiles of `tile` tokens, those with fewer than
+    `narrow_below` output features (per rank) over `narrow_tile` (None: `tile`) unless their weight is
+    on the CPU (narrow tiles only pay off on GPUs, against partly idle waves of blocks; on a CPU they
+    would only add padding); tile None: plain matmuls again. Each linear's tile depends only on its
+    own shape and device type. Returns how many linears it set. Call before compiling or capturing
+    CUDA graphs."""
+    for name, value in (("tile", tile), ("narrow_tile", narrow_tile)):
+        if value is not None and (not isinstance(value, int) or value < 0):
+            raise ValueError(f"{name}={value!r} must be a positive number of tokens, TRITON_GEMM (0: the Triton "
+                             f"batch-invariant GEMM) or None ({'switch tiling off' if name == 'tile' else 'use tile'})")
     linears = [m for m in module.modules() if isinstance(m, _LinearBase)]
     for m in linears:
-        m.token_tile = tile
+        narrow = (tile not in (None, TRITON_GEMM) and narrow_tile is not None and m.weight.shape[0] < narrow_below
+                  and m.weight.device.type != "cpu")
+        m.token_tile = narrow_tile if narrow else tile
     return len(linears)
 
 

@@ -123,3 +123,41 @@ def window_table(info: PackInfo, device: torch.device) -> torch.Tensor:
         starts = [s for s, n in zip(info.starts(), info.lengths) if n > 0]
         info.cache[key] = torch.tensor(starts + [sum(info.lengths)], dtype=torch.int32).to(device)
     return info.cache[key]
+
+
+# Batch-invariant mode (mmenc/backends/kernels/triton_invariant.py): one (windows, tiles) pair per head
+# class, never timed, no TMA. Segments of <= the windows config's block_m tokens run the windows kernel,
+# longer ones tiles of their own. Changing an entry changes results (they stay invariant).
+INVARIANT_CONFIGS: dict[str, tuple[KernelConfig, KernelConfig]] = {
+    "any": (_K(64, 64, 4, 2, windows=4), _K(64, 64, 4, 2)),
+    "64": (_K(64, 64, 4, 2, windows=2), _K(128, 64, 4, 3)),  # windows per program as the sweep's winners
+    "64+16": (_K(64, 64, 4, 2, windows=8), _K(128, 64, 4, 3)),  # (CONFIGS); it does not change the results
+    "128": (_K(64, 64, 4, 2, windows=4), _K(128, 64, 8, 2)),
+}
+
+
+def invariant_configs(head_size: int) -> tuple[KernelConfig, KernelConfig]:
+    """(windows config, tiles config) of batch-invariant mode for this head size."""
+    return INVARIANT_CONFIGS.get(head_class(head_size), INVARIANT_CONFIGS["any"])
+
+
+def segment_tables(info: PackInfo, window_max: int, block_m: int, block_n: int,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Batch-invariant mode's tables, cached per pack: (windows int32 [w, 2] (start, end) of every
+    segment of 1..window_max tokens; tiles int32 [n, 5] as tile_table's, for the longer segments only,
+    each cut into tiles from its own start, never shared; seg_ids int32 [T])."""
+    key = ("triton_attn_invariant", window_max, block_m, block_n, device)
+    if key not in info.cache:
+        windows, tiles = [], []
+        for pos, n in zip(info.starts(), info.lengths):
+            if 0 < n <= window_max:
+                windows.append((pos, pos + n))
+            elif n > window_max:
+                end = pos + n
+                tiles += [(s, min(s + block_m, end), pos, end, n // block_n) for s in range(pos, end, block_m)]
+        tiles.sort(key=lambda t: t[2] - t[3])  # longest KV range first: better load balance
+        seg_ids = torch.repeat_interleave(torch.arange(len(info.lengths), dtype=torch.int32),
+                                          torch.tensor(info.lengths, dtype=torch.int64))
+        info.cache[key] = (torch.tensor(windows, dtype=torch.int32).reshape(-1, 2).to(device),
+                           torch.tensor(tiles, dtype=torch.int32).reshape(-1, 5).to(device), seg_ids.to(device))
+    return info.cache[key]

@@ -105,7 +105,7 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
         n_windows = bounds.shape[0] - 1
         grid = (triton.cdiv(n_windows, config.windows), hq)
         _windows_kernel[grid](q, k, v, out, bounds, n_windows, scale * _LOG2E, *strides,
-                              BLOCK=config.block_m, PER_PROGRAM=config.windows, **common)
+                              BLOCK=config.block_m, PER_PROGRAM=config.windows, PAIRS=False, **common)
         return out
     tiles, seg_ids = tile_table(info, config.block_m, config.block_n, q.device)
     descs = (k, k, v, v)
@@ -207,11 +207,13 @@ if triton is not None:
     def _windows_kernel(Q, K, V, O, BOUNDS, n_windows, qk_scale,
                         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh,
                         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr,
-                        HAS_B: tl.constexpr, BLOCK: tl.constexpr, PER_PROGRAM: tl.constexpr, ALIGN: tl.constexpr):
+                        HAS_B: tl.constexpr, BLOCK: tl.constexpr, PER_PROGRAM: tl.constexpr, ALIGN: tl.constexpr,
+                        PAIRS: tl.constexpr = False):
         """Packs of short windows (every segment <= BLOCK tokens): one program per (PER_PROGRAM
         consecutive windows, query head). Each window attends to itself in a single block, so the
         softmax is one pass (no running max) and no segment ids are read; the loop over windows lets
-        the compiler prefetch the next window while this one computes. BOUNDS: int32 [n_windows + 1]."""
+        the compiler prefetch the next window while this one computes. BOUNDS: int32 [n_windows + 1]
+        (window w is BOUNDS[w]..BOUNDS[w + 1]), or with PAIRS int32 [n_windows, 2] (start, end)."""
         stride_qt, stride_qh = stride_qt // ALIGN * ALIGN, stride_qh // ALIGN * ALIGN  # see _kernel
         stride_kt, stride_kh = stride_kt // ALIGN * ALIGN, stride_kh // ALIGN * ALIGN
         stride_vt, stride_vh = stride_vt // ALIGN * ALIGN, stride_vh // ALIGN * ALIGN
@@ -230,8 +232,13 @@ if triton is not None:
         v_head = V + kv_head * stride_vh + offs[:, None] * stride_vt
         o_head = O + head * stride_oh + offs[:, None] * stride_ot
         for w in range(first, last):
-            lo = tl.load(BOUNDS + w)
-            ok = offs < tl.load(BOUNDS + w + 1) - lo  # [BLOCK] rows (and keys) of this window
+            if PAIRS:  # BOUNDS [n_windows, 2]: (start, end) of each window, not necessarily adjacent
+                lo = tl.load(BOUNDS + 2 * w)
+                hi = tl.load(BOUNDS + 2 * w + 1)
+            else:
+                lo = tl.load(BOUNDS + w)
+                hi = tl.load(BOUNDS + w + 1)
+            ok = offs < hi - lo  # [BLOCK] rows (and keys) of this window
             lo = lo.to(tl.int64)
             mask_a = ok[:, None] & a_ok[None, :]
             q_a = tl.load(q_head + lo * stride_qt + offs_a[None, :], mask=mask_a, other=0.0)
