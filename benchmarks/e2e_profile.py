@@ -157,6 +157,8 @@ class Profile:
             sys.setswitchinterval(old)
         self._instrumented(name, paths, processor)
         if cuda:
+            self._host_blocking(name, paths, processor, chws, plans)
+        if cuda:
             with Preprocessor(processor, device=dev, resize="cpu") as pre:
                 add(f"Preprocessor.run w={pre.workers} resize=cpu", lambda: pre.run(paths))
         try:  # an alternative that cannot run here (torchvision build, nvJPEG) is a note, not the end
@@ -202,6 +204,36 @@ class Profile:
             levels = float((got - ref).abs().max()) * std * 255
             self.add(name, f"Preprocessor.run w={pre.workers} decode=gpu", lambda: pre.run(paths),
                      note=f"pixels vs decode=cpu: {levels:.2f} uint8 levels")
+
+    def _host_blocking(self, name, paths, processor, chws, plans) -> None:
+        """Does a step make the host wait for the device? Queue ~50 ms of GPU work (torch.cuda._sleep),
+        then time the step on the host without synchronising: ~50 ms or more means it waited (a
+        pageable copy, .item(), ...), which in encode/encode_iter stalls the next chunk behind the tower."""
+        dev = self.device
+        on_dev = _to_device(chws, dev)
+        resized = [processor.resize_one(t, p) for t, p in zip(on_dev, plans)]
+        sync(dev)
+        cycles = _sleep_cycles(dev, 50.0)
+        steps = {"torch.tensor(3 floats, device=cuda)": lambda: torch.tensor([0.5, 0.5, 0.5], device=dev),
+                 "_to_device": lambda: _to_device(chws, dev),
+                 "resize_one, all images": lambda: [processor.resize_one(t, p) for t, p in zip(on_dev, plans)],
+                 "processor.finish": lambda: processor.finish(resized, plans)}
+        with Preprocessor(processor, device=dev) as pre:
+            pre.run(paths)
+            steps["Preprocessor.run"] = lambda: pre.run(paths)
+            for label, fn in steps.items():
+                fn()
+                host = []
+                for _ in range(3):
+                    sync(dev)
+                    torch.cuda._sleep(cycles)
+                    t0 = time.perf_counter()
+                    fn()
+                    host.append((time.perf_counter() - t0) * 1e3)
+                    sync(dev)
+                ms = statistics.median(host)
+                self.rows.append({"workload": name, "stage": f"host ms, GPU busy 50 ms: {label}", "ms": ms,
+                                  "note": "WAITS for the GPU" if ms > 40 else "does not wait"})
 
     def _instrumented(self, name, paths, processor) -> None:
         """One Preprocessor.run with its per-image `_prepare` (worker threads) and `_stage` (calling
@@ -270,6 +302,18 @@ def _hwc_pinned_to_device(arrays, pinned: torch.Tensor, dev: torch.device) -> li
         offset += n
     flat = pinned[:offset].to(dev, non_blocking=True)
     return [flat[o:o + int(np.prod(s))].view(*s).permute(2, 0, 1).contiguous() for o, s in views]
+
+
+def _sleep_cycles(dev: torch.device, ms: float) -> int:
+    """Cycles of torch.cuda._sleep that keep the GPU busy about `ms` milliseconds (measured)."""
+    probe = 10_000_000
+    sync(dev)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(probe)
+    end.record()
+    sync(dev)
+    return int(probe * ms / max(start.elapsed_time(end), 1e-3))
 
 
 def _tv_read_decode_pool(paths, w, mode):
