@@ -134,16 +134,22 @@ class Preprocessor:
             raise ImageLoadError(f"{len(failures)} of {total} images failed to preprocess:\n{lines}")
         return Preprocessed(chunks[0].pixel_values, chunks[0].grid_thw, failures)
 
-    def iter_chunks(self, items: Iterable[Any], *, max_batch_patches: int,
+    def iter_chunks(self, items: Iterable[Any], *, max_batch_patches: int, first_chunk_patches: int | None = None,
                     errors: Literal["raise", "skip"] = "raise") -> Iterator[Chunk]:
         """Chunks of whole images of at most max_batch_patches rows each (an image larger than that
         is a chunk alone), in input order, prepared by the workers while the caller uses the
-        previous one. errors="raise" raises ImagePreprocessError at the first failing input (after
-        the chunks before it were yielded); "skip" reports failures in the chunks."""
+        previous one. first_chunk_patches: the first chunk holds at most this many rows instead
+        (at least one image), so that its consumer (the tower) starts while the workers still
+        prepare the rest; None: no smaller first chunk. errors="raise" raises ImagePreprocessError
+        at the first failing input (after the chunks before it were yielded); "skip" reports
+        failures in the chunks."""
         _check_errors(errors)
         if max_batch_patches < 1:
             raise ValueError(f"max_batch_patches={max_batch_patches} must be >= 1")
-        for chunk in self._chunks(items, max_batch_patches=max_batch_patches, raise_first=errors == "raise"):
+        if first_chunk_patches is not None and first_chunk_patches < 1:
+            raise ValueError(f"first_chunk_patches={first_chunk_patches} must be >= 1 (or None: no smaller first chunk)")
+        for chunk in self._chunks(items, max_batch_patches=max_batch_patches, first_chunk_patches=first_chunk_patches,
+                                  raise_first=errors == "raise"):
             yield chunk
 
     def close(self) -> None:
@@ -193,9 +199,11 @@ class Preprocessor:
         return _Ready(index, item, plan, torch.frombuffer(bytearray(data), dtype=torch.uint8), encoded=True)
 
     # -- ordering, chunking, staging (calling thread) ---------------------------------------------
-    def _chunks(self, items: Iterable[Any], *, max_batch_patches: int | None,
+    def _chunks(self, items: Iterable[Any], *, max_batch_patches: int | None, first_chunk_patches: int | None = None,
                 raise_first: bool = False) -> Iterator[Chunk]:
         source = enumerate(items)
+        limit = max_batch_patches if first_chunk_patches is None or max_batch_patches is None \
+            else min(first_chunk_patches, max_batch_patches)  # the first chunk's; then max_batch_patches
         pending: collections.deque[Future] = collections.deque()
         ready: list[_Ready] = []
         failures: list[LoadFailure] = []
@@ -223,9 +231,9 @@ class Preprocessor:
                     failures.append(res)
                     continue
                 done, done_rows = done + 1, done_rows + res.plan.rows
-                if ready and max_batch_patches is not None and rows + res.plan.rows > max_batch_patches:
+                if ready and limit is not None and rows + res.plan.rows > limit:
                     yield self._stage(ready, failures)
-                    ready, failures, rows = [], [], 0
+                    ready, failures, rows, limit = [], [], 0, max_batch_patches
                 ready.append(res)
                 rows += res.plan.rows
             if ready or failures or max_batch_patches is None:
