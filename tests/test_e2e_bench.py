@@ -97,6 +97,50 @@ def test_encode_raise_stops_the_tower_after_a_failure(folder):
     enc.close()
 
 
+def _spy_calls(enc) -> list:
+    calls = []
+    real = enc.runner.run
+    enc.runner.run = lambda pv, g: calls.append(g.shape[0]) or real(pv, g)
+    return calls
+
+
+def test_first_tower_call_is_small_and_results_do_not_change(folder, tmp_path):
+    """encode/encode_iter: the first tower call takes at most first_chunk_patches (so it starts while
+    the rest is decoded); order, per-image failures and results (fp tolerance) as with one call."""
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"not a jpeg")
+    images = [_image(i, 56, 28 * (1 + i % 3)) for i in range(7)]  # 8, 4 (a chunk of two) and 12 patches
+    items = images[:2] + [str(bad)] + images[2:]
+    with Encoder(folder, device="cpu", preprocess_workers=2, max_batch_patches=4096) as one, \
+            Encoder(folder, device="cpu", preprocess_workers=2, max_batch_patches=4096, first_chunk_patches=10) as lead:
+        assert one.first_chunk_patches == 256 and lead.first_chunk_patches == 10
+        calls_one, calls_lead = _spy_calls(one), _spy_calls(lead)
+        want = one.encode(items, errors="skip")
+        got = lead.encode(items, errors="skip")
+        assert calls_one == [7] and calls_lead == [1, 6], f"tower calls (images): {calls_one}, {calls_lead}"
+        assert got[2] is None and want[2] is None
+        for i, (g, w) in enumerate(zip(got, want)):
+            if w is not None:
+                err = float((g - w).norm() / w.norm())
+                assert err < 1e-5, f"image {i}: first-chunk split changes it by {err:.2e} (tolerance 1e-5)"
+        streamed = list(lead.encode_iter(items))
+        assert [i for i, _ in streamed] == list(range(len(items))) and isinstance(streamed[2][1], LoadFailure)
+        assert all(torch.equal(v, got[i]) for i, v in streamed if i != 2)
+        assert calls_lead[2:] == [1, 6], f"encode_iter's tower calls (images): {calls_lead[2:]}"
+    with pytest.raises(ValueError, match="first_chunk_patches=0 must be an int >= 1"):
+        Encoder(folder, device="cpu", first_chunk_patches=0)
+
+
+def test_first_chunk_split_is_bitwise_under_batch_invariant(folder):
+    images = [_image(i, 56, 28 * (1 + i % 3)) for i in range(5)]
+    with Encoder(folder, device="cpu", preprocess_workers=2, batch_invariant=True) as one, \
+            Encoder(folder, device="cpu", preprocess_workers=2, batch_invariant=True, first_chunk_patches=1) as lead:
+        calls = _spy_calls(lead)
+        want, got = one.encode(images), lead.encode(images)
+    assert calls == [1, 4]
+    assert all(torch.equal(g, w) for g, w in zip(got, want)), "batch_invariant: the first-chunk split changed bits"
+
+
 def test_other_threads_interleave_between_stream_chunks(encoder):
     import threading
 

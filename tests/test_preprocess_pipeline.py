@@ -193,6 +193,27 @@ def test_iter_chunks_whole_images_in_order(tmp_path):
     assert torch.equal(torch.cat([c.pixel_values for c in chunks]), whole)
 
 
+def test_iter_chunks_smaller_first_chunk(tmp_path):
+    """first_chunk_patches: the first chunk holds at most that many rows (at least one image), the
+    rest up to max_batch_patches; input order, failures and pixels as with one size of chunk."""
+    items, bad = _mixed(tmp_path)  # good images of 16, 32, 48, 64 patches (56 px wide, 56..224 px high)
+    items = [items[0], items[0]] + items  # + two 16-patch images first
+    bad = {i + 2 for i in bad}
+    proc = get_processor("qwen2_vl")
+    with Preprocessor(proc, workers=2, max_pixels=200 * 200) as pre:
+        chunks = list(pre.iter_chunks(items, max_batch_patches=40, first_chunk_patches=20, errors="skip"))
+        one_image_first = list(pre.iter_chunks(items[2:], max_batch_patches=40, first_chunk_patches=1, errors="skip"))
+        with pytest.raises(ValueError, match="first_chunk_patches=0 must be >= 1"):
+            next(pre.iter_chunks(items, max_batch_patches=40, first_chunk_patches=0))
+    rows = [c.grid_thw.prod(-1).tolist() for c in chunks]
+    assert rows == [[16], [16, 16], [32], [48], [64]], f"rows per chunk {rows}: expected the first limited to 20"
+    assert [i for c in chunks for i in c.indices] == [i for i in range(len(items)) if i not in bad]
+    assert sorted(f.index for c in chunks for f in c.failures) == sorted(bad)
+    assert one_image_first[0].indices == [0] and len(one_image_first[0].grid_thw) == 1
+    whole, _, _ = Preprocessor(proc, workers=0, max_pixels=200 * 200).run(items, errors="skip")
+    assert torch.equal(torch.cat([c.pixel_values for c in chunks]), whole)
+
+
 def test_iter_chunks_raise_stops_at_first_failure(tmp_path):
     items, _ = _mixed(tmp_path)
     seen = []
