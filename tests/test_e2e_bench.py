@@ -177,8 +177,8 @@ def test_e2e_bench_runs_on_cpu(folder, tmp_path, capsys):
         assert needle in text, f"{needle!r} missing from:\n{text}"
     data = json.loads(out.read_text())
     impls = {r["impl"] for r in data["rows"]}
-    assert impls == {"mmenc encode(files)", "mmenc preprocess only", "mmenc tower only", "transformers proc+tower",
-                     "transformers proc only"}
+    assert impls == {"mmenc encode(files)", "mmenc encode(files) 1 call", "mmenc preprocess only", "mmenc tower only",
+                     "transformers proc+tower", "transformers proc only"}  # eager rows only with compile/graphs
     assert all(r["ms"] > 0 and r["images"] == 2 for r in data["rows"])
     (summary,) = data["workloads"]
     assert summary["grids_equal_transformers"] is True
@@ -188,6 +188,30 @@ def test_e2e_bench_runs_on_cpu(folder, tmp_path, capsys):
     assert stream["images"] == 6 and stream["failed"] == 0 and 0 < stream["gpu_busy_fraction"] <= 1.0
     inv = data["invariance"]
     assert len(inv["max_abs_diff"]) == 4 and inv["max_abs_diff_overall"] < 1e-3 * max(inv["max_abs_value"], 1)
+
+
+def test_e2e_eager_rows_and_their_tower_comparison(encoder, tmp_path, monkeypatch):
+    from mmenc.bench import e2e
+
+    paths = e2e.write_jpegs(tmp_path, [(56, 56), (112, 56)])
+    sentinel = object()
+    monkeypatch.setattr(encoder.loaded, "graphs", sentinel)
+    with e2e.eager(encoder):
+        assert encoder.loaded.graphs is None
+    assert encoder.loaded.graphs is sentinel and encoder.first_chunk_patches == 4
+    with e2e.one_call(encoder):
+        assert encoder.first_chunk_patches == encoder.max_batch_patches
+    assert encoder.first_chunk_patches == 4
+    monkeypatch.setattr(encoder.loaded, "graphs", None)
+    assert not e2e.has_eager_rows(encoder)  # neither compile nor graphs: no eager rows
+    monkeypatch.setattr(e2e, "has_eager_rows", lambda enc: True)
+    rows, _ = e2e.run_workload("w", encoder, paths, None, None, warmup=0, iters=1)
+    assert [r.impl for r in rows] == ["mmenc encode(files)", "mmenc encode(files) 1 call", "mmenc preprocess only",
+                                      "mmenc tower only", "mmenc encode(files) eager", "mmenc tower only eager"]
+    table = e2e.format_rows([e2e.E2ERow("w", "mmenc encode(files)", 2, 20.0), e2e.E2ERow("w", "mmenc tower only", 2, 19.0),
+                             e2e.E2ERow("w", "mmenc encode(files) eager", 2, 50.0),
+                             e2e.E2ERow("w", "mmenc tower only eager", 2, 40.0)]).splitlines()
+    assert table[2].endswith("95%") and table[4].endswith("80%"), "\n".join(table)
 
 
 @pytest.mark.gpu
