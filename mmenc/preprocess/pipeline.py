@@ -5,26 +5,32 @@
     for chunk in pre.iter_chunks(images, max_batch_patches=1 << 16):   # streaming, bounded memory
         tower(chunk.pixel_values, chunk.grid_thw)          # chunk.indices: their input positions
 
-Per image, in a thread pool (PIL's decoder and torch's resize release the GIL): load/decode
-(`load_image`), `processor.plan` (size rules; a bad size fails that image only), and the bicubic
-resize on the CPU. Per chunk, in the calling thread: the resized uint8 images cross to `device`
-through one pinned buffer (a quarter of the bytes float32 would take) and `processor.finish`
-rescales, normalizes and patchifies them there. Output order is input order.
+Per image, in a thread pool (the decoders and torch's resize release the GIL): load/decode
+(torchvision's libjpeg-turbo for plain JPEGs when it imports, else PIL's `load_image`),
+`processor.plan` (size rules; a bad size fails that image only), the bicubic resize on the CPU if
+it runs there, and for a CUDA device a copy of the uint8 image into pinned memory (numpy, in its
+decoded [H, W, C] layout: no transpose). Per chunk, in the calling thread: one non-blocking copy
+per image to `device` (uint8: a quarter of the bytes float32 would take), the resize there, and
+`processor.finish` rescales, normalizes and patchifies. No torch op runs on the host in the
+calling thread (torch's intra-op threads, one per core, beside busy workers made a 26 MB
+torch.cat take 86 ms). Output order is input order.
 
 Where the work runs (`resize`, `decode`; "auto" picks):
   resize="cpu": in the workers. resize="device": on `device` with `resize_uint8_exact` (the CPU
     kernel's bytes; float32 would drift); the original uint8 image crosses instead.
     auto: "device" on CUDA when the backend is "torchvision", else "cpu".
-  decode="gpu": colour JPEGs are decoded by nvJPEG on `device` (needs torchvision; implies
+  decode="cpu": PIL (`load_image`). decode="torchvision": plain colour JPEGs (paths, bytes) by
+    torchvision.io.decode_jpeg on the CPU, without the GIL (PIL's pixels, measured), the rest by PIL.
+    decode="gpu": colour JPEGs are decoded by nvJPEG on `device` (needs torchvision; implies
     resize="device"); other inputs, and any JPEG nvJPEG refuses, are decoded on the CPU.
-    auto: "cpu", because nvJPEG's pixels are not libjpeg-turbo's (docs/preprocessing.md).
+    auto: "torchvision" when it imports, else "cpu"; never "gpu", because nvJPEG's pixels are not
+    libjpeg-turbo's (up to 15 levels; docs/preprocessing.md).
 With resize="cpu" the result is bitwise the processor's own `__call__` on the CPU; with
 resize="device" likewise for the "torchvision" backend (tests/test_preprocess_pipeline.py).
 """
 import collections
 import dataclasses
 import os
-import pathlib
 import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -104,11 +110,15 @@ class Preprocessor:
         self._pool_lock = threading.Lock()  # callers in several threads share one pool
 
     def _choose_decode(self, decode: str) -> str:
-        if decode not in ("auto", "cpu", "gpu"):
-            raise ValueError(f"decode={decode!r}; expected 'auto', 'cpu' or 'gpu'")
+        if decode not in ("auto", "cpu", "torchvision", "gpu"):
+            raise ValueError(f"decode={decode!r}; expected 'auto', 'cpu', 'torchvision' or 'gpu'")
         if decode == "gpu" and (reason := gpu_decode.unavailable_reason(self.device)):
             raise ValueError(f"decode='gpu' cannot run: {reason}; use decode='cpu'")
-        return "cpu" if decode == "auto" else decode
+        if decode == "torchvision" and (reason := gpu_decode.cpu_decoder_reason()):
+            raise ValueError(f"decode='torchvision' cannot run: {reason}; use decode='cpu' (PIL)")
+        if decode == "auto":
+            return "cpu" if gpu_decode.cpu_decoder_reason() else "torchvision"
+        return decode
 
     def _choose_resize(self, resize: str) -> str:
         if resize not in ("auto", "cpu", "device"):
@@ -170,28 +180,34 @@ class Preprocessor:
         try:
             if self.decode == "gpu" and (ready := self._prepare_jpeg(index, item, name)) is not None:
                 return ready
-            array = load_image(item, index=index, max_pixels=self.max_pixels)  # RGB uint8 [H, W, 3]
-            plan = self.processor.plan(array.shape[0], array.shape[1], index=index, name=name)
-            pixels = _chw(array)
+            pixels = self._decode(index, item)  # RGB uint8 [3, H, W], or numpy [H, W, 3] from PIL
+            height, width = pixels.shape[1:] if isinstance(pixels, torch.Tensor) else pixels.shape[:2]
+            plan = self.processor.plan(height, width, index=index, name=name)
+            if self.resize == "cpu" or self.device.type == "cpu":
+                pixels = pixels.contiguous() if isinstance(pixels, torch.Tensor) else _chw(pixels)
             if self.resize == "cpu":
                 pixels = self.processor.resize_one(pixels, plan).contiguous()
             if self._patchify_in_workers:  # nothing crosses: patchify here too, in parallel
                 pixels = self.processor.patchify(pixels, plan)
+            elif self.device.type == "cuda":  # crosses from pinned memory written here, in parallel
+                pixels = _pinned(pixels)
             return _Ready(index, item, plan, pixels)
         except ImageLoadError as e:  # includes ImagePreprocessError
             message = str(e) if str(e).startswith(name) else f"{name}: {e}"
             return LoadFailure(index, name, message)
 
+    def _decode(self, index: int, item: Any) -> torch.Tensor | np.ndarray:
+        """torchvision's decoder for a plain colour JPEG (decode="torchvision": uint8 [3, H, W], a view
+        of [H, W, 3] memory), else `load_image` (RGB uint8 numpy [H, W, 3], read-only from PIL)."""
+        if self.decode == "torchvision" and (data := gpu_decode.jpeg_bytes(item)) is not None:
+            if gpu_decode.probe_jpeg(data, _pixel_limit(self.max_pixels)) is not None:
+                if (image := gpu_decode.decode_jpeg_cpu(data)) is not None:
+                    return image
+        return load_image(item, index=index, max_pixels=self.max_pixels)
+
     def _prepare_jpeg(self, index: int, item: Any, name: str) -> _Ready | None:
-        if isinstance(item, (str, pathlib.Path)):
-            try:
-                data = pathlib.Path(item).read_bytes()
-            except OSError:
-                return None  # load_image reports it
-        elif isinstance(item, (bytes, bytearray, memoryview)):
-            data = bytes(item)
-        else:
-            return None
+        if (data := gpu_decode.jpeg_bytes(item)) is None:
+            return None  # not encoded, or unreadable: load_image reports it
         limit = _pixel_limit(self.max_pixels)
         if (size := gpu_decode.probe_jpeg(data, limit)) is None:
             return None
@@ -302,7 +318,7 @@ class Preprocessor:
             array = load_image(ready.item, index=ready.index, max_pixels=self.max_pixels)
         except ImageLoadError as e:
             return LoadFailure(ready.index, name, str(e))
-        return _to_device([_chw(array)], self.device)[0]
+        return _to_device([_pinned(array)], self.device)[0]
 
 
 def _pixel_limit(max_pixels: int | None) -> int | None:
@@ -317,15 +333,45 @@ def _chw(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array.transpose(2, 0, 1).copy())  # a copy: writable, C order
 
 
+def _memory_order(t: torch.Tensor) -> list[int]:
+    """t's dimensions from the largest stride to the smallest: t.permute(order) walks its memory in order."""
+    return sorted(range(t.dim()), key=lambda d: -t.stride(d))
+
+
+def _pinned(pixels: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """A uint8 image ([C, H, W] tensor, maybe a view of [H, W, C] memory; or a numpy [H, W, C] array)
+    -> its values in new pinned host memory laid out as the source's (no transpose), as [C, H, W].
+    Copied by numpy: torch's intra-op threads (one per core) must not run beside the worker threads
+    (a host torch.cat of 8 x 1036 px took 86 ms with 32 of them, benchmarks/e2e_profile.py)."""
+    if isinstance(pixels, np.ndarray):
+        src, back = pixels, (2, 0, 1)  # [H, W, C] -> [C, H, W]
+    else:
+        order = _memory_order(pixels)
+        dense = pixels.permute(order)
+        if not dense.is_contiguous():  # not a permutation of dense memory: make it CHW
+            order, dense = list(range(pixels.dim())), pixels.contiguous()
+        src, back = dense.numpy(), tuple(order.index(d) for d in range(pixels.dim()))
+    out = torch.empty(src.shape, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+    np.copyto(out.numpy(), src)
+    return out.permute(back)
+
+
 def _to_device(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """CPU uint8 tensors -> the same on `device`; through one pinned buffer and one copy on CUDA."""
+    """CPU uint8 tensors -> the same values on `device`, each in its own memory layout (a [C, H, W] view
+    of [H, W, C] memory stays one), by one non-blocking copy per tensor from pinned memory on CUDA (the
+    host never waits for the device here). Tensors not yet pinned are pinned first (`_pinned`)."""
     if device.type == "cpu" or not tensors:
         return tensors
-    sizes = [t.numel() for t in tensors]
-    staging = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=device.type == "cuda")
-    torch.cat([t.reshape(-1) for t in tensors], out=staging)
-    flat = staging.to(device, non_blocking=True)
-    return [piece.view(t.shape) for piece, t in zip(flat.split(sizes), tensors)]
+    out = []
+    for t in tensors:
+        if device.type == "cuda" and not t.is_pinned():
+            t = _pinned(t)
+        order = _memory_order(t)
+        dense = t.permute(order)
+        if not dense.is_contiguous():
+            order, dense = list(range(t.dim())), t.contiguous()
+        out.append(dense.to(device, non_blocking=True).permute([order.index(d) for d in range(t.dim())]))
+    return out
 
 
 def _check_errors(errors: str) -> None:
