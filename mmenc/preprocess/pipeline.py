@@ -184,7 +184,7 @@ class Preprocessor:
             height, width = pixels.shape[1:] if isinstance(pixels, torch.Tensor) else pixels.shape[:2]
             plan = self.processor.plan(height, width, index=index, name=name)
             if self.resize == "cpu" or self.device.type == "cpu":
-                pixels = pixels.contiguous() if isinstance(pixels, torch.Tensor) else _chw(pixels)
+                pixels = torch.from_numpy(pixels.numpy().copy()) if isinstance(pixels, torch.Tensor) else _chw(pixels)
             if self.resize == "cpu":
                 pixels = self.processor.resize_one(pixels, plan).contiguous()
             if self._patchify_in_workers:  # nothing crosses: patchify here too, in parallel
