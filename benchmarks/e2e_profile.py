@@ -9,8 +9,8 @@ ms of --reps runs after one warm-up, the device synchronised after each run:
   pil decode    Image.open(bytes).convert("RGB") -> numpy; load_image(path) as a whole (+ checks,
                 EXIF, the read); both in 1 thread and in a thread pool of w threads
   chw copy      numpy HWC -> contiguous CHW uint8 tensor (`_chw`)
-  pinned alloc  a pinned buffer of the chunk's bytes (what `_to_device` allocates per call)
-  to_device     `_to_device` (alloc + cat into pinned + copy); then from a reused pinned buffer,
+  pinned alloc  a pinned buffer of the chunk's bytes (the former staging allocated one per chunk)
+  to_device     `to_device_each` (pin each image + H2D each); a cat into a reused pinned buffer,
                 and HWC into pinned (plain memcpy) + permute on the device instead
   resize        processor.resize_one on the device per image (skipped when the size is unchanged)
   finish        processor.finish (patchify + normalize) on the device
@@ -40,7 +40,9 @@ from PIL import Image
 from mmenc.bench.e2e import image_sizes, write_jpegs
 from mmenc.bench.measure import WORKLOADS
 from mmenc.preprocess.images import load_image
-from mmenc.preprocess.pipeline import Preprocessor, _chw, _to_device, default_workers
+from mmenc.preprocess.pipeline import Preprocessor, default_workers
+from mmenc.preprocess.staging import chw as _chw
+from mmenc.preprocess.staging import to_device_each as _to_device
 from mmenc.preprocess.qwen_vl import qwen2_vl_from_hf
 
 NAMES = ("8x1036px", "32x448px")

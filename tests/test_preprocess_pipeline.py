@@ -12,7 +12,8 @@ from PIL import Image
 
 from mmenc.preprocess import ImageLoadError, get_processor
 from mmenc.preprocess import gpu_decode
-from mmenc.preprocess.pipeline import Preprocessor, _pinned, default_workers
+from mmenc.preprocess.pipeline import Preprocessor, default_workers
+from mmenc.preprocess.staging import pinned_copy as _pinned
 from mmenc.preprocess.plan import ImagePreprocessError
 from mmenc.preprocess.resize_exact import resize_uint8_exact
 

@@ -42,6 +42,7 @@ import torch
 from mmenc.preprocess import gpu_decode
 from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, finish_patches, input_name
+from mmenc.preprocess.staging import chw, pinned_copy, to_device_each
 
 
 def default_workers() -> int:
@@ -184,13 +185,13 @@ class Preprocessor:
             height, width = pixels.shape[1:] if isinstance(pixels, torch.Tensor) else pixels.shape[:2]
             plan = self.processor.plan(height, width, index=index, name=name)
             if self.resize == "cpu" or self.device.type == "cpu":
-                pixels = torch.from_numpy(pixels.numpy().copy()) if isinstance(pixels, torch.Tensor) else _chw(pixels)
+                pixels = torch.from_numpy(pixels.numpy().copy()) if isinstance(pixels, torch.Tensor) else chw(pixels)
             if self.resize == "cpu":
                 pixels = self.processor.resize_one(pixels, plan).contiguous()
             if self._patchify_in_workers:  # nothing crosses: patchify here too, in parallel
                 pixels = self.processor.patchify(pixels, plan)
             elif self.device.type == "cuda":  # crosses from pinned memory written here, in parallel
-                pixels = _pinned(pixels)
+                pixels = pinned_copy(pixels)
             return _Ready(index, item, plan, pixels)
         except ImageLoadError as e:  # includes ImagePreprocessError
             message = str(e) if str(e).startswith(name) else f"{name}: {e}"
@@ -276,7 +277,7 @@ class Preprocessor:
             return self._pool.submit(self._prepare, index, item)
 
     def _stage(self, ready: list[_Ready], failures: list[LoadFailure]) -> Chunk:
-        """Move the chunk's uint8 images to the device (one pinned buffer), finish them there."""
+        """Move the chunk's uint8 images to the device (one non-blocking copy each), finish them there."""
         failures = sorted(failures, key=lambda f: f.index)
         if self._patchify_in_workers:  # the workers normalize each image into its rows of one output
             pixel_values, grid_thw = finish_patches(self.processor, [r.pixels for r in ready], [r.plan for r in ready],
@@ -284,7 +285,7 @@ class Preprocessor:
             return Chunk(pixel_values, grid_thw, [r.index for r in ready], failures)
         images: list[torch.Tensor | None] = [None] * len(ready)
         plain = [i for i, r in enumerate(ready) if not r.encoded]
-        for i, t in zip(plain, _to_device([ready[i].pixels for i in plain], self.device)):
+        for i, t in zip(plain, to_device_each([ready[i].pixels for i in plain], self.device)):
             images[i] = t
         jpegs = [i for i, r in enumerate(ready) if r.encoded]
         for i, t in zip(jpegs, gpu_decode.decode_jpegs([ready[i].pixels for i in jpegs], self.device)):
@@ -318,7 +319,7 @@ class Preprocessor:
             array = load_image(ready.item, index=ready.index, max_pixels=self.max_pixels)
         except ImageLoadError as e:
             return LoadFailure(ready.index, name, str(e))
-        return _to_device([_pinned(array)], self.device)[0]
+        return to_device_each([pinned_copy(array)], self.device)[0]
 
 
 def _pixel_limit(max_pixels: int | None) -> int | None:
@@ -326,52 +327,6 @@ def _pixel_limit(max_pixels: int | None) -> int | None:
     from PIL import Image
 
     return Image.MAX_IMAGE_PIXELS if max_pixels == -1 else max_pixels
-
-
-def _chw(array: np.ndarray) -> torch.Tensor:
-    """RGB uint8 [H, W, C] (read-only from PIL is fine) -> a new contiguous uint8 tensor [C, H, W]."""
-    return torch.from_numpy(array.transpose(2, 0, 1).copy())  # a copy: writable, C order
-
-
-def _memory_order(t: torch.Tensor) -> list[int]:
-    """t's dimensions from the largest stride to the smallest: t.permute(order) walks its memory in order."""
-    return sorted(range(t.dim()), key=lambda d: -t.stride(d))
-
-
-def _pinned(pixels: torch.Tensor | np.ndarray) -> torch.Tensor:
-    """A uint8 image ([C, H, W] tensor, maybe a view of [H, W, C] memory; or a numpy [H, W, C] array)
-    -> its values in new pinned host memory laid out as the source's (no transpose), as [C, H, W].
-    Copied by numpy: torch's intra-op threads (one per core) must not run beside the worker threads
-    (a host torch.cat of 8 x 1036 px took 86 ms with 32 of them, benchmarks/e2e_profile.py)."""
-    if isinstance(pixels, np.ndarray):
-        src, back = pixels, (2, 0, 1)  # [H, W, C] -> [C, H, W]
-    else:
-        order = _memory_order(pixels)
-        dense = pixels.permute(order)
-        if not dense.is_contiguous():  # not a permutation of dense memory: make it CHW
-            order, dense = list(range(pixels.dim())), pixels.contiguous()
-        src, back = dense.numpy(), tuple(order.index(d) for d in range(pixels.dim()))
-    out = torch.empty(src.shape, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
-    np.copyto(out.numpy(), src)
-    return out.permute(back)
-
-
-def _to_device(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """CPU uint8 tensors -> the same values on `device`, each in its own memory layout (a [C, H, W] view
-    of [H, W, C] memory stays one), by one non-blocking copy per tensor from pinned memory on CUDA (the
-    host never waits for the device here). Tensors not yet pinned are pinned first (`_pinned`)."""
-    if device.type == "cpu" or not tensors:
-        return tensors
-    out = []
-    for t in tensors:
-        if device.type == "cuda" and not t.is_pinned():
-            t = _pinned(t)
-        order = _memory_order(t)
-        dense = t.permute(order)
-        if not dense.is_contiguous():
-            order, dense = list(range(t.dim())), t.contiguous()
-        out.append(dense.to(device, non_blocking=True).permute([order.index(d) for d in range(t.dim())]))
-    return out
 
 
 def _check_errors(errors: str) -> None:
