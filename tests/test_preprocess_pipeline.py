@@ -132,7 +132,8 @@ def test_decode_choice():
 
 
 @needs_tv
-def test_torchvision_decode_equals_pil(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_cuda])])
+def test_torchvision_decode_equals_pil(tmp_path, device):
     """decode="torchvision" (libjpeg-turbo without the GIL) gives PIL's pixels; what it does not take
     (PNG, truncated JPEG, EXIF rotation, arrays) goes through load_image with its errors."""
     if gpu_decode.cpu_decoder_reason():
@@ -143,12 +144,13 @@ def test_torchvision_decode_equals_pil(tmp_path):
     path.write_bytes(datas[2])
     items = datas + [str(path), datas[0][:len(datas[0]) // 2]] + _inputs(tmp_path)
     proc = get_processor("qwen2_vl")
-    with Preprocessor(proc, workers=4, decode="torchvision") as tv, Preprocessor(proc, workers=4, decode="cpu") as pil:
+    with Preprocessor(proc, device=device, workers=4, decode="torchvision") as tv, \
+            Preprocessor(proc, device=device, workers=4, decode="cpu") as pil:
         got, want = tv.run(items, errors="skip"), pil.run(items, errors="skip")
     assert [f.index for f in got.failures] == [5] and "truncated" in got.failures[0].message
     assert torch.equal(got.grid_thw, want.grid_thw)
     levels = float((got.pixel_values - want.pixel_values).abs().max()) * 255 * max(proc.config.image_std)
-    print(f"torchvision vs PIL decode, after preprocessing: max {levels:.3f} uint8 levels")
+    print(f"torchvision vs PIL decode, after preprocessing on {device}: max {levels:.3f} uint8 levels")
     assert levels <= 1.0 + 1e-4
 
 
@@ -349,7 +351,7 @@ def test_pipeline_on_cuda_bitwise_equals_cpu_sequential(tmp_path, kind, cfg, ove
     ims = _inputs(tmp_path)
     proc = get_processor(kind, cfg, **overrides)
     ref_pv, ref_grid = proc(ims)
-    with Preprocessor(proc, device="cuda", workers=2) as pre:
+    with Preprocessor(proc, device="cuda", workers=2, decode="cpu") as pre:  # PIL, as proc(); torchvision: below
         assert pre.resize == ("device" if overrides.get("backend", "torchvision") == "torchvision" else "cpu")
         pv, grid, _ = pre.run(ims)
     assert pv.device.type == "cuda" and torch.equal(grid, ref_grid)
