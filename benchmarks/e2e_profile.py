@@ -106,7 +106,8 @@ class Profile:
         plans = [processor.plan(a.shape[0], a.shape[1], index=i) for i, a in enumerate(arrays)]
         self.notes.append(f"{name}: input {arrays[0].shape[0]}x{arrays[0].shape[1]} -> resize {plans[0].resize}, "
                           f"grid {plans[0].grid}, {sum(p.rows for p in plans)} rows; "
-                          f"{sum(len(d) for d in datas) / 1e6:.2f} MB JPEG, {sum(a.nbytes for a in arrays) / 1e6:.1f} MB RGB")
+                          f"{sum(len(d) for d in datas) / 1e6:.2f} MB JPEG, "
+                          f"{sum(a.nbytes for a in arrays) / 1e6:.1f} MB RGB")
         add = lambda stage, fn, note="": self.add(name, stage, fn, note)  # noqa: E731
         add("read files", lambda: [pathlib.Path(p).read_bytes() for p in paths])
         add("pil decode, 1 thread", lambda: [pil_decode(d) for d in datas])

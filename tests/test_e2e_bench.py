@@ -208,7 +208,8 @@ def test_e2e_eager_rows_and_their_tower_comparison(encoder, tmp_path, monkeypatc
     rows, _ = e2e.run_workload("w", encoder, paths, None, None, warmup=0, iters=1)
     assert [r.impl for r in rows] == ["mmenc encode(files)", "mmenc encode(files) 1 call", "mmenc preprocess only",
                                       "mmenc tower only", "mmenc encode(files) eager", "mmenc tower only eager"]
-    table = e2e.format_rows([e2e.E2ERow("w", "mmenc encode(files)", 2, 20.0), e2e.E2ERow("w", "mmenc tower only", 2, 19.0),
+    table = e2e.format_rows([e2e.E2ERow("w", "mmenc encode(files)", 2, 20.0),
+                             e2e.E2ERow("w", "mmenc tower only", 2, 19.0),
                              e2e.E2ERow("w", "mmenc encode(files) eager", 2, 50.0),
                              e2e.E2ERow("w", "mmenc tower only eager", 2, 40.0)]).splitlines()
     assert table[2].endswith("95%") and table[4].endswith("80%"), "\n".join(table)

@@ -158,7 +158,8 @@ class Preprocessor:
         if max_batch_patches < 1:
             raise ValueError(f"max_batch_patches={max_batch_patches} must be >= 1")
         if first_chunk_patches is not None and first_chunk_patches < 1:
-            raise ValueError(f"first_chunk_patches={first_chunk_patches} must be >= 1 (or None: no smaller first chunk)")
+            raise ValueError(f"first_chunk_patches={first_chunk_patches} must be >= 1 "
+                             f"(or None: no smaller first chunk)")
         for chunk in self._chunks(items, max_batch_patches=max_batch_patches, first_chunk_patches=first_chunk_patches,
                                   raise_first=errors == "raise"):
             yield chunk
