@@ -193,6 +193,8 @@ class Preprocessor:
                 pixels = self.processor.patchify(pixels, plan)
             elif self.device.type == "cuda":  # crosses from pinned memory written here, in parallel
                 pixels = pinned_copy(pixels)
+            elif isinstance(pixels, np.ndarray):  # another accelerator: a plain [C, H, W] tensor crosses
+                pixels = chw(pixels)
             return _Ready(index, item, plan, pixels)
         except ImageLoadError as e:  # includes ImagePreprocessError
             message = str(e) if str(e).startswith(name) else f"{name}: {e}"
