@@ -8,9 +8,10 @@
 Per image, in a thread pool (the decoders and torch's resize release the GIL): load/decode
 (torchvision's libjpeg-turbo for plain JPEGs when it imports, else PIL's `load_image`),
 `processor.plan` (size rules; a bad size fails that image only), the bicubic resize on the CPU if
-it runs there, and for a CUDA device a copy of the uint8 image into pinned memory (numpy, in its
-decoded [H, W, C] layout: no transpose). Per chunk, in the calling thread: one non-blocking copy
-per image to `device` (uint8: a quarter of the bytes float32 would take), the resize there, and
+it runs there. Per chunk, in the calling thread: for a CUDA device each uint8 image is copied by
+numpy into pinned memory in its decoded [H, W, C] layout (no transpose) and crosses by one
+non-blocking copy (a quarter of the bytes float32 would take; the workers make no CUDA call, since
+one from another thread during a CUDA graph capture breaks the capture), the resize runs there, and
 `processor.finish` rescales, normalizes and patchifies. No torch op runs on the host in the
 calling thread (torch's intra-op threads, one per core, beside busy workers made a 26 MB
 torch.cat take 86 ms). Output order is input order.
@@ -42,7 +43,7 @@ import torch
 from mmenc.preprocess import gpu_decode
 from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, finish_patches, input_name
-from mmenc.preprocess.staging import chw, pinned_copy, to_device_each
+from mmenc.preprocess.staging import chw, to_device_each
 
 
 def default_workers() -> int:
@@ -77,7 +78,9 @@ class _Ready:
     index: int
     item: Any
     plan: ImagePlan
-    pixels: torch.Tensor  # uint8 [C, h, w]: resized (resize="cpu") or as decoded; or encoded JPEG bytes [n]
+    # uint8 [C, h, w]: resized (resize="cpu") or as decoded (maybe a view of [h, w, C] memory); for CUDA
+    # also PIL's numpy [h, w, C] as loaded; or encoded JPEG bytes [n] (decode="gpu")
+    pixels: torch.Tensor | np.ndarray
     encoded: bool = False
 
 
@@ -191,10 +194,10 @@ class Preprocessor:
                 pixels = self.processor.resize_one(pixels, plan).contiguous()
             if self._patchify_in_workers:  # nothing crosses: patchify here too, in parallel
                 pixels = self.processor.patchify(pixels, plan)
-            elif self.device.type == "cuda":  # crosses from pinned memory written here, in parallel
-                pixels = pinned_copy(pixels)
-            elif isinstance(pixels, np.ndarray):  # another accelerator: a plain [C, H, W] tensor crosses
+            elif isinstance(pixels, np.ndarray) and self.device.type != "cuda":  # a plain [C, H, W] tensor crosses
                 pixels = chw(pixels)
+            # for CUDA the calling thread copies it into pinned memory as it is (no transpose): no CUDA
+            # call here, as one from another thread during a (global mode) CUDA graph capture breaks it
             return _Ready(index, item, plan, pixels)
         except ImageLoadError as e:  # includes ImagePreprocessError
             message = str(e) if str(e).startswith(name) else f"{name}: {e}"
@@ -322,7 +325,7 @@ class Preprocessor:
             array = load_image(ready.item, index=ready.index, max_pixels=self.max_pixels)
         except ImageLoadError as e:
             return LoadFailure(ready.index, name, str(e))
-        return to_device_each([pinned_copy(array)], self.device)[0]
+        return to_device_each([array], self.device)[0]
 
 
 def _pixel_limit(max_pixels: int | None) -> int | None:

@@ -37,16 +37,20 @@ def pinned_copy(pixels: torch.Tensor | np.ndarray) -> torch.Tensor:
     return out.permute(back)
 
 
-def to_device_each(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """CPU uint8 tensors -> the same values on `device`, each in its own memory layout (a [C, H, W] view
-    of [H, W, C] memory stays one), by one non-blocking copy per tensor from pinned memory on CUDA (the
-    host never waits for the device here). Tensors not yet pinned are pinned first (`pinned_copy`)."""
-    if device.type == "cpu" or not tensors:
-        return tensors
+def to_device_each(images: list[torch.Tensor | np.ndarray], device: torch.device) -> list[torch.Tensor]:
+    """CPU uint8 images ([C, H, W] tensors, or numpy [H, W, C] arrays on CUDA) -> [C, H, W] on `device`,
+    each in its own memory layout (a view of [H, W, C] memory stays one), by one non-blocking copy per
+    image from pinned memory on CUDA (the host never waits for the device here). What is not pinned
+    yet is copied into pinned memory first (`pinned_copy`). Call it from the thread that runs the
+    tower: pinned allocations are CUDA calls, which another thread's CUDA graph capture forbids."""
+    if device.type == "cpu" or not images:
+        return images
     out = []
-    for t in tensors:
-        if device.type == "cuda" and not t.is_pinned():
+    for t in images:
+        if device.type == "cuda" and (isinstance(t, np.ndarray) or not t.is_pinned()):
             t = pinned_copy(t)
+        elif isinstance(t, np.ndarray):
+            t = chw(t)
         order = memory_order(t)
         dense = t.permute(order)
         if not dense.is_contiguous():
