@@ -97,6 +97,50 @@ def test_encode_raise_stops_the_tower_after_a_failure(folder):
     enc.close()
 
 
+def _spy_calls(enc) -> list:
+    calls = []
+    real = enc.runner.run
+    enc.runner.run = lambda pv, g: calls.append(g.shape[0]) or real(pv, g)
+    return calls
+
+
+def test_first_tower_call_is_small_and_results_do_not_change(folder, tmp_path):
+    """encode/encode_iter: the first tower call takes at most first_chunk_patches (so it starts while
+    the rest is decoded); order, per-image failures and results (fp tolerance) as with one call."""
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"not a jpeg")
+    images = [_image(i, 56, 28 * (1 + i % 3)) for i in range(7)]  # 8, 4 (a chunk of two) and 12 patches
+    items = images[:2] + [str(bad)] + images[2:]
+    with Encoder(folder, device="cpu", preprocess_workers=2, max_batch_patches=4096) as one, \
+            Encoder(folder, device="cpu", preprocess_workers=2, max_batch_patches=4096, first_chunk_patches=10) as lead:
+        assert one.first_chunk_patches == 256 and lead.first_chunk_patches == 10
+        calls_one, calls_lead = _spy_calls(one), _spy_calls(lead)
+        want = one.encode(items, errors="skip")
+        got = lead.encode(items, errors="skip")
+        assert calls_one == [7] and calls_lead == [1, 6], f"tower calls (images): {calls_one}, {calls_lead}"
+        assert got[2] is None and want[2] is None
+        for i, (g, w) in enumerate(zip(got, want)):
+            if w is not None:
+                err = float((g - w).norm() / w.norm())
+                assert err < 1e-5, f"image {i}: first-chunk split changes it by {err:.2e} (tolerance 1e-5)"
+        streamed = list(lead.encode_iter(items))
+        assert [i for i, _ in streamed] == list(range(len(items))) and isinstance(streamed[2][1], LoadFailure)
+        assert all(torch.equal(v, got[i]) for i, v in streamed if i != 2)
+        assert calls_lead[2:] == [1, 6], f"encode_iter's tower calls (images): {calls_lead[2:]}"
+    with pytest.raises(ValueError, match="first_chunk_patches=0 must be an int >= 1"):
+        Encoder(folder, device="cpu", first_chunk_patches=0)
+
+
+def test_first_chunk_split_is_bitwise_under_batch_invariant(folder):
+    images = [_image(i, 56, 28 * (1 + i % 3)) for i in range(5)]
+    with Encoder(folder, device="cpu", preprocess_workers=2, batch_invariant=True) as one, \
+            Encoder(folder, device="cpu", preprocess_workers=2, batch_invariant=True, first_chunk_patches=1) as lead:
+        calls = _spy_calls(lead)
+        want, got = one.encode(images), lead.encode(images)
+    assert calls == [1, 4]
+    assert all(torch.equal(g, w) for g, w in zip(got, want)), "batch_invariant: the first-chunk split changed bits"
+
+
 def test_other_threads_interleave_between_stream_chunks(encoder):
     import threading
 
@@ -133,8 +177,8 @@ def test_e2e_bench_runs_on_cpu(folder, tmp_path, capsys):
         assert needle in text, f"{needle!r} missing from:\n{text}"
     data = json.loads(out.read_text())
     impls = {r["impl"] for r in data["rows"]}
-    assert impls == {"mmenc encode(files)", "mmenc preprocess only", "mmenc tower only", "transformers proc+tower",
-                     "transformers proc only"}
+    assert impls == {"mmenc encode(files)", "mmenc encode(files) 1 call", "mmenc preprocess only", "mmenc tower only",
+                     "transformers proc+tower", "transformers proc only"}  # eager rows only with compile/graphs
     assert all(r["ms"] > 0 and r["images"] == 2 for r in data["rows"])
     (summary,) = data["workloads"]
     assert summary["grids_equal_transformers"] is True
@@ -144,6 +188,31 @@ def test_e2e_bench_runs_on_cpu(folder, tmp_path, capsys):
     assert stream["images"] == 6 and stream["failed"] == 0 and 0 < stream["gpu_busy_fraction"] <= 1.0
     inv = data["invariance"]
     assert len(inv["max_abs_diff"]) == 4 and inv["max_abs_diff_overall"] < 1e-3 * max(inv["max_abs_value"], 1)
+
+
+def test_e2e_eager_rows_and_their_tower_comparison(encoder, tmp_path, monkeypatch):
+    from mmenc.bench import e2e
+
+    paths = e2e.write_jpegs(tmp_path, [(56, 56), (112, 56)])
+    sentinel = object()
+    monkeypatch.setattr(encoder.loaded, "graphs", sentinel)
+    with e2e.eager(encoder):
+        assert encoder.loaded.graphs is None
+    assert encoder.loaded.graphs is sentinel and encoder.first_chunk_patches == 4
+    with e2e.one_call(encoder):
+        assert encoder.first_chunk_patches == encoder.max_batch_patches
+    assert encoder.first_chunk_patches == 4
+    monkeypatch.setattr(encoder.loaded, "graphs", None)
+    assert not e2e.has_eager_rows(encoder)  # neither compile nor graphs: no eager rows
+    monkeypatch.setattr(e2e, "has_eager_rows", lambda enc: True)
+    rows, _ = e2e.run_workload("w", encoder, paths, None, None, warmup=0, iters=1)
+    assert [r.impl for r in rows] == ["mmenc encode(files)", "mmenc encode(files) 1 call", "mmenc preprocess only",
+                                      "mmenc tower only", "mmenc encode(files) eager", "mmenc tower only eager"]
+    table = e2e.format_rows([e2e.E2ERow("w", "mmenc encode(files)", 2, 20.0),
+                             e2e.E2ERow("w", "mmenc tower only", 2, 19.0),
+                             e2e.E2ERow("w", "mmenc encode(files) eager", 2, 50.0),
+                             e2e.E2ERow("w", "mmenc tower only eager", 2, 40.0)]).splitlines()
+    assert table[2].endswith("95%") and table[4].endswith("80%"), "\n".join(table)
 
 
 @pytest.mark.gpu

@@ -135,3 +135,21 @@ def test_bomb_message_names_the_cli_flag(tmp_path):
     p = _png(tmp_path / "big.png", h=20, w=30)
     with pytest.raises(ImageLoadError, match=r"big\.png.*exceeds max_pixels=100.*--max-image-pixels"):
         load_image(p, max_pixels=100)
+
+
+def test_exif_orientation_applied_and_plain_images_untouched(tmp_path):
+    """An EXIF rotation is applied (6: rotate 90 degrees clockwise); orientation 1 or none loads as stored."""
+    a = np.zeros((20, 40, 3), np.uint8)
+    a[:, :20] = 255  # left half white
+    for orientation, want_shape in [(None, (20, 40, 3)), (1, (20, 40, 3)), (6, (40, 20, 3))]:
+        img, exif = Image.fromarray(a), Image.Exif()
+        if orientation is not None:
+            exif[0x0112] = orientation
+        path = tmp_path / f"o{orientation}.png"
+        img.save(path, exif=exif)
+        got = load_image(str(path))
+        assert got.shape == want_shape, (orientation, got.shape)
+        if orientation == 6:  # rotated clockwise: the white left half is now the top
+            assert got[:20].min() == 255 and got[20:].max() == 0
+        else:
+            assert np.array_equal(got, a)

@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from PIL import Image
 
 from mmenc.preprocess import ImageLoadError, get_processor
+from mmenc.preprocess import gpu_decode
 from mmenc.preprocess.pipeline import Preprocessor, default_workers
+from mmenc.preprocess.staging import pinned_copy as _pinned
 from mmenc.preprocess.plan import ImagePreprocessError
 from mmenc.preprocess.resize_exact import resize_uint8_exact
 
@@ -78,6 +80,78 @@ def test_pipeline_bitwise_equals_sequential(tmp_path, kind, cfg, overrides):
             assert failures == [] and torch.equal(grid, ref_grid)
             assert pv.dtype == torch.float32 and pv.shape == ref_pv.shape
             assert torch.equal(pv, ref_pv), f"workers={workers} resize={resize}: max diff {(pv - ref_pv).abs().max()}"
+
+
+def test_exact_resize_of_a_channels_last_view_is_the_same():
+    """On a GPU the images arrive as [C, H, W] views of their decoded [H, W, C] memory (no transpose)."""
+    hwc = torch.randint(0, 256, (97, 133, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    view = hwc.permute(2, 0, 1)
+    assert not view.is_contiguous()
+    for size in [(50, 60), (97, 133), (200, 90)]:
+        assert torch.equal(resize_uint8_exact(view, *size), resize_uint8_exact(view.contiguous(), *size))
+
+
+@pytest.mark.parametrize("kind,cfg,overrides", FAMILIES, ids=FAMILY_IDS)
+def test_processors_do_not_depend_on_the_memory_layout(kind, cfg, overrides):
+    """resize_one + finish of a [C, H, W] view of [H, W, C] memory == of the contiguous image, bitwise."""
+    proc = get_processor(kind, cfg, **overrides)
+    rng = np.random.default_rng(5)
+    hwcs = [torch.from_numpy(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in [(61, 90), (56, 56)]]
+    plans = [proc.plan(t.shape[0], t.shape[1]) for t in hwcs]
+    views = [t.permute(2, 0, 1) for t in hwcs]
+    got = proc.finish([proc.resize_one(v, p) for v, p in zip(views, plans)], plans)
+    want = proc.finish([proc.resize_one(v.contiguous(), p) for v, p in zip(views, plans)], plans)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_pinned_copy_keeps_values_and_layout():
+    hwc = np.random.default_rng(6).integers(0, 256, (20, 30, 3), dtype=np.uint8)
+    hwc.setflags(write=False)  # as PIL's arrays are
+    from_numpy = _pinned(hwc)
+    assert from_numpy.shape == (3, 20, 30) and from_numpy.permute(1, 2, 0).is_contiguous()
+    assert torch.equal(from_numpy, torch.from_numpy(hwc.copy()).permute(2, 0, 1))
+    view = torch.from_numpy(hwc.copy()).permute(2, 0, 1)
+    for src in (view, view.contiguous(), view[:, ::2]):  # channels-last view, CHW, a strided slice
+        assert torch.equal(_pinned(src), src)
+    assert _pinned(view).stride() == view.stride()  # [H, W, C] memory stays so: no transpose
+    assert _pinned(view.contiguous()).is_contiguous() and _pinned(view[:, ::2]).is_contiguous()
+    if torch.cuda.is_available():
+        assert _pinned(view).is_pinned()
+
+
+def test_decode_choice():
+    reason = gpu_decode.cpu_decoder_reason()
+    with Preprocessor(get_processor("qwen2_vl"), workers=0) as pre:
+        assert pre.decode == ("cpu" if reason else "torchvision")
+    assert Preprocessor(get_processor("qwen2_vl"), workers=0, decode="cpu").decode == "cpu"
+    if reason:
+        with pytest.raises(ValueError, match="decode='torchvision' cannot run: .*use decode='cpu'"):
+            Preprocessor(get_processor("qwen2_vl"), decode="torchvision")
+    with pytest.raises(ValueError, match="expected 'auto', 'cpu', 'torchvision' or 'gpu'"):
+        Preprocessor(get_processor("qwen2_vl"), decode="nvjpeg")
+
+
+@needs_tv
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, needs_cuda])])
+def test_torchvision_decode_equals_pil(tmp_path, device):
+    """decode="torchvision" (libjpeg-turbo without the GIL) gives PIL's pixels; what it does not take
+    (PNG, truncated JPEG, EXIF rotation, arrays) goes through load_image with its errors."""
+    if gpu_decode.cpu_decoder_reason():
+        pytest.skip(gpu_decode.cpu_decoder_reason())
+    rng = np.random.default_rng(7)
+    datas = [_jpeg(_smooth(rng, h, w)) for h, w in [(1036, 1036), (448, 448), (300, 517), (97, 33)]]
+    path = tmp_path / "a.jpg"
+    path.write_bytes(datas[2])
+    items = datas + [str(path), datas[0][:len(datas[0]) // 2]] + _inputs(tmp_path)
+    proc = get_processor("qwen2_vl")
+    with Preprocessor(proc, device=device, workers=4, decode="torchvision") as tv, \
+            Preprocessor(proc, device=device, workers=4, decode="cpu") as pil:
+        got, want = tv.run(items, errors="skip"), pil.run(items, errors="skip")
+    assert [f.index for f in got.failures] == [5] and "truncated" in got.failures[0].message
+    assert torch.equal(got.grid_thw, want.grid_thw)
+    levels = float((got.pixel_values - want.pixel_values).abs().max()) * 255 * max(proc.config.image_std)
+    print(f"torchvision vs PIL decode, after preprocessing on {device}: max {levels:.3f} uint8 levels")
+    assert levels <= 1.0 + 1e-4
 
 
 def test_per_image_resize_equals_batched():
@@ -193,6 +267,27 @@ def test_iter_chunks_whole_images_in_order(tmp_path):
     assert torch.equal(torch.cat([c.pixel_values for c in chunks]), whole)
 
 
+def test_iter_chunks_smaller_first_chunk(tmp_path):
+    """first_chunk_patches: the first chunk holds at most that many rows (at least one image), the
+    rest up to max_batch_patches; input order, failures and pixels as with one size of chunk."""
+    items, bad = _mixed(tmp_path)  # good images of 16, 32, 48, 64 patches (56 px wide, 56..224 px high)
+    items = [items[0], items[0]] + items  # + two 16-patch images first
+    bad = {i + 2 for i in bad}
+    proc = get_processor("qwen2_vl")
+    with Preprocessor(proc, workers=2, max_pixels=200 * 200) as pre:
+        chunks = list(pre.iter_chunks(items, max_batch_patches=40, first_chunk_patches=20, errors="skip"))
+        one_image_first = list(pre.iter_chunks(items[2:], max_batch_patches=40, first_chunk_patches=1, errors="skip"))
+        with pytest.raises(ValueError, match="first_chunk_patches=0 must be >= 1"):
+            next(pre.iter_chunks(items, max_batch_patches=40, first_chunk_patches=0))
+    rows = [c.grid_thw.prod(-1).tolist() for c in chunks]
+    assert rows == [[16], [16, 16], [32], [48], [64]], f"rows per chunk {rows}: expected the first limited to 20"
+    assert [i for c in chunks for i in c.indices] == [i for i in range(len(items)) if i not in bad]
+    assert sorted(f.index for c in chunks for f in c.failures) == sorted(bad)
+    assert one_image_first[0].indices == [0] and len(one_image_first[0].grid_thw) == 1
+    whole, _, _ = Preprocessor(proc, workers=0, max_pixels=200 * 200).run(items, errors="skip")
+    assert torch.equal(torch.cat([c.pixel_values for c in chunks]), whole)
+
+
 def test_iter_chunks_raise_stops_at_first_failure(tmp_path):
     items, _ = _mixed(tmp_path)
     seen = []
@@ -256,7 +351,7 @@ def test_pipeline_on_cuda_bitwise_equals_cpu_sequential(tmp_path, kind, cfg, ove
     ims = _inputs(tmp_path)
     proc = get_processor(kind, cfg, **overrides)
     ref_pv, ref_grid = proc(ims)
-    with Preprocessor(proc, device="cuda", workers=2) as pre:
+    with Preprocessor(proc, device="cuda", workers=2, decode="cpu") as pre:  # PIL, as proc(); torchvision: below
         assert pre.resize == ("device" if overrides.get("backend", "torchvision") == "torchvision" else "cpu")
         pv, grid, _ = pre.run(ims)
     assert pv.device.type == "cuda" and torch.equal(grid, ref_grid)

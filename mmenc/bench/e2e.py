@@ -3,8 +3,10 @@
 For each workload (a list of grids; the images are JPEG files of grid x patch-size pixels written
 into a temporary folder), in one run and on the same files and weights:
   mmenc encode         `Encoder.encode(paths)`, wall time until the embeddings are on the device
+  mmenc encode 1 call  the same with first_chunk_patches off (the tower waits for every image)
   mmenc preprocess     the Encoder's Preprocessor alone (its share of the above)
   mmenc tower only     `Encoder.encode_pixels` on the preprocessed pixels (CUDA events)
+  ... eager            with compile / CUDA graphs on: encode and tower only again without them
   transformers         PIL open + transformers.AutoImageProcessor (its default backend) + its tower
   transformers proc.   the processor alone
 Plus a stream (many mixed-size files through `Encoder.encode_iter`: images/s, the tower's share of
@@ -12,6 +14,7 @@ the wall time = GPU busy fraction) and a batch-invariance probe (an image alone 
 mixed batches: the largest difference of its embedding). Wall times are perf_counter medians after
 warm-up, with the device synchronised; nothing here is imported by the engine.
 """
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -84,15 +87,51 @@ def wall_ms(fn: Callable[[], object], device: torch.device, warmup: int, iters: 
     return statistics.median(times)
 
 
+@contextlib.contextmanager
+def eager(encoder):
+    """The encoder's tower without torch.compile and CUDA graphs for a while (the eager rows)."""
+    loaded = encoder.loaded
+    graphs, loaded.graphs = loaded.graphs, None
+    try:
+        with torch.compiler.set_stance("force_eager"):
+            yield
+    finally:
+        loaded.graphs = graphs
+
+
+@contextlib.contextmanager
+def one_call(encoder):
+    """`encode` without its smaller first tower call (first_chunk_patches = max_batch_patches)."""
+    first, encoder.first_chunk_patches = encoder.first_chunk_patches, encoder.max_batch_patches
+    try:
+        yield
+    finally:
+        encoder.first_chunk_patches = first
+
+
+def has_eager_rows(encoder) -> bool:
+    """Eager rows beside the compiled/graph ones: the tower runs in this process and is not eager already."""
+    return encoder.tensor_parallel_size == 1 and (encoder.mm_config.compile or encoder.mm_config.cuda_graphs)
+
+
 def run_workload(name: str, encoder, paths: list[str], hf_proc, hf_tower, warmup: int, iters: int) -> tuple[list, dict]:
     """Rows for one workload and its summary (preprocessing share, pixel parity with transformers)."""
     device, n = encoder.device, len(paths)
     rows = [E2ERow(name, "mmenc encode(files)", n, wall_ms(lambda: encoder.encode(paths), device, warmup, iters))]
+    with one_call(encoder):
+        rows.append(E2ERow(name, "mmenc encode(files) 1 call", n,
+                           wall_ms(lambda: encoder.encode(paths), device, warmup, iters)))
     pre_ms = wall_ms(lambda: encoder.preprocessor.run(paths), device, warmup, iters)
     rows.append(E2ERow(name, "mmenc preprocess only", n, pre_ms))
     pixel_values, grid_thw, _ = encoder.preprocessor.run(paths)
     rows.append(E2ERow(name, "mmenc tower only", n,
                        time_ms(lambda: encoder.encode_pixels(pixel_values, grid_thw), device, warmup, iters)))
+    if has_eager_rows(encoder):
+        with eager(encoder):
+            rows.append(E2ERow(name, "mmenc encode(files) eager", n,
+                               wall_ms(lambda: encoder.encode(paths), device, warmup, iters)))
+            rows.append(E2ERow(name, "mmenc tower only eager", n,
+                               time_ms(lambda: encoder.encode_pixels(pixel_values, grid_thw), device, warmup, iters)))
     summary = {"workload": name, "images": n, "preprocess_share": pre_ms / rows[0].ms}
     if hf_proc is not None:
         from PIL import Image
@@ -183,14 +222,17 @@ def invariance_probe(encoder, small: tuple[int, int, int], large: tuple[int, int
 
 
 def format_rows(rows: list[E2ERow]) -> str:
-    head = f"{'workload':<14} {'impl':<26} {'ms':>9} {'img/s':>9} {'vs HF':>6} {'vs tower':>8}"
+    """The table; "vs tower": an encode row's images/s over the tower-only row of the same mode."""
+    head = f"{'workload':<14} {'impl':<28} {'ms':>9} {'img/s':>9} {'vs HF':>6} {'vs tower':>8}"
     lines = [head, "-" * len(head)]
     for r in rows:
         same = {x.impl: x for x in rows if x.workload == r.workload}
-        hf, tower = same.get("transformers proc+tower"), same.get("mmenc tower only")
-        vs_hf = f"{hf.ms / r.ms:.2f}x" if hf is not None and r.impl == "mmenc encode(files)" else "-"
-        vs_tower = f"{100 * tower.ms / r.ms:.0f}%" if tower is not None and r.impl == "mmenc encode(files)" else "-"
-        lines.append(f"{r.workload:<14} {r.impl:<26} {r.ms:>9.2f} {r.images_per_s:>9.1f} {vs_hf:>6} {vs_tower:>8}")
+        hf = same.get("transformers proc+tower")
+        encode = r.impl.startswith("mmenc encode(files)")
+        tower = same.get("mmenc tower only eager" if r.impl.endswith(" eager") else "mmenc tower only")
+        vs_hf = f"{hf.ms / r.ms:.2f}x" if hf is not None and encode else "-"
+        vs_tower = f"{100 * tower.ms / r.ms:.0f}%" if tower is not None and encode else "-"
+        lines.append(f"{r.workload:<14} {r.impl:<28} {r.ms:>9.2f} {r.images_per_s:>9.1f} {vs_hf:>6} {vs_tower:>8}")
     return "\n".join(lines)
 
 

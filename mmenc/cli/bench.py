@@ -46,8 +46,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="with --e2e: images in the stream case (default: 2000 on a GPU, 12 on a CPU; 0: skip)")
     p.add_argument("--preprocess-workers", type=int, default=None, metavar="N",
                    help="with --e2e: decode/resize threads (default: one per usable core)")
-    p.add_argument("--preprocess-decode", choices=["auto", "cpu", "gpu"], default="auto",
-                   help="with --e2e: where JPEGs are decoded (gpu: nvJPEG, needs torchvision; default: %(default)s)")
+    p.add_argument("--preprocess-decode", choices=["auto", "cpu", "torchvision", "gpu"], default="auto",
+                   help="with --e2e: how JPEGs are decoded (cpu: PIL; torchvision: its libjpeg-turbo on the CPU; "
+                        "gpu: nvJPEG; auto: torchvision when it imports, else PIL; default: %(default)s)")
     return p
 
 
@@ -179,6 +180,7 @@ def run_e2e(args, encoder, workloads: dict, hf, json_path) -> int:
             paths = e2e.write_jpegs(folder / f"w{i}", e2e.image_sizes(grids, patch), seed=i)
             print(f"mmenc bench: e2e {name}: {len(paths)} JPEG files ...", file=sys.stderr, flush=True)
             got, summary = e2e.run_workload(name, encoder, paths, hf_proc, hf, args.warmup, args.iters)
+            print(e2e.format_rows(got), file=sys.stderr, flush=True)  # progress: survives a cut run
             rows += got
             summaries.append(summary)
         if stream_n:

@@ -56,7 +56,8 @@ class Encoder:
                  load_format: Literal["auto", "dummy"] = "auto", tensor_parallel_size: int = 1,
                  mm_encoder_tp_mode: str = "weights", max_batch_patches: int = 1 << 16, compile: bool = False,
                  cuda_graphs: bool = False, *, worker_timeout_s: float = 600.0, strict: bool = False,
-                 preprocess_workers: int | None = None, batch_invariant: bool = False):
+                 preprocess_workers: int | None = None, batch_invariant: bool = False,
+                 first_chunk_patches: int | None = None):
         """model: a local Hugging Face checkpoint folder, or a built-in name (then
         load_format="dummy" is implied: random weights, no files). max_batch_patches bounds one
         tower call; `encode` splits larger inputs into several calls (whole images only).
@@ -70,6 +71,10 @@ class Encoder:
         core; 0: in the calling thread). See mmenc.preprocess.pipeline.Preprocessor.
         batch_invariant: each image's embedding is bitwise identical whatever else is in the call
         (order, chunking), at some throughput cost (MultiModalConfig.batch_invariant).
+        first_chunk_patches: the first tower call of each `encode`/`encode_iter` takes at most this
+        many patches (at least one image), so the tower starts while the rest is still decoded
+        (None: max_batch_patches // 16, 4096 by default; max_batch_patches or more: no smaller
+        first call). See docs/engine.md, Pipelining.
         Safe to call from many threads: calls run one at a time (docs/engine.md, Threads)."""
         check_dtype(dtype)
         check_positive_int("tensor_parallel_size", tensor_parallel_size, "the number of devices, e.g. 2")
@@ -78,7 +83,12 @@ class Encoder:
         self.mm_config = MultiModalConfig(mm_encoder_attn_backend=mm_encoder_attn_backend,
                                           mm_encoder_tp_mode=mm_encoder_tp_mode, compile=compile,
                                           cuda_graphs=cuda_graphs, batch_invariant=batch_invariant)
+        if first_chunk_patches is not None:
+            check_positive_int("first_chunk_patches", first_chunk_patches,
+                               "the most patches of the first tower call of a call, e.g. 4096")
         self.max_batch_patches, self.strict, self.model_name = max_batch_patches, bool(strict), model
+        self.first_chunk_patches = min(max_batch_patches, first_chunk_patches if first_chunk_patches is not None
+                                       else max(1, max_batch_patches // 16))
         self._recipe = TowerRecipe(dict(model=model, load_format=load_format, dtype=dtype,
                                         multimodal_config=self.mm_config))
         self.runner = make_runner(self._recipe, torch.device(device) if device is not None else None,
@@ -220,7 +230,8 @@ class Encoder:
         between chunks (the finite check reads chunk k's flag then). stop_on_failure: no tower call
         after the first failure (encode with errors="raise" only collects the failures then).
         pooled: each ImageEmbedding also carries extras["pooled"] [hidden] (see `pool`)."""
-        chunks = self.preprocessor.iter_chunks(images, max_batch_patches=self.max_batch_patches, errors="skip")
+        chunks = self.preprocessor.iter_chunks(images, max_batch_patches=self.max_batch_patches,
+                                               first_chunk_patches=self.first_chunk_patches, errors="skip")
         held: tuple[Chunk, TowerOutput | None, torch.Tensor | None] | None = None
         failed = False
         try:

@@ -1,12 +1,22 @@
-"""JPEG decoding on the GPU with torchvision's nvJPEG binding (optional; the CPU path needs no torchvision).
+"""JPEG decoding with torchvision (optional; without it everything is decoded by PIL in `load_image`).
 
-Only plain baseline-style colour JPEGs go this way: PIL reads the header (cheap, no decode) and
-anything else (PNG, grayscale, CMYK, an EXIF rotation, more pixels than the bomb limit) returns None
-here and is decoded on the CPU by `load_image`, which also produces the proper per-image errors.
-nvJPEG and libjpeg-turbo (PIL) do not produce identical pixels; see docs/preprocessing.md.
+Two decoders: nvJPEG on the GPU (`decode_jpegs`, decode="gpu") and torchvision's libjpeg-turbo on
+the CPU (`decode_jpeg_cpu`, decode="torchvision", what "auto" picks when torchvision imports). The
+CPU one decodes in one call without the GIL, so a thread pool scales (8 x 1036 px JPEGs in 32
+threads: 8.3 ms against PIL's 21-26 ms, H200 host, benchmarks/e2e_profile.py) and gave exactly PIL's
+pixels there (max |diff| 0: both are libjpeg-turbo with its default integer IDCT and fancy
+upsampling). nvJPEG's pixels differ from libjpeg-turbo's (up to 15 levels measured), so "gpu" is never chosen
+automatically; see docs/preprocessing.md.
+
+Only plain colour JPEGs go either way: PIL reads the header (cheap, no decode) and anything else
+(PNG, grayscale, CMYK, an EXIF rotation, more pixels than the bomb limit; for the CPU decoder also
+data that does not end with the JPEG end marker, e.g. a truncated file) returns None here and is
+decoded by `load_image`, which also produces the proper per-image errors.
 """
+import functools
 import importlib.util
 import io
+import pathlib
 
 import torch
 from PIL import Image, UnidentifiedImageError
@@ -58,3 +68,41 @@ def decode_jpegs(datas: list[torch.Tensor], device: torch.device) -> list[torch.
             except RuntimeError:
                 out.append(None)
         return out
+
+
+@functools.cache
+def cpu_decoder_reason() -> str | None:
+    """Why torchvision's CPU JPEG decoder cannot be used here (None: it can); imports it once."""
+    if importlib.util.find_spec("torchvision") is None:
+        return "torchvision is not installed (pip install torchvision matching your torch)"
+    try:
+        from torchvision.io import decode_jpeg  # noqa: F401
+    except (ImportError, RuntimeError, OSError) as e:  # a torchvision built for another torch
+        return f"torchvision does not import ({type(e).__name__}: {e})"
+    return None
+
+
+def jpeg_bytes(item) -> bytes | None:
+    """The encoded bytes of a path or bytes input (None for other inputs, or a file that cannot be read:
+    load_image then reports it)."""
+    if isinstance(item, (str, pathlib.Path)):
+        try:
+            return pathlib.Path(item).read_bytes()
+        except OSError:
+            return None
+    if isinstance(item, (bytes, bytearray, memoryview)):
+        return bytes(item)
+    return None
+
+
+def decode_jpeg_cpu(data: bytes) -> torch.Tensor | None:
+    """A complete JPEG (ends with its end marker) -> RGB uint8 [3, H, W] by torchvision on the CPU (a
+    view of [H, W, 3] memory), or None when the data looks truncated or the decoder refuses it."""
+    if not data.endswith(b"\xff\xd9"):
+        return None  # truncated (or trailing bytes): PIL decides, and names the failure
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    try:
+        return decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), mode=ImageReadMode.RGB)
+    except RuntimeError:
+        return None

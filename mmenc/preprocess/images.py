@@ -36,6 +36,10 @@ from mmenc.logger import init_logger
 logger = init_logger(__name__)
 
 
+_ORIENTATION = 0x0112  # the EXIF Orientation tag; values 2..8 flip or rotate the image
+_ROTATED = frozenset(range(2, 9))
+
+
 class ImageLoadError(ValueError):
     """An input could not be turned into an RGB image; the message names the input and why."""
 
@@ -97,7 +101,8 @@ def _open_encoded(src: Any, name: str, max_pixels: int | None) -> Image.Image:
         _note_frames(img, name)
         try:
             img.load()
-            img = ImageOps.exif_transpose(img)
+            if img.getexif().get(_ORIENTATION, 1) in _ROTATED:  # else exif_transpose would only copy the image
+                img = ImageOps.exif_transpose(img)
         except (OSError, SyntaxError, ValueError) as e:
             raise ImageLoadError(f"{name}: corrupt or truncated image data ({e})") from e
     return img

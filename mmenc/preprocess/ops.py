@@ -33,6 +33,16 @@ def check_backend(backend: str) -> str:
 _PIL_RESAMPLE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
 
 
+def to_device(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A CPU tensor on `device` without the host waiting for the device: to CUDA through pinned memory
+    as an asynchronous copy (a pageable copy, e.g. `torch.tensor(values, device="cuda")`, first waits
+    for every kernel queued on the stream: the tower's previous chunk, in a pipeline)."""
+    device = torch.device(device)
+    if device.type == "cuda" and host.device.type == "cpu":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
 def resize_uint8(images: torch.Tensor, height: int, width: int, backend: str, resample: str = "bicubic") -> torch.Tensor:
     """Bicubic (or resample="bilinear", antialiased likewise) resize.
     images uint8 [B, C, H, W] -> uint8 [B, C, height, width]."""
@@ -71,13 +81,13 @@ def rescale_normalize(
         x = images.double() * rescale_factor if do_rescale else images
         x = x.float()
         if do_normalize:
-            m = torch.tensor(mean, dtype=torch.float32, device=x.device).view(c, 1, 1)
-            s = torch.tensor(std, dtype=torch.float32, device=x.device).view(c, 1, 1)
+            m = to_device(torch.tensor(mean, dtype=torch.float32), x.device).view(c, 1, 1)
+            s = to_device(torch.tensor(std, dtype=torch.float32), x.device).view(c, 1, 1)
             x = (x - m) / s
         return x if out is None else out.copy_(x)
     if do_normalize:
-        m = torch.tensor(mean, device=images.device)
-        s = torch.tensor(std, device=images.device)
+        m = to_device(torch.tensor(mean), images.device)  # float32, as transformers builds them
+        s = to_device(torch.tensor(std), images.device)
         if do_rescale:  # transformers fuses the rescale into mean/std
             m, s = m * (1.0 / rescale_factor), s * (1.0 / rescale_factor)
         # (float(x) - m) / s in float32, written once: uint8 - float32 promotes to float32

@@ -5,26 +5,33 @@
     for chunk in pre.iter_chunks(images, max_batch_patches=1 << 16):   # streaming, bounded memory
         tower(chunk.pixel_values, chunk.grid_thw)          # chunk.indices: their input positions
 
-Per image, in a thread pool (PIL's decoder and torch's resize release the GIL): load/decode
-(`load_image`), `processor.plan` (size rules; a bad size fails that image only), and the bicubic
-resize on the CPU. Per chunk, in the calling thread: the resized uint8 images cross to `device`
-through one pinned buffer (a quarter of the bytes float32 would take) and `processor.finish`
-rescales, normalizes and patchifies them there. Output order is input order.
+Per image, in a thread pool (the decoders and torch's resize release the GIL): load/decode
+(torchvision's libjpeg-turbo for plain JPEGs when it imports, else PIL's `load_image`),
+`processor.plan` (size rules; a bad size fails that image only), the bicubic resize on the CPU if
+it runs there. Per chunk, in the calling thread: for a CUDA device each uint8 image is copied by
+numpy into pinned memory in its decoded [H, W, C] layout (no transpose) and crosses by one
+non-blocking copy (a quarter of the bytes float32 would take; the workers make no CUDA call, since
+one from another thread during a CUDA graph capture breaks the capture), the resize runs there, and
+`processor.finish` rescales, normalizes and patchifies. No torch op runs on the host in the
+calling thread (torch's intra-op threads, one per core, beside busy workers made a 26 MB
+torch.cat take 86 ms). Output order is input order.
 
 Where the work runs (`resize`, `decode`; "auto" picks):
   resize="cpu": in the workers. resize="device": on `device` with `resize_uint8_exact` (the CPU
     kernel's bytes; float32 would drift); the original uint8 image crosses instead.
     auto: "device" on CUDA when the backend is "torchvision", else "cpu".
-  decode="gpu": colour JPEGs are decoded by nvJPEG on `device` (needs torchvision; implies
+  decode="cpu": PIL (`load_image`). decode="torchvision": plain colour JPEGs (paths, bytes) by
+    torchvision.io.decode_jpeg on the CPU, without the GIL (PIL's pixels, measured), the rest by PIL.
+    decode="gpu": colour JPEGs are decoded by nvJPEG on `device` (needs torchvision; implies
     resize="device"); other inputs, and any JPEG nvJPEG refuses, are decoded on the CPU.
-    auto: "cpu", because nvJPEG's pixels are not libjpeg-turbo's (docs/preprocessing.md).
+    auto: "torchvision" when it imports, else "cpu"; never "gpu", because nvJPEG's pixels are not
+    libjpeg-turbo's (up to 15 levels; docs/preprocessing.md).
 With resize="cpu" the result is bitwise the processor's own `__call__` on the CPU; with
 resize="device" likewise for the "torchvision" backend (tests/test_preprocess_pipeline.py).
 """
 import collections
 import dataclasses
 import os
-import pathlib
 import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -36,6 +43,7 @@ import torch
 from mmenc.preprocess import gpu_decode
 from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, finish_patches, input_name
+from mmenc.preprocess.staging import chw, to_device_each
 
 
 def default_workers() -> int:
@@ -70,7 +78,9 @@ class _Ready:
     index: int
     item: Any
     plan: ImagePlan
-    pixels: torch.Tensor  # uint8 [C, h, w]: resized (resize="cpu") or as decoded; or encoded JPEG bytes [n]
+    # uint8 [C, h, w]: resized (resize="cpu") or as decoded (maybe a view of [h, w, C] memory); for CUDA
+    # also PIL's numpy [h, w, C] as loaded; or encoded JPEG bytes [n] (decode="gpu")
+    pixels: torch.Tensor | np.ndarray
     encoded: bool = False
 
 
@@ -104,11 +114,15 @@ class Preprocessor:
         self._pool_lock = threading.Lock()  # callers in several threads share one pool
 
     def _choose_decode(self, decode: str) -> str:
-        if decode not in ("auto", "cpu", "gpu"):
-            raise ValueError(f"decode={decode!r}; expected 'auto', 'cpu' or 'gpu'")
+        if decode not in ("auto", "cpu", "torchvision", "gpu"):
+            raise ValueError(f"decode={decode!r}; expected 'auto', 'cpu', 'torchvision' or 'gpu'")
         if decode == "gpu" and (reason := gpu_decode.unavailable_reason(self.device)):
             raise ValueError(f"decode='gpu' cannot run: {reason}; use decode='cpu'")
-        return "cpu" if decode == "auto" else decode
+        if decode == "torchvision" and (reason := gpu_decode.cpu_decoder_reason()):
+            raise ValueError(f"decode='torchvision' cannot run: {reason}; use decode='cpu' (PIL)")
+        if decode == "auto":
+            return "cpu" if gpu_decode.cpu_decoder_reason() else "torchvision"
+        return decode
 
     def _choose_resize(self, resize: str) -> str:
         if resize not in ("auto", "cpu", "device"):
@@ -134,16 +148,23 @@ class Preprocessor:
             raise ImageLoadError(f"{len(failures)} of {total} images failed to preprocess:\n{lines}")
         return Preprocessed(chunks[0].pixel_values, chunks[0].grid_thw, failures)
 
-    def iter_chunks(self, items: Iterable[Any], *, max_batch_patches: int,
+    def iter_chunks(self, items: Iterable[Any], *, max_batch_patches: int, first_chunk_patches: int | None = None,
                     errors: Literal["raise", "skip"] = "raise") -> Iterator[Chunk]:
         """Chunks of whole images of at most max_batch_patches rows each (an image larger than that
         is a chunk alone), in input order, prepared by the workers while the caller uses the
-        previous one. errors="raise" raises ImagePreprocessError at the first failing input (after
-        the chunks before it were yielded); "skip" reports failures in the chunks."""
+        previous one. first_chunk_patches: the first chunk holds at most this many rows instead
+        (at least one image), so that its consumer (the tower) starts while the workers still
+        prepare the rest; None: no smaller first chunk. errors="raise" raises ImagePreprocessError
+        at the first failing input (after the chunks before it were yielded); "skip" reports
+        failures in the chunks."""
         _check_errors(errors)
         if max_batch_patches < 1:
             raise ValueError(f"max_batch_patches={max_batch_patches} must be >= 1")
-        for chunk in self._chunks(items, max_batch_patches=max_batch_patches, raise_first=errors == "raise"):
+        if first_chunk_patches is not None and first_chunk_patches < 1:
+            raise ValueError(f"first_chunk_patches={first_chunk_patches} must be >= 1 "
+                             f"(or None: no smaller first chunk)")
+        for chunk in self._chunks(items, max_batch_patches=max_batch_patches, first_chunk_patches=first_chunk_patches,
+                                  raise_first=errors == "raise"):
             yield chunk
 
     def close(self) -> None:
@@ -164,28 +185,36 @@ class Preprocessor:
         try:
             if self.decode == "gpu" and (ready := self._prepare_jpeg(index, item, name)) is not None:
                 return ready
-            array = load_image(item, index=index, max_pixels=self.max_pixels)  # RGB uint8 [H, W, 3]
-            plan = self.processor.plan(array.shape[0], array.shape[1], index=index, name=name)
-            pixels = _chw(array)
+            pixels = self._decode(index, item)  # RGB uint8 [3, H, W], or numpy [H, W, 3] from PIL
+            height, width = pixels.shape[1:] if isinstance(pixels, torch.Tensor) else pixels.shape[:2]
+            plan = self.processor.plan(height, width, index=index, name=name)
+            if self.resize == "cpu" or self.device.type == "cpu":
+                pixels = torch.from_numpy(pixels.numpy().copy()) if isinstance(pixels, torch.Tensor) else chw(pixels)
             if self.resize == "cpu":
                 pixels = self.processor.resize_one(pixels, plan).contiguous()
             if self._patchify_in_workers:  # nothing crosses: patchify here too, in parallel
                 pixels = self.processor.patchify(pixels, plan)
+            elif isinstance(pixels, np.ndarray) and self.device.type != "cuda":  # a plain [C, H, W] tensor crosses
+                pixels = chw(pixels)
+            # for CUDA the calling thread copies it into pinned memory as it is (no transpose): no CUDA
+            # call here, as one from another thread during a (global mode) CUDA graph capture breaks it
             return _Ready(index, item, plan, pixels)
         except ImageLoadError as e:  # includes ImagePreprocessError
             message = str(e) if str(e).startswith(name) else f"{name}: {e}"
             return LoadFailure(index, name, message)
 
+    def _decode(self, index: int, item: Any) -> torch.Tensor | np.ndarray:
+        """torchvision's decoder for a plain colour JPEG (decode="torchvision": uint8 [3, H, W], a view
+        of [H, W, 3] memory), else `load_image` (RGB uint8 numpy [H, W, 3], read-only from PIL)."""
+        if self.decode == "torchvision" and (data := gpu_decode.jpeg_bytes(item)) is not None:
+            if gpu_decode.probe_jpeg(data, _pixel_limit(self.max_pixels)) is not None:
+                if (image := gpu_decode.decode_jpeg_cpu(data)) is not None:
+                    return image
+        return load_image(item, index=index, max_pixels=self.max_pixels)
+
     def _prepare_jpeg(self, index: int, item: Any, name: str) -> _Ready | None:
-        if isinstance(item, (str, pathlib.Path)):
-            try:
-                data = pathlib.Path(item).read_bytes()
-            except OSError:
-                return None  # load_image reports it
-        elif isinstance(item, (bytes, bytearray, memoryview)):
-            data = bytes(item)
-        else:
-            return None
+        if (data := gpu_decode.jpeg_bytes(item)) is None:
+            return None  # not encoded, or unreadable: load_image reports it
         limit = _pixel_limit(self.max_pixels)
         if (size := gpu_decode.probe_jpeg(data, limit)) is None:
             return None
@@ -193,9 +222,11 @@ class Preprocessor:
         return _Ready(index, item, plan, torch.frombuffer(bytearray(data), dtype=torch.uint8), encoded=True)
 
     # -- ordering, chunking, staging (calling thread) ---------------------------------------------
-    def _chunks(self, items: Iterable[Any], *, max_batch_patches: int | None,
+    def _chunks(self, items: Iterable[Any], *, max_batch_patches: int | None, first_chunk_patches: int | None = None,
                 raise_first: bool = False) -> Iterator[Chunk]:
         source = enumerate(items)
+        limit = max_batch_patches if first_chunk_patches is None or max_batch_patches is None \
+            else min(first_chunk_patches, max_batch_patches)  # the first chunk's; then max_batch_patches
         pending: collections.deque[Future] = collections.deque()
         ready: list[_Ready] = []
         failures: list[LoadFailure] = []
@@ -223,9 +254,9 @@ class Preprocessor:
                     failures.append(res)
                     continue
                 done, done_rows = done + 1, done_rows + res.plan.rows
-                if ready and max_batch_patches is not None and rows + res.plan.rows > max_batch_patches:
+                if ready and limit is not None and rows + res.plan.rows > limit:
                     yield self._stage(ready, failures)
-                    ready, failures, rows = [], [], 0
+                    ready, failures, rows, limit = [], [], 0, max_batch_patches
                 ready.append(res)
                 rows += res.plan.rows
             if ready or failures or max_batch_patches is None:
@@ -252,7 +283,7 @@ class Preprocessor:
             return self._pool.submit(self._prepare, index, item)
 
     def _stage(self, ready: list[_Ready], failures: list[LoadFailure]) -> Chunk:
-        """Move the chunk's uint8 images to the device (one pinned buffer), finish them there."""
+        """Move the chunk's uint8 images to the device (one non-blocking copy each), finish them there."""
         failures = sorted(failures, key=lambda f: f.index)
         if self._patchify_in_workers:  # the workers normalize each image into its rows of one output
             pixel_values, grid_thw = finish_patches(self.processor, [r.pixels for r in ready], [r.plan for r in ready],
@@ -260,7 +291,7 @@ class Preprocessor:
             return Chunk(pixel_values, grid_thw, [r.index for r in ready], failures)
         images: list[torch.Tensor | None] = [None] * len(ready)
         plain = [i for i, r in enumerate(ready) if not r.encoded]
-        for i, t in zip(plain, _to_device([ready[i].pixels for i in plain], self.device)):
+        for i, t in zip(plain, to_device_each([ready[i].pixels for i in plain], self.device)):
             images[i] = t
         jpegs = [i for i, r in enumerate(ready) if r.encoded]
         for i, t in zip(jpegs, gpu_decode.decode_jpegs([ready[i].pixels for i in jpegs], self.device)):
@@ -294,7 +325,7 @@ class Preprocessor:
             array = load_image(ready.item, index=ready.index, max_pixels=self.max_pixels)
         except ImageLoadError as e:
             return LoadFailure(ready.index, name, str(e))
-        return _to_device([_chw(array)], self.device)[0]
+        return to_device_each([array], self.device)[0]
 
 
 def _pixel_limit(max_pixels: int | None) -> int | None:
@@ -302,22 +333,6 @@ def _pixel_limit(max_pixels: int | None) -> int | None:
     from PIL import Image
 
     return Image.MAX_IMAGE_PIXELS if max_pixels == -1 else max_pixels
-
-
-def _chw(array: np.ndarray) -> torch.Tensor:
-    """RGB uint8 [H, W, C] (read-only from PIL is fine) -> a new contiguous uint8 tensor [C, H, W]."""
-    return torch.from_numpy(array.transpose(2, 0, 1).copy())  # a copy: writable, C order
-
-
-def _to_device(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
-    """CPU uint8 tensors -> the same on `device`; through one pinned buffer and one copy on CUDA."""
-    if device.type == "cpu" or not tensors:
-        return tensors
-    sizes = [t.numel() for t in tensors]
-    staging = torch.empty(sum(sizes), dtype=torch.uint8, pin_memory=device.type == "cuda")
-    torch.cat([t.reshape(-1) for t in tensors], out=staging)
-    flat = staging.to(device, non_blocking=True)
-    return [piece.view(t.shape) for piece, t in zip(flat.split(sizes), tensors)]
 
 
 def _check_errors(errors: str) -> None:

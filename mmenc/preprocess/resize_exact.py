@@ -19,6 +19,8 @@ import math
 import numpy as np
 import torch
 
+from mmenc.preprocess.ops import to_device
+
 
 def _keys_cubic(x: float) -> float:
     a = -0.5
@@ -66,7 +68,7 @@ def axis_weights(in_size: int, out_size: int) -> tuple[np.ndarray, int]:
 def _device_weights(in_size: int, out_size: int, device: torch.device) -> tuple[torch.Tensor, int]:
     """axis_weights as int16 [out_size, in_size] kept on `device` (a 1600 -> 1092 axis: 3.5 MB)."""
     mat, precision = axis_weights(in_size, out_size)
-    return torch.from_numpy(mat.astype(np.int16)).to(device), precision
+    return to_device(torch.from_numpy(mat.astype(np.int16)), device), precision
 
 
 def _pass(x: torch.Tensor, in_size: int, out_size: int) -> torch.Tensor:
