@@ -178,6 +178,8 @@ def run_stream(encoder, pool: list[str], count: int) -> dict:
         spans.append(time.perf_counter() - begin)
         return out
 
+    graphs = getattr(getattr(encoder.runner, "loaded", None), "graphs", None)  # a CudaGraphCache, if any
+    graph_stats_before = dict(graphs.stats) if graphs is not None else {}
     encoder.runner.run = timed_run
     try:
         _sync(device)
@@ -193,7 +195,9 @@ def run_stream(encoder, pool: list[str], count: int) -> dict:
     tower_s = sum(s[0].elapsed_time(s[1]) / 1e3 if isinstance(s, tuple) else s for s in spans)
     return {"images": done, "failed": failed, "distinct_files": len(pool), "tower_calls": len(spans),
             "wall_s": wall_s, "tower_s": tower_s, "images_per_s": done / wall_s,
-            "tower_only_images_per_s": done / max(tower_s, 1e-9), "gpu_busy_fraction": tower_s / wall_s}
+            "tower_only_images_per_s": done / max(tower_s, 1e-9), "gpu_busy_fraction": tower_s / wall_s,
+            "graph_calls": ({k: v - graph_stats_before.get(k, 0) for k, v in graphs.stats.items()}
+                            if graphs is not None else None)}
 
 
 def invariance_probe(encoder, small: tuple[int, int, int], large: tuple[int, int, int], seed: int = 0) -> dict:

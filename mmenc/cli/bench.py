@@ -208,7 +208,8 @@ def run_e2e(args, encoder, workloads: dict, hf, json_path) -> int:
     if stream is not None:
         print(f"stream: {stream['images']} images ({stream['failed']} failed) in {stream['wall_s']:.2f} s = "
               f"{stream['images_per_s']:.1f} img/s; tower {stream['tower_s']:.2f} s = "
-              f"{stream['tower_only_images_per_s']:.1f} img/s; GPU busy {100 * stream['gpu_busy_fraction']:.0f}%")
+              f"{stream['tower_only_images_per_s']:.1f} img/s; GPU busy {100 * stream['gpu_busy_fraction']:.0f}%"
+              + (f"; CUDA graph calls {stream['graph_calls']}" if stream.get("graph_calls") else ""))
     print("invariance (an image of grid {} alone vs in mixed batches, max |diff|): {} (largest |value| {:.3g})".format(
         "x".join(map(str, small)), ", ".join(f"{k}: {v:.3g}" for k, v in invariance["max_abs_diff"].items()),
         invariance["max_abs_value"]))
