@@ -8,6 +8,7 @@ beside a long segment, and splitting the pack by length class equals running eac
 GPU (bf16, marked gpu): the same invariance on CUDA eager, compiled and with CUDA graphs, and the
 tile GEMM's row-position independence on the tower's real shapes.
 """
+import numpy as np
 import pytest
 import torch
 
@@ -405,17 +406,37 @@ def test_gpu_tower_is_batch_invariant(mode):
     assert worst == 0.0, f"{mode}: an image's embedding changed with the batch by up to {worst:.3e}"
 
 
+def _random_image(height: int, width: int, seed: int) -> np.ndarray:
+    """A smooth random RGB uint8 image [height, width, 3] (the same bytes for the same arguments)."""
+    rng = np.random.default_rng(seed)
+    small = torch.from_numpy(rng.random((1, 3, max(height // 16, 2), max(width // 16, 2)), dtype=np.float32))
+    big = torch.nn.functional.interpolate(small, size=(height, width), mode="bilinear", align_corners=False)
+    return (big[0].permute(1, 2, 0).numpy() * 255).round().clip(0, 255).astype(np.uint8)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("arch", sorted(ck.FAMILIES))
 def test_gpu_every_family_is_batch_invariant_eager(arch):
-    """One built-in model of every registered architecture, full size, random weights, bf16, eager."""
+    """One built-in model of every registered architecture, full size, random weights, bf16, eager, through
+    the model's own preprocessing (images in, so fixed-size towers get their own tiles/crops): an image's
+    embedding alone equals it beside smaller and larger images, in another order, and chunked."""
     from mmenc.models.registry import builtin_model_names
 
     case = ck.FAMILIES[arch]
     model = min(n for n in builtin_model_names() if n.startswith(case.builtin_prefix))
-    worst = _gpu_worst_difference(model, case, "eager")
-    assert worst == 0.0, f"{model}: an image's outputs changed with the batch by up to {worst:.3e}"
+    enc = Encoder(model, load_format="dummy", dtype="bfloat16", device="cuda", batch_invariant=True)
+    target, small, large = _random_image(300, 420, 1), _random_image(90, 120, 2), _random_image(640, 520, 3)
+    alone = enc.encode([target])[0]
+    calls = [([small, target], 1, None), ([target, large, small], 0, None), ([large, small, target], 2, None),
+             ([small, large, target, small], 2, 2048)]
+    worst = 0.0
+    for images, index, max_patches in calls:
+        enc.max_batch_patches = max_patches or (1 << 16)
+        got = enc.encode(images)[index]
+        assert got.shape == alone.shape, f"{model}: {tuple(got.shape)} vs alone {tuple(alone.shape)}"
+        worst = max(worst, float((got.float() - alone.float()).abs().max()))
+    assert worst == 0.0, f"{model}: an image's embedding changed with the batch by up to {worst:.3e}"
 
 
 @pytest.mark.gpu
