@@ -71,11 +71,22 @@ def _cuda_backends(head_size):
             and not current_platform.backend_reasons(b, head_size, torch.bfloat16)]
 
 
+def _transformers_older_than(version: str) -> bool:
+    import transformers
+
+    def parts(v: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in v.split(".")[:2])
+    return parts(transformers.__version__) < parts(version)
+
+
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family(request, tmp_path_factory):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     saver, vision, ref_fn, features, grids = FAMILIES[request.param]
+    if request.param == "paddleocr_vl" and _transformers_older_than("5.24"):
+        pytest.skip("transformers before 5.24 resamples PaddleOCR-VL's position table with align_corners=True "
+                    "(5.24 and mmenc: False; ~1e-1 apart on random weights): install transformers>=5.24")
     try:
         folder, model = saver(tmp_path_factory.mktemp(request.param), vision=vision)
     except ImportError as e:

@@ -8,7 +8,11 @@ is the custom op `mmenc::mm_encoder_attention`, so there is no graph break and n
 Shapes are dynamic in the token count, so new image sizes do not recompile.
 
 Compiled functions are kept per (MultiModalConfig.compute_hash(), block class, backend): two
-encoders with the same configuration share one compiled block.
+encoders with the same configuration share one compiled block. Dynamo counts recompilations per
+code object, and one block class serves every tower of its families (each width, head count, norm
+a guard), so a process that compiles several towers (a benchmark over families, one server holding
+several models) passes dynamo's default limit of 8, which with fullgraph=True is a hard error:
+compiling raises that limit to RECOMPILE_LIMIT (never lowers it).
 """
 import functools
 import re
@@ -23,11 +27,20 @@ from mmenc.logger import init_logger
 logger = init_logger(__name__)
 
 _COMPILED: dict[tuple[str, type, str, bool], object] = {}
+RECOMPILE_LIMIT = 64  # block layouts (towers x configurations) one process may compile
+
+
+def _allow_recompiles(limit: int = RECOMPILE_LIMIT) -> None:
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    if getattr(config, name) < limit:
+        setattr(config, name, limit)
 
 
 def compiled_forward(cls: type, config: MultiModalConfig, backend: str = "inductor", fullgraph: bool = True):
     key = (config.compute_hash(), cls, backend, fullgraph)
     if key not in _COMPILED:
+        _allow_recompiles()
         _COMPILED[key] = torch.compile(cls.forward, dynamic=True, backend=backend, fullgraph=fullgraph)
     return _COMPILED[key]
 
