@@ -7,6 +7,8 @@ or on another data-mode rank. Default mode: a pack's short segments go to the sh
 beside a long segment, and splitting the pack by length class equals running each class apart.
 GPU (bf16, marked gpu): the same invariance on CUDA eager, compiled and with CUDA graphs, and the
 tile GEMM's row-position independence on the tower's real shapes.
+CPU, images in through each model's preprocessing: the same invariance with hundreds of tokens per
+image, and the CPU's position-independent activations (mmenc.layers.activation.InvariantActivation).
 """
 import numpy as np
 import pytest
@@ -21,6 +23,7 @@ from mmenc.backends.registry import get_backend_class
 from mmenc.backends.sdpa import TorchSDPABackend
 from mmenc.config import MultiModalConfig
 from mmenc.engine.encoder import Encoder
+from mmenc.layers.activation import InvariantActivation, QuickGELU, use_invariant_activations
 from mmenc.layers.token_tiles import tiled_linear
 from mmenc.platforms.cuda import CudaPlatform
 from mmenc.platforms.interface import Platform
@@ -512,3 +515,69 @@ def test_gpu_tower_is_batch_invariant_with_the_triton_gemm(mode):
     worst = _gpu_worst_difference("Qwen/Qwen2.5-VL-7B-Instruct", ck.FAMILIES["Qwen2_5_VLForConditionalGeneration"],
                                   mode, tile=TRITON_GEMM)
     assert worst == 0.0, f"{mode}: an image's embedding changed with the batch by up to {worst:.3e}"
+
+
+# Tiny checkpoints whose saved processor config does not fit their tiny tower (images in cannot run).
+_PROCESSOR_MISMATCH = {
+    "Llama4ForConditionalGeneration": "the tiny checkpoint's processor tiles do not match its tiny tower",
+    "Ovis2ForConditionalGeneration": "the tiny checkpoint's processor does not match its tiny tower",
+}
+
+
+@pytest.mark.parametrize("arch", sorted(ck.FAMILIES))
+def test_cpu_every_family_is_batch_invariant_through_preprocessing(arch, tmp_path):
+    """CPU fp32, images in through the model's own preprocessing (hundreds of tokens per image, as the GPU
+    test): an image's embedding alone equals it beside smaller and larger images, in another order and
+    chunked. Catches what small grids miss: torch's fused CPU activations computing a tensor's (parallel
+    chunk's) last elements with scalar code, so a token's bits moved with the others' count."""
+    pytest.importorskip("transformers")
+    if arch in _PROCESSOR_MISMATCH:
+        pytest.skip(_PROCESSOR_MISMATCH[arch])
+    case = ck.FAMILIES[arch]
+    try:
+        folder = str(case.save(tmp_path)[0])
+    except ImportError:
+        pytest.skip(f"this transformers cannot write {arch}")
+    enc = Encoder(folder, device="cpu", batch_invariant=True)
+    target, small, large = _random_image(300, 420, 1), _random_image(90, 120, 2), _random_image(640, 520, 3)
+    alone = enc.encode([target])[0]
+    calls = [([target, large, small], 0, None), ([large, small, target], 2, None), ([small, large, target], 2, 600)]
+    for images, index, max_patches in calls:
+        enc.max_batch_patches = max_patches or (1 << 16)
+        got = enc.encode(images)[index]
+        assert got.shape == alone.shape, f"{arch}: {tuple(got.shape)} vs alone {tuple(alone.shape)}"
+        diff = float((got.float() - alone.float()).abs().max())
+        assert torch.equal(got, alone), (f"{arch}, images {[im.shape[:2] for im in images]} (max_batch_patches="
+                                         f"{max_patches}): the target's embedding differs by up to {diff:.3e}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("act", [torch.nn.GELU(approximate="tanh"), torch.nn.GELU(), torch.nn.SiLU(), QuickGELU()])
+def test_invariant_activations_ignore_an_elements_position(act, dtype):
+    """Each swapped activation gives an element the same bits at any position and tensor length (torch's
+    fused CPU GELU-tanh, GELU, SiLU kernels do not: scalar code on each chunk's last elements), and stays
+    close to torch's own."""
+    holder = torch.nn.Sequential(act)
+    assert use_invariant_activations(holder) == 1 and isinstance(holder[0], InvariantActivation)
+    g = torch.Generator().manual_seed(0)
+    v = (torch.randn(6000, generator=g) * 3).to(dtype)
+    full = holder(v)
+    torch.testing.assert_close(full.float(), act(v).float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
+                               atol=1e-2 if dtype == torch.bfloat16 else 1e-6)
+    for offset, length in [(0, 1), (0, 31), (1, 33), (7, 63), (33, 65), (5, 1000), (17, 4097), (0, 5999)]:
+        got = holder(v[offset:offset + length])
+        assert torch.equal(got, full[offset:offset + length]), f"{holder[0]}: elements {offset}+{length} differ"
+    rows = v[:37 * 40].reshape(40, 37)  # a [T, I] tensor with a width that is no multiple of the vector width
+    assert torch.equal(holder(rows[3:11]), holder(rows)[3:11])
+
+
+def test_invariant_activations_only_on_cpu_invariant_towers(tmp_path):
+    pytest.importorskip("transformers")
+    folder = str(ck.FAMILIES["Siglip2Model"].save(tmp_path)[0])
+    kinds = {m.kind for m in Encoder(folder, device="cpu", batch_invariant=True).loaded.tower.modules()
+             if isinstance(m, InvariantActivation)}
+    assert kinds == {"gelu_tanh"}  # the blocks' MLPs and the attention-pooling head's
+    plain = Encoder(folder, device="cpu").loaded.tower
+    assert not any(isinstance(m, InvariantActivation) for m in plain.modules())
+    with pytest.raises(ValueError, match="not an invariant activation"):
+        InvariantActivation("relu")

@@ -175,6 +175,10 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
         from mmenc.layers.linear import use_token_tiles
 
         use_token_tiles(tower)
+        if device.type == "cpu":  # torch's fused CPU activations give a tensor's last elements scalar code
+            from mmenc.layers.activation import use_invariant_activations
+
+            use_invariant_activations(tower)
         if get_tp_size() > 1:
             logger.warning("batch_invariant=True with the tower sharded over %d ranks (weights mode): the "
                            "all-reduce's summation order depends on the token count, so embeddings are not "
