@@ -35,7 +35,6 @@ import argparse
 import contextlib
 import gc
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -46,7 +45,7 @@ import torch.nn.functional as F
 
 from mmenc.backends.dispatch import attend
 from mmenc.backends.triton_attn import TritonAttnBackend
-from mmenc.bench.measure import WORKLOADS, random_pixels
+from mmenc.bench.measure import WORKLOADS, random_pixels, time_ms
 from mmenc.engine.encoder import Encoder
 from mmenc.layers import token_tiles
 from mmenc.layers.invariant_gemm import GemmConfig
@@ -123,25 +122,6 @@ def row_alignment(on: bool):
         yield
     finally:
         token_tiles.ALIGN_K_BYTES = old
-
-
-def time_ms(fn, device: torch.device, warmup: int, iters: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
 
 
 def attention_desc(enc: Encoder) -> str:

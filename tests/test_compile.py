@@ -42,24 +42,9 @@ def test_blocks_compile_without_graph_breaks(family, tmp_path):
     assert graphs <= 2, f"{family}: {graphs} graphs for one block class over two image sizes (expected <= 2)"
 
 
-# The families of issues 15/16, each on a mixed packing (its generic-test grid) and on a dense batch of
-# equal frames (the [B, S] path of fixed-size towers and of SigLIP, where a fullgraph trace once failed)
-NEW_FAMILIES = {  # architecture -> (mixed grid, dense grid)
-    "Siglip2Model": ([[1, 4, 6], [1, 6, 4], [1, 2, 2]], [[1, 4, 4], [1, 4, 4]]),
-    "SiglipModel": ([[1, 6, 6], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
-    "LlavaForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-    "InternVLForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[3, 4, 4], [1, 4, 4]]),
-    "GlmOcrForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-    "PaddleOCRVLForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-    "Ernie4_5_VLMoeForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-    "HunYuanVLForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-    "Qwen3OmniMoeForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-    "Llama4ForConditionalGeneration": ([[3, 4, 4], [1, 4, 4]], [[2, 4, 4], [2, 4, 4]]),
-    "Ovis2ForConditionalGeneration": ([[2, 4, 4], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-}
 
 
-@pytest.mark.parametrize("arch", sorted(NEW_FAMILIES))
+@pytest.mark.parametrize("arch", sorted(ck.NEW_FAMILY_GRIDS))
 def test_new_families_compile_fullgraph(arch, tmp_path):
     case = ck.FAMILIES[arch]
     try:
@@ -67,7 +52,7 @@ def test_new_families_compile_fullgraph(arch, tmp_path):
     except ImportError as e:
         pytest.skip(f"transformers lacks {arch}: {e}")
     loaded = build_tower(str(folder), device="cpu")
-    grids = [torch.tensor(g) for g in NEW_FAMILIES[arch]]
+    grids = [torch.tensor(g) for g in ck.NEW_FAMILY_GRIDS[arch]]
     pixels = [case.pixels(g, seed=i) for i, g in enumerate(grids)]
     want = [run_tower(loaded, p, g).embeddings for p, g in zip(pixels, grids)]
     torch._dynamo.reset()

@@ -63,24 +63,10 @@ def test_graph_replays_match_plain_tower(tmp_path, compile):
     assert stats["captures"] == 3 and stats["replays"] == 3 * 2 and stats["eager"] == 3, dict(stats)
 
 
-# issues 15/16 families: (mixed packing, dense batch of equal frames) on their tiny checkpoints
-NEW_FAMILY_GRIDS = {
-    "Siglip2Model": ([[1, 4, 6], [1, 6, 4], [1, 2, 2]], [[1, 4, 4], [1, 4, 4]]),
-    "SiglipModel": ([[1, 6, 6], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
-    "LlavaForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-    "InternVLForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[3, 4, 4], [1, 4, 4]]),
-    "GlmOcrForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-    "PaddleOCRVLForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-    "Ernie4_5_VLMoeForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-    "HunYuanVLForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-    "Qwen3OmniMoeForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-    "Llama4ForConditionalGeneration": ([[3, 4, 4], [1, 4, 4]], [[2, 4, 4], [2, 4, 4]]),
-    "Ovis2ForConditionalGeneration": ([[2, 4, 4], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-}
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("arch", sorted(NEW_FAMILY_GRIDS))
+@pytest.mark.parametrize("arch", sorted(ck.NEW_FAMILY_GRIDS))
 def test_new_families_capture_and_replay(tmp_path, arch):
     """Every packing of every new family is captured (no host sync or allocation in its forward makes
     the capture fail and fall back to eager) and its replays equal the plain tower."""
@@ -94,7 +80,7 @@ def test_new_families_capture_and_replay(tmp_path, arch):
     plain = build_tower(model=str(folder), dtype=torch.bfloat16, device="cuda")
     graphed = build_tower(model=str(folder), dtype=torch.bfloat16, device="cuda",
                           multimodal_config=MultiModalConfig(cuda_graphs=True))
-    grids = [torch.tensor(g) for g in NEW_FAMILY_GRIDS[arch]]
+    grids = [torch.tensor(g) for g in ck.NEW_FAMILY_GRIDS[arch]]
     pixels = [case.pixels(g, seed=i).to("cuda", torch.bfloat16) for i, g in enumerate(grids)]
     for call in range(3):
         for g, pv in zip(grids, pixels):

@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from mmenc.cli.main import main
 from mmenc.engine.encoder import Encoder

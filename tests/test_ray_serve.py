@@ -4,7 +4,6 @@ embeddings equal to Encoder.encode; a replica killed under load loses no request
 told succeeded; the settings and the CLI flags are checked."""
 import concurrent.futures
 import os
-import time
 
 import pytest
 

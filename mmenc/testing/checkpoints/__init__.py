@@ -138,3 +138,20 @@ FAMILIES: dict[str, FamilyCase] = {
     "InternVLForConditionalGeneration": FamilyCase(save_internvl, hf_internvl_outputs, (3, 14, 14), "OpenGVLab/InternVL",
                                                    hf_tower=None),
 }
+
+
+# The families of issues 15/16, each on a mixed packing (its generic-test grid) and on a dense batch of
+# equal frames (the [B, S] path of fixed-size towers and of SigLIP): architecture -> (mixed grid, dense grid)
+NEW_FAMILY_GRIDS: dict[str, tuple[list[list[int]], list[list[int]]]] = {  # architecture -> (mixed grid, dense grid)
+    "Siglip2Model": ([[1, 4, 6], [1, 6, 4], [1, 2, 2]], [[1, 4, 4], [1, 4, 4]]),
+    "SiglipModel": ([[1, 6, 6], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
+    "LlavaForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
+    "InternVLForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[3, 4, 4], [1, 4, 4]]),
+    "GlmOcrForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
+    "PaddleOCRVLForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
+    "Ernie4_5_VLMoeForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
+    "HunYuanVLForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
+    "Qwen3OmniMoeForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
+    "Llama4ForConditionalGeneration": ([[3, 4, 4], [1, 4, 4]], [[2, 4, 4], [2, 4, 4]]),
+    "Ovis2ForConditionalGeneration": ([[2, 4, 4], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
+}
