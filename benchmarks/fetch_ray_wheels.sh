@@ -4,7 +4,7 @@
 # torch, numpy, pyarrow, pandas (large; the machine has them; ray needs pyarrow>=17, pandas>=2.2.3). The
 # small ones the machine may already have (aiohttp, grpcio, protobuf, ...) are carried anyway, because
 # ray 2.60's floors are recent (aiohttp>=3.14.4, grpcio-reflection -> grpcio>=1.85.1, protobuf>=7.35.1):
-# install_ray.sh lets pip take the machine's own where they satisfy them. Wheels over 45 MB (ray, 79 MB)
+# install_ray.sh installs every carried wheel with --no-deps into a folder for PYTHONPATH. Wheels over 45 MB (ray, 79 MB)
 # are split in parts for transfers limited to 64 MiB. On the GPU machine: `bash .whl/ray/install_ray.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
