@@ -42,8 +42,6 @@ def test_blocks_compile_without_graph_breaks(family, tmp_path):
     assert graphs <= 2, f"{family}: {graphs} graphs for one block class over two image sizes (expected <= 2)"
 
 
-
-
 @pytest.mark.parametrize("arch", sorted(ck.NEW_FAMILY_GRIDS))
 def test_new_families_compile_fullgraph(arch, tmp_path):
     case = ck.FAMILIES[arch]
@@ -62,3 +60,21 @@ def test_new_families_compile_fullgraph(arch, tmp_path):
     for p, g, w in zip(pixels, grids, want):
         got = run_tower(loaded, p, g).embeddings
         assert torch.allclose(got, w, rtol=1e-5, atol=1e-6), f"{arch}: compiled output differs on grid {g.tolist()}"
+
+
+def test_compiling_raises_the_recompile_limit_and_never_lowers_it(monkeypatch):
+    """One block class serves every tower of its families, so a process compiling several towers passes
+    dynamo's default limit of 8 recompilations (a hard error with fullgraph=True; 9 GPU parity rows in one
+    test process, run 9c): compiled_forward raises the limit to RECOMPILE_LIMIT, never lowers it."""
+    from mmenc.engine import compile as mmenc_compile
+    from mmenc.layers.vision_blocks import VisionBlock
+
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    monkeypatch.setattr(mmenc_compile, "_COMPILED", {})
+    monkeypatch.setattr(config, name, 8)
+    mmenc_compile.compiled_forward(VisionBlock, MultiModalConfig(compile=True), backend="eager")
+    assert getattr(config, name) == mmenc_compile.RECOMPILE_LIMIT
+    monkeypatch.setattr(config, name, 500)
+    mmenc_compile.compiled_forward(VisionBlock, MultiModalConfig(compile=True, cuda_graphs=False), backend="aot_eager")
+    assert getattr(config, name) == 500
