@@ -72,9 +72,14 @@ def test_compiling_raises_the_recompile_limit_and_never_lowers_it(monkeypatch):
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     monkeypatch.setattr(mmenc_compile, "_COMPILED", {})
-    monkeypatch.setattr(config, name, 8)
-    mmenc_compile.compiled_forward(VisionBlock, MultiModalConfig(compile=True), backend="eager")
-    assert getattr(config, name) == mmenc_compile.RECOMPILE_LIMIT
-    monkeypatch.setattr(config, name, 500)
-    mmenc_compile.compiled_forward(VisionBlock, MultiModalConfig(compile=True, cuda_graphs=False), backend="aot_eager")
-    assert getattr(config, name) == 500
+    before = getattr(config, name)  # restored by hand: monkeypatch's undo on torch's config module hides the key
+    try:
+        setattr(config, name, 8)
+        mmenc_compile.compiled_forward(VisionBlock, MultiModalConfig(compile=True), backend="eager")
+        assert getattr(config, name) == mmenc_compile.RECOMPILE_LIMIT
+        setattr(config, name, 500)
+        mmenc_compile.compiled_forward(VisionBlock, MultiModalConfig(compile=True, cuda_graphs=False),
+                                       backend="aot_eager")
+        assert getattr(config, name) == 500
+    finally:
+        setattr(config, name, before)
