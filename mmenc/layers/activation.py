@@ -1,9 +1,9 @@
 """Activations by the names checkpoints' configs use (`hidden_act`), and the gated product of SwiGLU.
 
-Batch invariance on the CPU: torch's fused CPU kernels for GELU (erf and tanh), SiLU and sigmoid run
-SLEEF vector code over each parallel chunk and scalar libm code (std::tanh, std::exp) over the chunk's
-last n % (2 * vector width) elements, so an element's bits depend on where it sits in the tensor, i.e.
-on the other tokens of the call. `use_invariant_activations(module)` swaps every such activation for
+Batch invariance on the CPU: with torch's fused CPU kernels for GELU (erf and tanh), SiLU and sigmoid an
+element's bits depend on where it sits in the tensor, i.e. on the other tokens of the call (measured:
+the same values at other offsets and lengths differ in the last bits, for the last n % 32 elements of
+float32 prefixes, as a scalar tail after the vector loop would; torch's source was not checked). `use_invariant_activations(module)` swaps every such activation for
 `InvariantActivation`, which writes it with tanh, exp and erf (vectorised to the last element, partial
 vectors included: one code path at every position) and IEEE arithmetic (+ - * /: the same bits scalar
 or vector). The engine applies it with MultiModalConfig(batch_invariant=True) on the CPU; GPU kernels
