@@ -28,15 +28,8 @@ from mmenc.backends.packing import pack_info
 def varlen_attention_invariant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor,
                                scale: float) -> torch.Tensor:
     """See the module docstring. Eager (the dispatcher's custom op is what compiled towers trace)."""
-    if tva.triton is None:
-        raise RuntimeError("TRITON_ATTN needs the triton package (pip install triton)")
-    num_tokens, hq, d = q.shape
-    hkv = k.shape[1]
-    if k.shape != v.shape or k.shape[0] != num_tokens or k.shape[2] != d or hq % hkv:
-        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: expected q [T, Hq, D] "
-                         f"and k, v [T, Hkv, D] with Hq % Hkv == 0")
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    q, k, v, out = tva.checked_inputs(q, k, v)
+    (num_tokens, hq, d), hkv = q.shape, k.shape[1]
     if num_tokens == 0:
         return out
     info = pack_info(cu_seqlens, num_tokens)

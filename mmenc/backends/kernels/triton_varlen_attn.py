@@ -79,9 +79,10 @@ def _(q, k, v, cu_seqlens, max_seqlen, scale):
     return q.new_empty(q.shape)
 
 
-def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
-           config: KernelConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """Run the kernel eagerly (the op's implementation); `config` skips the tuned choice."""
+def checked_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernels' inputs checked (q [T, Hq, D], k and v [T, Hkv, D], Hq % Hkv == 0), each with a unit
+    last stride (copied if not), and `out` (a new [T, Hq, D] tensor of q's dtype when None)."""
     if triton is None:
         raise RuntimeError("TRITON_ATTN needs the triton package (pip install triton)")
     num_tokens, hq, d = q.shape
@@ -91,6 +92,14 @@ def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
                          f"and k, v [T, Hkv, D] with Hq % Hkv == 0")
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
+    return q, k, v, out
+
+
+def launch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, scale: float,
+           config: KernelConfig | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Run the kernel eagerly (the op's implementation); `config` skips the tuned choice."""
+    q, k, v, out = checked_inputs(q, k, v, out)
+    (num_tokens, hq, d), hkv = q.shape, k.shape[1]
     if num_tokens == 0:
         return out
     info = pack_info(cu_seqlens, num_tokens)
