@@ -13,6 +13,7 @@ from mmenc.attention.backend_enum import AttentionBackendEnum
 from mmenc.config import MultiModalConfig
 from mmenc.engine.runner import build_tower, run_tower
 from mmenc.testing import checkpoints as ck
+from mmenc.testing import version_before
 
 pytestmark = pytest.mark.gpu
 TOL = 2e-2
@@ -71,20 +72,14 @@ def _cuda_backends(head_size):
             and not current_platform.backend_reasons(b, head_size, torch.bfloat16)]
 
 
-def _transformers_older_than(version: str) -> bool:
-    import transformers
-
-    def parts(v: str) -> tuple[int, ...]:
-        return tuple(int(x) for x in v.split(".")[:2])
-    return parts(transformers.__version__) < parts(version)
-
-
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def family(request, tmp_path_factory):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     saver, vision, ref_fn, features, grids = FAMILIES[request.param]
-    if request.param == "paddleocr_vl" and _transformers_older_than("5.24"):
+    import transformers
+
+    if request.param == "paddleocr_vl" and version_before(transformers.__version__, "5.24"):
         pytest.skip("transformers before 5.24 resamples PaddleOCR-VL's position table with align_corners=True "
                     "(5.24 and mmenc: False; ~1e-1 apart on random weights): install transformers>=5.24")
     try:

@@ -15,6 +15,7 @@ from PIL import Image
 from mmenc.preprocess import get_processor
 from mmenc.preprocess.kimi import navit_resize
 from mmenc.preprocess.qwen_vl import smart_resize, smart_resize_temporal
+from mmenc.testing import version_before
 
 HAS_TV = importlib.util.find_spec("torchvision") is not None
 needs_tv = pytest.mark.skipif(not HAS_TV, reason="transformers' default (torchvision) processors need torchvision")
@@ -195,7 +196,7 @@ def test_pipeline_matches_transformers_default(kind, module, cls, cfg):
 @pytest.mark.gpu
 @needs_tv
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.xfail(tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13), strict=False,
+@pytest.mark.xfail(version_before(torch.__version__, "2.13"), strict=False,
                    reason="on the H200 host (torch 2.11, torchvision 0.26) the GPU resize differed from that host's CPU "
                           "uint8 kernel on these uniform-noise images by up to 3.7 (normalised; run 9c) while it matched "
                           "the CPU kernel of torch 2.13 here and transformers exactly on photographic JPEGs (bench "
