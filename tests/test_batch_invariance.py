@@ -417,6 +417,23 @@ def _random_image(height: int, width: int, seed: int) -> np.ndarray:
     return (big[0].permute(1, 2, 0).numpy() * 255).round().clip(0, 255).astype(np.uint8)
 
 
+def _assert_invariant_through_preprocessing(enc: Encoder, calls: list[tuple[list[str], int, int | None]],
+                                            what: str) -> None:
+    """Encode the target image (300 x 420) alone, then in each call: (images by name: "target", "small"
+    90 x 120, "large" 640 x 520; the target's index; max_batch_patches or None), and require the target's
+    embedding bitwise equal to the one alone."""
+    images = {"target": _random_image(300, 420, 1), "small": _random_image(90, 120, 2),
+              "large": _random_image(640, 520, 3)}
+    alone = enc.encode([images["target"]])[0]
+    for names, index, max_patches in calls:
+        enc.max_batch_patches = max_patches or (1 << 16)
+        got = enc.encode([images[n] for n in names])[index]
+        assert got.shape == alone.shape, f"{what}: {tuple(got.shape)} vs alone {tuple(alone.shape)}"
+        diff = float((got.float() - alone.float()).abs().max())
+        assert torch.equal(got, alone), (f"{what}, images {names} (max_batch_patches={max_patches}): the target's "
+                                         f"embedding differs by up to {diff:.3e}")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("arch", sorted(ck.FAMILIES))
@@ -429,17 +446,9 @@ def test_gpu_every_family_is_batch_invariant_eager(arch):
     case = ck.FAMILIES[arch]
     model = min(n for n in builtin_model_names() if n.startswith(case.builtin_prefix))
     enc = Encoder(model, load_format="dummy", dtype="bfloat16", device="cuda", batch_invariant=True)
-    target, small, large = _random_image(300, 420, 1), _random_image(90, 120, 2), _random_image(640, 520, 3)
-    alone = enc.encode([target])[0]
-    calls = [([small, target], 1, None), ([target, large, small], 0, None), ([large, small, target], 2, None),
-             ([small, large, target, small], 2, 2048)]
-    worst = 0.0
-    for images, index, max_patches in calls:
-        enc.max_batch_patches = max_patches or (1 << 16)
-        got = enc.encode(images)[index]
-        assert got.shape == alone.shape, f"{model}: {tuple(got.shape)} vs alone {tuple(alone.shape)}"
-        worst = max(worst, float((got.float() - alone.float()).abs().max()))
-    assert worst == 0.0, f"{model}: an image's embedding changed with the batch by up to {worst:.3e}"
+    _assert_invariant_through_preprocessing(enc, [(["small", "target"], 1, None), (["target", "large", "small"], 0, None),
+                                                  (["large", "small", "target"], 2, None),
+                                                  (["small", "large", "target", "small"], 2, 2048)], model)
 
 
 @pytest.mark.gpu
@@ -539,16 +548,9 @@ def test_cpu_every_family_is_batch_invariant_through_preprocessing(arch, tmp_pat
     except ImportError:
         pytest.skip(f"this transformers cannot write {arch}")
     enc = Encoder(folder, device="cpu", batch_invariant=True)
-    target, small, large = _random_image(300, 420, 1), _random_image(90, 120, 2), _random_image(640, 520, 3)
-    alone = enc.encode([target])[0]
-    calls = [([target, large, small], 0, None), ([large, small, target], 2, None), ([small, large, target], 2, 600)]
-    for images, index, max_patches in calls:
-        enc.max_batch_patches = max_patches or (1 << 16)
-        got = enc.encode(images)[index]
-        assert got.shape == alone.shape, f"{arch}: {tuple(got.shape)} vs alone {tuple(alone.shape)}"
-        diff = float((got.float() - alone.float()).abs().max())
-        assert torch.equal(got, alone), (f"{arch}, images {[im.shape[:2] for im in images]} (max_batch_patches="
-                                         f"{max_patches}): the target's embedding differs by up to {diff:.3e}")
+    _assert_invariant_through_preprocessing(enc, [(["target", "large", "small"], 0, None),
+                                                  (["large", "small", "target"], 2, None),
+                                                  (["small", "large", "target"], 2, 600)], arch)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
