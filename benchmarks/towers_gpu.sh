@@ -9,7 +9,8 @@
 # transformers 5.17 has every tower class these runs use, but its PaddleOCR-VL interpolates the position
 # table with align_corners=True (5.24: False, as mmenc): with 5.17 PaddleOCR-VL differs by ~2.5e-2 (fp32)
 # and its parity rows fail, so install 5.24 there; WARMUP/ITERS (bench, default 2/6),
-# TARBALL (a path: every log and JSON of OUTDIR packed there at the end, one file to fetch),
+# LIMIT_SCALE (integer factor on every step's own limit, default 1: e.g. 2 where FA4 compiles its kernels
+# on first use), TARBALL (a path: every log and JSON of OUTDIR packed there at the end, one file to fetch),
 # ONLY (space-separated step names, e.g. "internvl_compiled parity_compiled": run just those; a step's
 # name is its log's name in OUTDIR).
 # Order is by value: the missed targets first (SigLIP2 NaFlex, GLM-OCR, Qwen3-Omni), the eager GPU parity
@@ -37,7 +38,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >> "$out/env.txt"
 
 # step NAME LIMIT_S CMD...: run with the smaller of LIMIT_S and the budget left; log to OUTDIR/NAME.log
 step() {
-  local name=$1 limit=$2; shift 2
+  local name=$1 limit=$(( $2 * ${LIMIT_SCALE:-1} )); shift 2
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $name "* ]]; then return; fi
   local left=$((budget - (SECONDS - start)))
   if [ $((3 * left)) -lt $((2 * limit)) ] || [ "$left" -lt 30 ]; then  # would likely be cut: leave it for ONLY=
