@@ -52,6 +52,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     ray.add_argument("--ray-address", default=None, metavar="ADDR",
                      help="with --ray: join this cluster ('auto' = the one `ray start` made here); default: start "
                           "a local Ray bound to 127.0.0.1")
+    ray.add_argument("--ray-ingress", choices=("proxy", "direct"), default="proxy",
+                     help="with --ray: 'proxy' = Ray Serve's HTTP proxy routes each request; 'direct' = every replica "
+                          "listens on --host:--port itself (SO_REUSEPORT, no proxy in the answer's path; no "
+                          "--autoscale) (default: %(default)s)")
     return p
 
 
@@ -62,7 +66,7 @@ def ray_settings_from_args(args, cluster_gpus: float):
 
     on_gpu = cluster_gpus > 0 and not (args.device or "").startswith("cpu")
     autoscale = parse_autoscale(args.autoscale) if args.autoscale is not None else None
-    return RayServeSettings(replicas=args.replicas, autoscale=autoscale,
+    return RayServeSettings(replicas=args.replicas, autoscale=autoscale, ingress=args.ray_ingress,
                             gpus_per_replica=float(args.tensor_parallel_size) if on_gpu else 0.0)
 
 
@@ -79,8 +83,10 @@ def settings_from_args(args) -> ServeSettings:
 
 
 def run(args) -> int:
-    if not args.ray and (args.autoscale is not None or args.replicas != 1 or args.ray_address is not None):
-        raise ValueError("--replicas, --autoscale and --ray-address need --ray (one process serves without it)")
+    if not args.ray and (args.autoscale is not None or args.replicas != 1 or args.ray_address is not None
+                         or args.ray_ingress != "proxy"):
+        raise ValueError("--replicas, --autoscale, --ray-address and --ray-ingress need --ray (one process serves "
+                         "without it)")
     if args.ray:
         return _run_ray(args)
     try:

@@ -20,6 +20,8 @@ from mmenc.serving.settings import ServeSettings, parse_size
 
 logger = init_logger(__name__)
 
+INGRESSES = ("proxy", "direct")
+
 
 def parse_autoscale(text: str) -> tuple[int, int]:
     """'1:4' -> (1, 4): the fewest and most replicas."""
@@ -35,7 +37,9 @@ class RayServeSettings:
     replica (target_ongoing_requests). max_ongoing_requests: requests one replica holds at once (the
     router queues the rest; beyond max_queued_requests per caller Ray answers 503). gpus_per_replica:
     GPUs each replica owns (0 on CPU; tensor_parallel_size for the weights/data modes, all on one
-    node). name: the Serve application and deployment name."""
+    node). name: the Serve application and deployment name. ingress: "proxy" (Serve's HTTP proxy
+    routes each request to a replica) or "direct" (each replica serves HTTP itself on the service
+    address with SO_REUSEPORT, mmenc.ray.direct; no autoscaling)."""
 
     replicas: int = 1
     autoscale: tuple[int, int] | None = None
@@ -45,8 +49,14 @@ class RayServeSettings:
     gpus_per_replica: float = 0.0
     cpus_per_replica: float = 1.0
     name: str = "mmenc"
+    ingress: str = "proxy"
 
     def __post_init__(self):
+        if self.ingress not in INGRESSES:
+            raise ValueError(f"--ray-ingress={self.ingress!r} must be one of {', '.join(INGRESSES)}")
+        if self.ingress == "direct" and self.autoscale is not None:
+            raise ValueError("--autoscale needs --ray-ingress proxy: with direct ingress Serve's router never sees "
+                             "the requests it would scale on; give a fixed --replicas N")
         if not isinstance(self.replicas, int) or self.replicas < 1:
             raise ValueError(f"--replicas={self.replicas!r} must be a positive integer")
         if self.autoscale is not None:
@@ -100,9 +110,14 @@ def replica_app(settings: ServeSettings, encoder_kwargs: dict):
 
 
 def deployment(settings: ServeSettings, ray_settings: RayServeSettings, encoder_kwargs: dict):
-    """The bound Serve application (pass to serve.run): `ray_settings` replicas of EncoderReplica."""
+    """The bound Serve application (pass to serve.run): `ray_settings` replicas of EncoderReplica
+    (proxy ingress) or of mmenc.ray.direct.DirectReplica (direct ingress)."""
     from ray import serve
 
+    if ray_settings.ingress == "direct":
+        from mmenc.ray.direct import DirectReplica
+
+        return serve.deployment(DirectReplica, **ray_settings.deployment_options()).bind(settings, encoder_kwargs)
     def build():  # evaluated in each replica
         return replica_app(settings, encoder_kwargs)
 
@@ -118,8 +133,10 @@ def app_builder(args: dict):
 
     args = dict(args)
     ray_fields = {f.name for f in dataclasses.fields(RayServeSettings)}
-    serve_fields = {f.name for f in dataclasses.fields(ServeSettings)} - {"host", "port"}
     ray_kw = {k: _typed(RayServeSettings, k, args.pop(k)) for k in list(args) if k in ray_fields}
+    # host and port are Serve's proxy's own settings, unless the replicas listen themselves
+    serve_fields = {f.name for f in dataclasses.fields(ServeSettings)} - (
+        set() if ray_kw.get("ingress") == "direct" else {"host", "port"})
     if "autoscale" in ray_kw:
         ray_kw["autoscale"] = parse_autoscale(ray_kw["autoscale"])
     serve_kw = {k: _typed(ServeSettings, k, args.pop(k)) for k in list(args) if k in serve_fields}
@@ -148,8 +165,12 @@ def run(settings: ServeSettings, ray_settings: RayServeSettings, encoder_kwargs:
     stop = threading.Event()  # handlers first: a signal while deploying must not hit Ray's own (abort)
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        serve.start(http_options={"host": settings.host, "port": settings.port})
-        serve.run(deployment(settings, ray_settings, encoder_kwargs), name=ray_settings.name, route_prefix="/")
+        if ray_settings.ingress == "direct":  # the replicas listen on host:port themselves
+            serve.start(proxy_location="Disabled")
+            serve.run(deployment(settings, ray_settings, encoder_kwargs), name=ray_settings.name, route_prefix=None)
+        else:
+            serve.start(http_options={"host": settings.host, "port": settings.port})
+            serve.run(deployment(settings, ray_settings, encoder_kwargs), name=ray_settings.name, route_prefix="/")
         logger.info("mmenc serve --ray: %s on http://%s:%d", _describe(ray_settings), settings.host, settings.port)
         while not stop.wait(1.0):
             pass
@@ -165,4 +186,4 @@ def run(settings: ServeSettings, ray_settings: RayServeSettings, encoder_kwargs:
 
 def _describe(s: RayServeSettings) -> str:
     count = f"{s.replicas} replica(s)" if s.autoscale is None else f"{s.autoscale[0]}..{s.autoscale[1]} replicas"
-    return f"{count}, {s.gpus_per_replica:g} GPU(s) each"
+    return f"{count}, {s.gpus_per_replica:g} GPU(s) each, {s.ingress} ingress"

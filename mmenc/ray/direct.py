@@ -1,0 +1,93 @@
+"""Direct ingress for `mmenc serve --ray --ray-ingress direct`: each Ray Serve replica runs the
+service's own uvicorn server on the service address, on a socket bound with SO_REUSEPORT, so the
+replicas of one node share host:port and the kernel spreads new connections over them. No Serve
+proxy sits in the answer's path (run 9b: Ray's Python proxy topped out near 0.27 GB/s of 2.4 MB
+answers, so two replicas served 1.22x one); Ray still places, health-checks and restarts replicas.
+
+What changes against the proxy ingress (docs/scaling.md): balancing is per connection, not per
+request (a client's keep-alive connection stays on one replica); a replica that dies drops the
+connections it holds (the client sees a reset and retries; no answer is ever wrong); autoscaling is
+not available (Serve's router never sees the requests); each node's replicas listen on that node,
+so several nodes need a TCP load balancer in front.
+"""
+import socket
+import threading
+
+import uvicorn
+
+from mmenc.logger import init_logger
+from mmenc.serving.server import _http_protocol
+from mmenc.serving.settings import ServeSettings
+
+logger = init_logger(__name__)
+
+
+def reuseport_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
+    """A listening TCP socket on host:port that other processes may bind too (SO_REUSEPORT)."""
+    if not hasattr(socket, "SO_REUSEPORT"):
+        raise RuntimeError("--ray-ingress direct needs SO_REUSEPORT (Linux); use the default proxy ingress here")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise RuntimeError(f"cannot listen on {host}:{port} ({e}); pick another --port, or stop what holds it "
+                           f"(a process not started with SO_REUSEPORT, e.g. a plain `mmenc serve`)") from e
+    sock.listen(backlog)
+    return sock
+
+
+class DirectServer:
+    """uvicorn serving `app` on a SO_REUSEPORT socket, in a thread of the calling process."""
+
+    def __init__(self, app, settings: ServeSettings):
+        self.settings = settings
+        self.sock = reuseport_socket(settings.host, settings.port)
+        config = uvicorn.Config(app, log_level="warning", access_log=False, limit_concurrency=None,
+                                timeout_graceful_shutdown=settings.shutdown_timeout_s, http=_http_protocol())
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self._serve, name="mmenc-direct-ingress", daemon=True)
+        self.thread.start()
+        logger.info("direct ingress: this replica listens on %s:%d (SO_REUSEPORT)", settings.host, settings.port)
+
+    def _serve(self) -> None:
+        try:
+            self.server.run(sockets=[self.sock])
+        except Exception:  # noqa: BLE001 - reported; check_health then fails and Ray restarts the replica
+            logger.exception("direct ingress: the HTTP server stopped with an error")
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def stop(self) -> None:
+        """Stop accepting, let the requests in flight finish (up to shutdown_timeout_s), close the socket."""
+        self.server.should_exit = True
+        self.thread.join(self.settings.shutdown_timeout_s + 5.0)
+        self.sock.close()
+
+
+class DirectReplica:
+    """A Serve replica that serves HTTP itself (see the module doc). Its encoder is loaded before the
+    replica reports ready; a failed load fails the replica with the loader's error."""
+
+    def __init__(self, settings: ServeSettings, encoder_kwargs: dict):
+        from mmenc.ray.serve import replica_app
+
+        self.app = replica_app(settings, encoder_kwargs)
+        self.direct = DirectServer(self.app, settings)
+
+    def check_health(self) -> None:
+        """Ray Serve's periodic health check: a failed encoder or a stopped HTTP server restarts the replica."""
+        service = self.app.state.service
+        if service.state != "ready":
+            raise RuntimeError(f"mmenc replica is {service.state}: {service.load_error}")
+        if not self.direct.alive():
+            raise RuntimeError("mmenc replica's HTTP server (direct ingress) has stopped")
+
+    def __del__(self):  # Serve's graceful replica shutdown: drain; the app's lifespan then closes the service
+        direct = getattr(self, "direct", None)
+        if direct is not None:
+            direct.stop()
