@@ -3,6 +3,7 @@ Qwen2.5-VL checkpoint on the CPU: stream order, bounded look-ahead on an endless
 reported with their index while the rest come out, aspect ratio > 200 skipped, the e2e bench end to end."""
 import itertools
 import json
+import math
 
 import numpy as np
 import pytest
@@ -91,8 +92,9 @@ def test_encode_raise_stops_the_tower_after_a_failure(folder):
     with pytest.raises(ImageLoadError, match=r"2 of 6 images failed(.|\n)*\[2\](.|\n)*\[5\]"):
         enc.encode([_image(0), _image(1), np.zeros((0, 4, 3), np.uint8), _image(3), _image(4),
                     np.zeros((4, 0, 3), np.uint8)])
-    # the failure of #2 arrives with the chunk of image #1 (one image a chunk), so only #0 reached the tower
-    assert calls == [1], f"tower calls (images each): {calls}; none should start once image #2 has failed"
+    # one image fills a chunk, so #0 and #1 leave as soon as they are ready; once #2's failure is seen no
+    # tower call starts: #3 and #4 never reach the tower
+    assert calls == [1, 1], f"tower calls (images each): {calls}; none should start once image #2 has failed"
     enc.close()
 
 
@@ -105,29 +107,61 @@ def _spy_calls(enc) -> list:
 
 def test_first_tower_call_is_small_and_results_do_not_change(folder, tmp_path):
     """encode/encode_iter: the first tower call takes at most first_chunk_patches (so it starts while
-    the rest is decoded); order, per-image failures and results (fp tolerance) as with one call."""
+    the rest is decoded), later calls grow by chunk_growth (math.inf: straight to max_batch_patches);
+    order, per-image failures and results (fp tolerance) as with one call."""
     bad = tmp_path / "broken.jpg"
     bad.write_bytes(b"not a jpeg")
-    images = [_image(i, 56, 28 * (1 + i % 3)) for i in range(7)]  # 8, 4 (a chunk of two) and 12 patches
+    images = [_image(i, 56, 28 * (1 + i % 3)) for i in range(7)]
     items = images[:2] + [str(bad)] + images[2:]
     with Encoder(folder, device="cpu", preprocess_workers=2, max_batch_patches=4096) as one, \
-            Encoder(folder, device="cpu", preprocess_workers=2, max_batch_patches=4096, first_chunk_patches=10) as lead:
+            Encoder(folder, device="cpu", preprocess_workers=2, max_batch_patches=4096, first_chunk_patches=10) as lead, \
+            Encoder(folder, device="cpu", preprocess_workers=2, max_batch_patches=4096, first_chunk_patches=10,
+                    chunk_growth=math.inf) as jump:
         assert one.first_chunk_patches == 256 and lead.first_chunk_patches == 10
-        calls_one, calls_lead = _spy_calls(one), _spy_calls(lead)
+        calls_one, calls_lead, calls_jump = _spy_calls(one), _spy_calls(lead), _spy_calls(jump)
         want = one.encode(items, errors="skip")
         got = lead.encode(items, errors="skip")
-        assert calls_one == [7] and calls_lead == [1, 6], f"tower calls (images): {calls_one}, {calls_lead}"
+        jumped = jump.encode(items, errors="skip")
+        rows = [int(g.prod()) for g in one.preprocess(images)[1]]  # 24, 16, 24, 24, 16, 24, 24 patches
+        # 24 | 16 + 24 | 24 + 16 + 24 + 24: limits 10, 48, 96 (each twice the larger of the last limit and rows)
+        assert calls_one == [7] and calls_lead == [1, 2, 4] and calls_jump == [1, 6], (
+            f"tower calls (images): {calls_one}, {calls_lead}, {calls_jump}")
+        assert lead.chunk_schedule.split(rows) == calls_lead, rows
         assert got[2] is None and want[2] is None
         for i, (g, w) in enumerate(zip(got, want)):
             if w is not None:
-                err = float((g - w).norm() / w.norm())
-                assert err < 1e-5, f"image {i}: first-chunk split changes it by {err:.2e} (tolerance 1e-5)"
+                for other in (g, jumped[i]):
+                    err = float((other - w).norm() / w.norm())
+                    assert err < 1e-5, f"image {i}: the chunk split changes it by {err:.2e} (tolerance 1e-5)"
         streamed = list(lead.encode_iter(items))
         assert [i for i, _ in streamed] == list(range(len(items))) and isinstance(streamed[2][1], LoadFailure)
         assert all(torch.equal(v, got[i]) for i, v in streamed if i != 2)
-        assert calls_lead[2:] == [1, 6], f"encode_iter's tower calls (images): {calls_lead[2:]}"
+        assert calls_lead[3:] == [1, 2, 4], f"encode_iter's tower calls (images): {calls_lead[3:]}"
     with pytest.raises(ValueError, match="first_chunk_patches=0 must be an int >= 1"):
         Encoder(folder, device="cpu", first_chunk_patches=0)
+    with pytest.raises(ValueError, match=r"ChunkSchedule.growth=0.5 must be a number >= 1"):
+        Encoder(folder, device="cpu", chunk_growth=0.5)
+
+
+def test_repeated_calls_repeat_their_packings(folder):
+    """The schedule depends on sizes only: the same images twice give the same tower calls (grids), so a
+    CUDA graph per packing replays; the workers' timing (0, 1 or 2 threads) changes nothing."""
+    images = [_image(i, 28 * (1 + i % 4), 28 * (1 + (i * 3) % 4)) for i in range(13)]
+    grids = []
+    for workers in (0, 1, 2, 2):
+        with Encoder(folder, device="cpu", preprocess_workers=workers, max_batch_patches=96,
+                     first_chunk_patches=8) as enc:
+            seen = []
+            real = enc.runner.run
+            enc.runner.run = lambda pv, g: seen.append(g.tolist()) or real(pv, g)
+            enc.encode(images)
+            grids.append(seen)
+            rows = [t * h * w for g in seen for t, h, w in g]
+            assert [len(g) for g in seen] == enc.chunk_schedule.split(rows)
+            assert all(sum(t * h * w for t, h, w in g) <= 96 or len(g) == 1 for g in seen)
+            assert sum(t * h * w for t, h, w in seen[0]) <= 8 or len(seen[0]) == 1
+    assert all(g == grids[0] for g in grids), f"packings differ between identical calls: {grids}"
+    assert len(grids[0]) >= 3, f"expected a growing schedule over several calls, got {grids[0]}"
 
 
 def test_first_chunk_split_is_bitwise_under_batch_invariant(folder):
@@ -136,8 +170,8 @@ def test_first_chunk_split_is_bitwise_under_batch_invariant(folder):
             Encoder(folder, device="cpu", preprocess_workers=2, batch_invariant=True, first_chunk_patches=1) as lead:
         calls = _spy_calls(lead)
         want, got = one.encode(images), lead.encode(images)
-    assert calls == [1, 4]
-    assert all(torch.equal(g, w) for g, w in zip(got, want)), "batch_invariant: the first-chunk split changed bits"
+    assert calls == [1, 2, 2]  # 24 | 16 + 24 (limit 48) | 24 + 16
+    assert all(torch.equal(g, w) for g, w in zip(got, want)), "batch_invariant: the chunk split changed bits"
 
 
 def test_other_threads_interleave_between_stream_chunks(encoder):
