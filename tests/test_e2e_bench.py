@@ -206,12 +206,14 @@ def test_e2e_bench_runs_on_cpu(folder, tmp_path, capsys):
                  "--stream-images", "6", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     for needle in ("mmenc encode(files)", "mmenc tower only", "transformers proc+tower", "stream: 6 images",
-                   "GPU busy", "invariance (an image of grid 1x8x8 alone"):
+                   "GPU busy", "invariance (an image of grid 1x8x8 alone", "1x8x8*2 encode trace: wall",
+                   "stream trace: wall", "stream trace host ms: chunk_wait", "tower alone over the same packings"):
         assert needle in text, f"{needle!r} missing from:\n{text}"
     data = json.loads(out.read_text())
     impls = {r["impl"] for r in data["rows"]}
-    assert impls == {"mmenc encode(files)", "mmenc encode(files) 1 call", "mmenc preprocess only", "mmenc tower only",
-                     "transformers proc+tower", "transformers proc only"}  # eager rows only with compile/graphs
+    assert impls == {"mmenc encode(files)", "mmenc encode(files) 1 call", "mmenc encode(files) first+rest",
+                     "mmenc preprocess only", "mmenc tower only", "transformers proc+tower",
+                     "transformers proc only"}  # eager rows only with compile/graphs
     assert all(r["ms"] > 0 and r["images"] == 2 for r in data["rows"])
     (summary,) = data["workloads"]
     assert summary["grids_equal_transformers"] is True
@@ -219,8 +221,40 @@ def test_e2e_bench_runs_on_cpu(folder, tmp_path, capsys):
     assert 0 < summary["preprocess_share"]
     stream = data["stream"]
     assert stream["images"] == 6 and stream["failed"] == 0 and 0 < stream["gpu_busy_fraction"] <= 1.0
+    trace = stream["trace"]
+    assert sum(c["images"] for c in trace["calls"]) == 6 and trace["tower_calls"] == len(trace["calls"]) >= 1
+    assert {"chunk_wait_s", "launch_s", "worker_wait_s", "stage_s"} <= set(trace["host_s"]), trace["host_s"]
+    assert stream["tower_same_packings_s"] > 0 and stream["vs_tower_same_packings"] > 0
+    assert sum(c["images"] for c in summary["encode_trace"]["calls"]) == 2
+    assert data["chunk_growth"] == 2.0 and data["chunks_in_flight"] == 2
     inv = data["invariance"]
     assert len(inv["max_abs_diff"]) == 4 and inv["max_abs_diff_overall"] < 1e-3 * max(inv["max_abs_value"], 1)
+
+
+def test_tower_trace_splits_the_wall_time_of_a_call(folder):
+    """TowerTrace (the bench's instrument): one record per tower call in order, a gap between each two,
+    lead-in and tail, host seconds of this call only, and the tower alone over the same packings."""
+    from mmenc.bench.trace import TowerTrace, format_trace, tower_only_ms
+
+    images = [_image(i, 56, 28 * (1 + i % 3)) for i in range(9)]
+    with Encoder(folder, device="cpu", preprocess_workers=2, max_batch_patches=64, first_chunk_patches=8) as enc:
+        enc.encode(images)  # earlier work: must not count in the trace below
+        with TowerTrace(enc) as trace:
+            enc.encode(images)
+        enc.encode(images)  # later work: must not count either
+        report = trace.report()
+        assert [len(g) for g in trace.grids()] == enc.chunk_schedule.split(
+            [int(g.prod()) for g in enc.preprocess(images)[1]])
+        same_ms = tower_only_ms(enc, trace.grids(), enc.loaded.config.patch_features)
+    calls = report["calls"]
+    assert len(calls) >= 3 and sum(c["images"] for c in calls) == 9 and calls[0]["gap_before_ms"] is None
+    assert all(c["gap_before_ms"] >= 0 for c in calls[1:]) and all(c["graph"] == "-" for c in calls)
+    assert report["gaps_ms_sum"] == pytest.approx(sum(c["gap_before_ms"] for c in calls[1:]))
+    parts = report["lead_in_ms"] + report["tower_ms"] + report["gaps_ms_sum"] + report["tail_ms"]
+    assert parts <= report["wall_ms"] + 1e-6 and 0 < report["busy_fraction"] <= 1
+    assert report["host_s"]["chunk_wait_s"] <= report["wall_ms"] / 1e3, report["host_s"]
+    assert same_ms > 0
+    assert "tower calls" in format_trace("t", report) and "t host ms: " in format_trace("t", report)
 
 
 def test_e2e_eager_rows_and_their_tower_comparison(encoder, tmp_path, monkeypatch):
@@ -239,8 +273,9 @@ def test_e2e_eager_rows_and_their_tower_comparison(encoder, tmp_path, monkeypatc
     assert not e2e.has_eager_rows(encoder)  # neither compile nor graphs: no eager rows
     monkeypatch.setattr(e2e, "has_eager_rows", lambda enc: True)
     rows, _ = e2e.run_workload("w", encoder, paths, None, None, warmup=0, iters=1)
-    assert [r.impl for r in rows] == ["mmenc encode(files)", "mmenc encode(files) 1 call", "mmenc preprocess only",
-                                      "mmenc tower only", "mmenc encode(files) eager", "mmenc tower only eager"]
+    assert [r.impl for r in rows] == ["mmenc encode(files)", "mmenc encode(files) 1 call",
+                                      "mmenc encode(files) first+rest", "mmenc preprocess only", "mmenc tower only",
+                                      "mmenc encode(files) eager", "mmenc tower only eager"]
     table = e2e.format_rows([e2e.E2ERow("w", "mmenc encode(files)", 2, 20.0),
                              e2e.E2ERow("w", "mmenc tower only", 2, 19.0),
                              e2e.E2ERow("w", "mmenc encode(files) eager", 2, 50.0),
