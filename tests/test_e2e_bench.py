@@ -139,8 +139,10 @@ def test_first_tower_call_is_small_and_results_do_not_change(folder, tmp_path):
         assert calls_lead[3:] == [1, 2, 4], f"encode_iter's tower calls (images): {calls_lead[3:]}"
     with pytest.raises(ValueError, match="first_chunk_patches=0 must be an int >= 1"):
         Encoder(folder, device="cpu", first_chunk_patches=0)
-    with pytest.raises(ValueError, match=r"ChunkSchedule.growth=0.5 must be a number >= 1"):
+    with pytest.raises(ValueError, match=r"chunk_growth=0.5 must be a number >= 1"):
         Encoder(folder, device="cpu", chunk_growth=0.5)
+    with pytest.raises(ValueError, match=r"ChunkSchedule.growth=nan must be a number >= 1"):
+        lead.chunk_schedule.__class__(64, 8, float("nan"))
 
 
 def test_repeated_calls_repeat_their_packings(folder):

@@ -96,7 +96,9 @@ class Encoder:
         self.max_batch_patches, self.strict, self.model_name = max_batch_patches, bool(strict), model
         self.first_chunk_patches = min(max_batch_patches, first_chunk_patches if first_chunk_patches is not None
                                        else max(1, max_batch_patches // 16))
-        ChunkSchedule(max_batch_patches, self.first_chunk_patches, chunk_growth)  # ValueError naming a bad growth
+        if isinstance(chunk_growth, bool) or not isinstance(chunk_growth, (int, float)) or not chunk_growth >= 1:
+            raise ValueError(f"chunk_growth={chunk_growth!r} must be a number >= 1 (2: each tower call of an encode "
+                             f"up to twice the previous one; math.inf: the first call, then max_batch_patches)")
         self.chunk_growth = chunk_growth
         self.chunks_in_flight = 2  # tower calls the host may queue before reading the oldest's result
         self.tally = Tally()  # seconds of encode/encode_iter: chunk_wait_s, launch_s, device_wait_s, consumer_s
