@@ -284,8 +284,9 @@ class Encoder:
             out = self.runner.run(pixel_values, chunk.grid_thw)
             if pooled:  # [N, hidden], one row per image: not token-aligned, handed out by _deliver
                 out = TowerOutput(out.embeddings, {**out.extras, "pooled": self.pool(out.embeddings, chunk.grid_thw)})
+            flag = finite_flag(out.embeddings)  # CUDA calls (a pinned buffer, an event): never beside a capture
         self.tally.add(tower_calls=1, images=len(chunk.indices))
-        return Launched(chunk, out, finite_flag(out.embeddings), self.output_tokens(chunk.grid_thw))
+        return Launched(chunk, out, flag, self.output_tokens(chunk.grid_thw))
 
     def _hand_out(self, launched: Launched):
         """_deliver's items, the caller's time between them counted as consumer_s."""
