@@ -18,7 +18,9 @@ the key's previous sighting was at most `recent_calls` calls of this cache ago (
 older one starts the count again ("stale" in stats). Repeated `encode` calls of the same inputs see
 each packing every few calls (one per chunk) and capture on their second call as before; a stream
 of mixed sizes, whose packings recur by chance and far apart, no longer captures graphs it never
-replays (run 9a: 4 captures, 0 replays in 600 images). recent_calls=None: no recency condition.
+replays (run 9a: 4 captures, 0 replays in 600 images). 16 is twice max_graphs (8): a packing that
+comes back only after more calls than that would mostly have been evicted again by the others
+before its next replay. recent_calls=None: no recency condition (the rule before).
 A capture that fails (an operation that cannot be captured, e.g. a host copy) is logged once with
 its reason, and that key then runs without a graph. Call counts and failures are kept for the
 1,024 most recent packings without a graph, so a server seeing endless new sizes does not grow them.
