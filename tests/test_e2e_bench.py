@@ -298,3 +298,34 @@ def test_stream_on_cuda_matches_encode_and_stays_on_the_device(folder):
         assert emb.device.type == "cuda" and torch.equal(emb, ref), f"image {i}: stream differs from encode"
         err = float((emb.cpu() - host).norm() / host.norm())
         assert err < 5e-3, f"image {i}: CUDA differs from CPU by {err:.2e} (tolerance 5e-3, TF32 matmuls)"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_repeated_encode_on_cuda_replays_its_graphs(folder):
+    """The growing schedule gives the same packings on every call, so the second call captures each and
+    the third replays them all; results agree with the first (eager) call."""
+    images = [_image(i, 28 * (1 + i % 3), 56) for i in range(10)]
+    with Encoder(folder, device="cuda", dtype="float32", cuda_graphs=True, max_batch_patches=64,
+                 first_chunk_patches=8) as enc:
+        first = enc.encode(images)
+        keys = len({tuple(map(tuple, g)) for g in _grids_of(enc, images)})
+        enc.encode(images)
+        before = dict(enc.loaded.graphs.stats)
+        third = enc.encode(images)
+        stats = enc.loaded.graphs.stats
+    calls = len(_grids_of(enc, images))
+    assert stats["captures"] == keys and stats["replays"] - before.get("replays", 0) == calls, dict(stats)
+    for i, (a, b) in enumerate(zip(first, third)):
+        err = float((a - b).norm() / a.norm())
+        assert err < 1e-4, f"image {i}: a replay differs from the eager call by {err:.2e} (tolerance 1e-4)"
+
+
+def _grids_of(enc, images) -> list:
+    """The packings (grid lists) of one encode of `images` under enc's chunk schedule."""
+    grid = enc.preprocess(images)[1].tolist()
+    out, start = [], 0
+    for n in enc.chunk_schedule.split([t * h * w for t, h, w in grid]):
+        out.append(grid[start:start + n])
+        start += n
+    return out
