@@ -123,3 +123,75 @@ def test_graph_pool_is_measured(tmp_path):
         run_tower(graphed, pixels, grid)
     assert graphed.graphs.stats["captures"] == 1
     assert graph_pool_free_bytes(torch.device("cuda")) > 0
+
+
+class _FakeGraph:
+    """Stands in for torch.cuda.CUDAGraph on the CPU: replay() reruns the function it was 'captured' from."""
+
+    def __init__(self, replay):
+        self.replay = replay
+
+
+def _fake_graph_cache(monkeypatch, **kwargs):
+    """A CudaGraphCache over a CPU tower whose capture is faked (the policy and bookkeeping are real)."""
+    from mmenc.engine.cuda_graphs import CudaGraphCache
+    from mmenc.models.base import TowerOutput
+
+    forwards = []
+
+    def tower(pixel_values, grid_thw):
+        forwards.append(pixel_values.shape[0])
+        return TowerOutput(pixel_values * 2)
+
+    cache = CudaGraphCache(tower, "cuda", **kwargs)  # a device name only: nothing runs on CUDA here
+
+    def record(key, static_in, grid_thw):
+        static_out = TowerOutput(torch.empty_like(static_in))
+        return _FakeGraph(lambda: static_out.embeddings.copy_(static_in * 2)), static_out
+
+    monkeypatch.setattr(cache, "_record", record)
+    return cache, forwards
+
+
+def _call(cache, rows: int, seed: int = 0):
+    pv = torch.randn(rows, 4, generator=torch.Generator().manual_seed(seed))
+    out = cache(pv, torch.tensor([[1, 1, rows]]))
+    assert torch.equal(out.embeddings, pv * 2), "a replay must give the tower's result"
+    return out
+
+
+def test_capture_policy_repeated_calls_capture_on_the_second_sighting(monkeypatch):
+    """encode() called again with the same files: each packing comes back within a few calls, so its
+    second sighting captures and later ones replay (as before the recency rule)."""
+    cache, _ = _fake_graph_cache(monkeypatch)
+    for call in range(4):
+        for rows in (4, 8, 16, 20):  # one call = four chunks of a growing schedule
+            _call(cache, rows, seed=call)
+    assert dict(cache.stats) == {"eager": 4, "captures": 4, "replays": 8}, dict(cache.stats)
+    assert cache.unreplayed() == 0
+
+
+def test_capture_policy_stream_of_mixed_packings_does_not_capture_far_repeats(monkeypatch):
+    """A stream whose packings recur only far apart (more than recent_calls calls) never captures: every
+    capture there would cost a forward and a synchronisation and never be replayed."""
+    cache, _ = _fake_graph_cache(monkeypatch, recent_calls=16)
+    for rep in range(3):
+        for rows in range(1, 21):  # 20 distinct packings, each back after 20 calls
+            _call(cache, rows, seed=rep)
+    assert cache.stats["captures"] == 0 and cache.stats["eager"] == 60 and cache.stats["stale"] == 40, dict(cache.stats)
+    old, _ = _fake_graph_cache(monkeypatch, recent_calls=None)  # the rule before: 20 captures, no replay
+    for rep in range(2):
+        for rows in range(1, 21):
+            _call(old, rows, seed=rep)
+    assert old.stats["captures"] == 20 and old.stats["replays"] == 0 and old.unreplayed() == 20, dict(old.stats)
+
+
+def test_capture_policy_counts_dropped_graphs_that_never_replayed(monkeypatch):
+    cache, _ = _fake_graph_cache(monkeypatch, max_graphs=2)
+    for rows in (3, 3, 5, 5, 7, 7):  # three captures, the first dropped for the third; none replayed
+        _call(cache, rows)
+    assert cache.stats["captures"] == 3 and cache.stats["dropped_unreplayed"] == 1 and cache.unreplayed() == 3
+    _call(cache, 7)
+    assert cache.stats["replays"] == 1 and cache.unreplayed() == 2
+    with pytest.raises(ValueError, match="recent_calls=0 must be >= 1"):
+        type(cache)(lambda pv, g: None, "cuda", recent_calls=0)

@@ -3,6 +3,7 @@ Qwen2.5-VL checkpoint on the CPU: stream order, bounded look-ahead on an endless
 reported with their index while the rest come out, aspect ratio > 200 skipped, the e2e bench end to end."""
 import itertools
 import json
+import math
 
 import numpy as np
 import pytest
@@ -91,8 +92,9 @@ def test_encode_raise_stops_the_tower_after_a_failure(folder):
     with pytest.raises(ImageLoadError, match=r"2 of 6 images failed(.|\n)*\[2\](.|\n)*\[5\]"):
         enc.encode([_image(0), _image(1), np.zeros((0, 4, 3), np.uint8), _image(3), _image(4),
                     np.zeros((4, 0, 3), np.uint8)])
-    # the failure of #2 arrives with the chunk of image #1 (one image a chunk), so only #0 reached the tower
-    assert calls == [1], f"tower calls (images each): {calls}; none should start once image #2 has failed"
+    # one image fills a chunk, so #0 and #1 leave as soon as they are ready; once #2's failure is seen no
+    # tower call starts: #3 and #4 never reach the tower
+    assert calls == [1, 1], f"tower calls (images each): {calls}; none should start once image #2 has failed"
     enc.close()
 
 
@@ -105,29 +107,63 @@ def _spy_calls(enc) -> list:
 
 def test_first_tower_call_is_small_and_results_do_not_change(folder, tmp_path):
     """encode/encode_iter: the first tower call takes at most first_chunk_patches (so it starts while
-    the rest is decoded); order, per-image failures and results (fp tolerance) as with one call."""
+    the rest is decoded), later calls grow by chunk_growth (math.inf: straight to max_batch_patches);
+    order, per-image failures and results (fp tolerance) as with one call."""
     bad = tmp_path / "broken.jpg"
     bad.write_bytes(b"not a jpeg")
-    images = [_image(i, 56, 28 * (1 + i % 3)) for i in range(7)]  # 8, 4 (a chunk of two) and 12 patches
+    images = [_image(i, 56, 28 * (1 + i % 3)) for i in range(7)]
     items = images[:2] + [str(bad)] + images[2:]
     with Encoder(folder, device="cpu", preprocess_workers=2, max_batch_patches=4096) as one, \
-            Encoder(folder, device="cpu", preprocess_workers=2, max_batch_patches=4096, first_chunk_patches=10) as lead:
+            Encoder(folder, device="cpu", preprocess_workers=2, max_batch_patches=4096, first_chunk_patches=10) as lead, \
+            Encoder(folder, device="cpu", preprocess_workers=2, max_batch_patches=4096, first_chunk_patches=10,
+                    chunk_growth=math.inf) as jump:
         assert one.first_chunk_patches == 256 and lead.first_chunk_patches == 10
-        calls_one, calls_lead = _spy_calls(one), _spy_calls(lead)
+        calls_one, calls_lead, calls_jump = _spy_calls(one), _spy_calls(lead), _spy_calls(jump)
         want = one.encode(items, errors="skip")
         got = lead.encode(items, errors="skip")
-        assert calls_one == [7] and calls_lead == [1, 6], f"tower calls (images): {calls_one}, {calls_lead}"
+        jumped = jump.encode(items, errors="skip")
+        rows = [int(g.prod()) for g in one.preprocess(images)[1]]  # 24, 16, 24, 24, 16, 24, 24 patches
+        # 24 | 16 + 24 | 24 + 16 + 24 + 24: limits 10, 48, 96 (each twice the larger of the last limit and rows)
+        assert calls_one == [7] and calls_lead == [1, 2, 4] and calls_jump == [1, 6], (
+            f"tower calls (images): {calls_one}, {calls_lead}, {calls_jump}")
+        assert lead.chunk_schedule.split(rows) == calls_lead, rows
         assert got[2] is None and want[2] is None
         for i, (g, w) in enumerate(zip(got, want)):
             if w is not None:
-                err = float((g - w).norm() / w.norm())
-                assert err < 1e-5, f"image {i}: first-chunk split changes it by {err:.2e} (tolerance 1e-5)"
+                for other in (g, jumped[i]):
+                    err = float((other - w).norm() / w.norm())
+                    assert err < 1e-5, f"image {i}: the chunk split changes it by {err:.2e} (tolerance 1e-5)"
         streamed = list(lead.encode_iter(items))
         assert [i for i, _ in streamed] == list(range(len(items))) and isinstance(streamed[2][1], LoadFailure)
         assert all(torch.equal(v, got[i]) for i, v in streamed if i != 2)
-        assert calls_lead[2:] == [1, 6], f"encode_iter's tower calls (images): {calls_lead[2:]}"
+        assert calls_lead[3:] == [1, 2, 4], f"encode_iter's tower calls (images): {calls_lead[3:]}"
     with pytest.raises(ValueError, match="first_chunk_patches=0 must be an int >= 1"):
         Encoder(folder, device="cpu", first_chunk_patches=0)
+    with pytest.raises(ValueError, match=r"chunk_growth=0.5 must be a number >= 1"):
+        Encoder(folder, device="cpu", chunk_growth=0.5)
+    with pytest.raises(ValueError, match=r"ChunkSchedule.growth=nan must be a number >= 1"):
+        lead.chunk_schedule.__class__(64, 8, float("nan"))
+
+
+def test_repeated_calls_repeat_their_packings(folder):
+    """The schedule depends on sizes only: the same images twice give the same tower calls (grids), so a
+    CUDA graph per packing replays; the workers' timing (0, 1 or 2 threads) changes nothing."""
+    images = [_image(i, 28 * (1 + i % 4), 28 * (1 + (i * 3) % 4)) for i in range(13)]
+    grids = []
+    for workers in (0, 1, 2, 2):
+        with Encoder(folder, device="cpu", preprocess_workers=workers, max_batch_patches=96,
+                     first_chunk_patches=8) as enc:
+            seen = []
+            real = enc.runner.run
+            enc.runner.run = lambda pv, g: seen.append(g.tolist()) or real(pv, g)
+            enc.encode(images)
+            grids.append(seen)
+            rows = [t * h * w for g in seen for t, h, w in g]
+            assert [len(g) for g in seen] == enc.chunk_schedule.split(rows)
+            assert all(sum(t * h * w for t, h, w in g) <= 96 or len(g) == 1 for g in seen)
+            assert sum(t * h * w for t, h, w in seen[0]) <= 8 or len(seen[0]) == 1
+    assert all(g == grids[0] for g in grids), f"packings differ between identical calls: {grids}"
+    assert len(grids[0]) >= 3, f"expected a growing schedule over several calls, got {grids[0]}"
 
 
 def test_first_chunk_split_is_bitwise_under_batch_invariant(folder):
@@ -136,8 +172,8 @@ def test_first_chunk_split_is_bitwise_under_batch_invariant(folder):
             Encoder(folder, device="cpu", preprocess_workers=2, batch_invariant=True, first_chunk_patches=1) as lead:
         calls = _spy_calls(lead)
         want, got = one.encode(images), lead.encode(images)
-    assert calls == [1, 4]
-    assert all(torch.equal(g, w) for g, w in zip(got, want)), "batch_invariant: the first-chunk split changed bits"
+    assert calls == [1, 2, 2]  # 24 | 16 + 24 (limit 48) | 24 + 16
+    assert all(torch.equal(g, w) for g, w in zip(got, want)), "batch_invariant: the chunk split changed bits"
 
 
 def test_other_threads_interleave_between_stream_chunks(encoder):
@@ -172,12 +208,14 @@ def test_e2e_bench_runs_on_cpu(folder, tmp_path, capsys):
                  "--stream-images", "6", "--json", str(out)]) == 0
     text = capsys.readouterr().out
     for needle in ("mmenc encode(files)", "mmenc tower only", "transformers proc+tower", "stream: 6 images",
-                   "GPU busy", "invariance (an image of grid 1x8x8 alone"):
+                   "GPU busy", "invariance (an image of grid 1x8x8 alone", "1x8x8*2 encode trace: wall",
+                   "stream trace: wall", "stream trace host ms: chunk_wait", "tower alone over the same packings"):
         assert needle in text, f"{needle!r} missing from:\n{text}"
     data = json.loads(out.read_text())
     impls = {r["impl"] for r in data["rows"]}
-    assert impls == {"mmenc encode(files)", "mmenc encode(files) 1 call", "mmenc preprocess only", "mmenc tower only",
-                     "transformers proc+tower", "transformers proc only"}  # eager rows only with compile/graphs
+    assert impls == {"mmenc encode(files)", "mmenc encode(files) 1 call", "mmenc encode(files) first+rest",
+                     "mmenc preprocess only", "mmenc tower only", "transformers proc+tower",
+                     "transformers proc only"}  # eager rows only with compile/graphs
     assert all(r["ms"] > 0 and r["images"] == 2 for r in data["rows"])
     (summary,) = data["workloads"]
     assert summary["grids_equal_transformers"] is True
@@ -185,8 +223,40 @@ def test_e2e_bench_runs_on_cpu(folder, tmp_path, capsys):
     assert 0 < summary["preprocess_share"]
     stream = data["stream"]
     assert stream["images"] == 6 and stream["failed"] == 0 and 0 < stream["gpu_busy_fraction"] <= 1.0
+    trace = stream["trace"]
+    assert sum(c["images"] for c in trace["calls"]) == 6 and trace["tower_calls"] == len(trace["calls"]) >= 1
+    assert {"chunk_wait_s", "launch_s", "worker_wait_s", "stage_s"} <= set(trace["host_s"]), trace["host_s"]
+    assert stream["tower_same_packings_s"] > 0 and stream["vs_tower_same_packings"] > 0
+    assert sum(c["images"] for c in summary["encode_trace"]["calls"]) == 2
+    assert data["chunk_growth"] == 2.0 and data["chunks_in_flight"] == 2
     inv = data["invariance"]
     assert len(inv["max_abs_diff"]) == 4 and inv["max_abs_diff_overall"] < 1e-3 * max(inv["max_abs_value"], 1)
+
+
+def test_tower_trace_splits_the_wall_time_of_a_call(folder):
+    """TowerTrace (the bench's instrument): one record per tower call in order, a gap between each two,
+    lead-in and tail, host seconds of this call only, and the tower alone over the same packings."""
+    from mmenc.bench.trace import TowerTrace, format_trace, tower_only_ms
+
+    images = [_image(i, 56, 28 * (1 + i % 3)) for i in range(9)]
+    with Encoder(folder, device="cpu", preprocess_workers=2, max_batch_patches=64, first_chunk_patches=8) as enc:
+        enc.encode(images)  # earlier work: must not count in the trace below
+        with TowerTrace(enc) as trace:
+            enc.encode(images)
+        enc.encode(images)  # later work: must not count either
+        report = trace.report()
+        assert [len(g) for g in trace.grids()] == enc.chunk_schedule.split(
+            [int(g.prod()) for g in enc.preprocess(images)[1]])
+        same_ms = tower_only_ms(enc, trace.grids(), enc.loaded.config.patch_features)
+    calls = report["calls"]
+    assert len(calls) >= 3 and sum(c["images"] for c in calls) == 9 and calls[0]["gap_before_ms"] is None
+    assert all(c["gap_before_ms"] >= 0 for c in calls[1:]) and all(c["graph"] == "-" for c in calls)
+    assert report["gaps_ms_sum"] == pytest.approx(sum(c["gap_before_ms"] for c in calls[1:]))
+    parts = report["lead_in_ms"] + report["tower_ms"] + report["gaps_ms_sum"] + report["tail_ms"]
+    assert parts <= report["wall_ms"] + 1e-6 and 0 < report["busy_fraction"] <= 1
+    assert report["host_s"]["chunk_wait_s"] <= report["wall_ms"] / 1e3, report["host_s"]
+    assert same_ms > 0
+    assert "tower calls" in format_trace("t", report) and "t host ms: " in format_trace("t", report)
 
 
 def test_e2e_eager_rows_and_their_tower_comparison(encoder, tmp_path, monkeypatch):
@@ -205,8 +275,9 @@ def test_e2e_eager_rows_and_their_tower_comparison(encoder, tmp_path, monkeypatc
     assert not e2e.has_eager_rows(encoder)  # neither compile nor graphs: no eager rows
     monkeypatch.setattr(e2e, "has_eager_rows", lambda enc: True)
     rows, _ = e2e.run_workload("w", encoder, paths, None, None, warmup=0, iters=1)
-    assert [r.impl for r in rows] == ["mmenc encode(files)", "mmenc encode(files) 1 call", "mmenc preprocess only",
-                                      "mmenc tower only", "mmenc encode(files) eager", "mmenc tower only eager"]
+    assert [r.impl for r in rows] == ["mmenc encode(files)", "mmenc encode(files) 1 call",
+                                      "mmenc encode(files) first+rest", "mmenc preprocess only", "mmenc tower only",
+                                      "mmenc encode(files) eager", "mmenc tower only eager"]
     table = e2e.format_rows([e2e.E2ERow("w", "mmenc encode(files)", 2, 20.0),
                              e2e.E2ERow("w", "mmenc tower only", 2, 19.0),
                              e2e.E2ERow("w", "mmenc encode(files) eager", 2, 50.0),
@@ -227,3 +298,34 @@ def test_stream_on_cuda_matches_encode_and_stays_on_the_device(folder):
         assert emb.device.type == "cuda" and torch.equal(emb, ref), f"image {i}: stream differs from encode"
         err = float((emb.cpu() - host).norm() / host.norm())
         assert err < 5e-3, f"image {i}: CUDA differs from CPU by {err:.2e} (tolerance 5e-3, TF32 matmuls)"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_repeated_encode_on_cuda_replays_its_graphs(folder):
+    """The growing schedule gives the same packings on every call, so the second call captures each and
+    the third replays them all; results agree with the first (eager) call."""
+    images = [_image(i, 28 * (1 + i % 3), 56) for i in range(10)]
+    with Encoder(folder, device="cuda", dtype="float32", cuda_graphs=True, max_batch_patches=64,
+                 first_chunk_patches=8) as enc:
+        first = enc.encode(images)
+        keys = len({tuple(map(tuple, g)) for g in _grids_of(enc, images)})
+        enc.encode(images)
+        before = dict(enc.loaded.graphs.stats)
+        third = enc.encode(images)
+        stats = enc.loaded.graphs.stats
+    calls = len(_grids_of(enc, images))
+    assert stats["captures"] == keys and stats["replays"] - before.get("replays", 0) == calls, dict(stats)
+    for i, (a, b) in enumerate(zip(first, third)):
+        err = float((a - b).norm() / a.norm())
+        assert err < 1e-4, f"image {i}: a replay differs from the eager call by {err:.2e} (tolerance 1e-4)"
+
+
+def _grids_of(enc, images) -> list:
+    """The packings (grid lists) of one encode of `images` under enc's chunk schedule."""
+    grid = enc.preprocess(images)[1].tolist()
+    out, start = [], 0
+    for n in enc.chunk_schedule.split([t * h * w for t, h, w in grid]):
+        out.append(grid[start:start + n])
+        start += n
+    return out

@@ -4,13 +4,17 @@ For each workload (a list of grids; the images are JPEG files of grid x patch-si
 into a temporary folder), in one run and on the same files and weights:
   mmenc encode         `Encoder.encode(paths)`, wall time until the embeddings are on the device
   mmenc encode 1 call  the same with first_chunk_patches off (the tower waits for every image)
+  ... first+rest       the same with chunk_growth=inf (the first chunk, then max_batch_patches: the
+                       schedule before growing chunks)
   mmenc preprocess     the Encoder's Preprocessor alone (its share of the above)
   mmenc tower only     `Encoder.encode_pixels` on the preprocessed pixels (CUDA events)
   ... eager            with compile / CUDA graphs on: encode and tower only again without them
   transformers         PIL open + transformers.AutoImageProcessor (its default backend) + its tower
   transformers proc.   the processor alone
-Plus a stream (many mixed-size files through `Encoder.encode_iter`: images/s, the tower's share of
-the wall time = GPU busy fraction) and a batch-invariance probe (an image alone vs the same image in
+One more traced encode per workload (mmenc.bench.trace: tower calls, the gaps between them, lead-in,
+host seconds). Plus a stream (many mixed-size files through `Encoder.encode_iter`: images/s, the
+tower's share of the wall time = GPU busy fraction, its trace, and the tower alone over the same
+packings) and a batch-invariance probe (an image alone vs the same image in
 mixed batches: the largest difference of its embedding). Wall times are perf_counter medians after
 warm-up, with the device synchronised; nothing here is imported by the engine.
 """
@@ -18,6 +22,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import math
 import pathlib
 import statistics
 import time
@@ -27,6 +32,7 @@ import numpy as np
 import torch
 
 from mmenc.bench.measure import time_ms
+from mmenc.bench.trace import TowerTrace, tower_only_ms
 
 
 @dataclasses.dataclass
@@ -109,6 +115,16 @@ def one_call(encoder):
         encoder.first_chunk_patches = first
 
 
+@contextlib.contextmanager
+def growth(encoder, factor: float):
+    """`encode` with another chunk_growth for a while (math.inf: the first chunk, then max_batch_patches)."""
+    old, encoder.chunk_growth = encoder.chunk_growth, factor
+    try:
+        yield
+    finally:
+        encoder.chunk_growth = old
+
+
 def has_eager_rows(encoder) -> bool:
     """Eager rows beside the compiled/graph ones: the tower runs in this process and is not eager already."""
     return encoder.tensor_parallel_size == 1 and (encoder.mm_config.compile or encoder.mm_config.cuda_graphs)
@@ -121,6 +137,11 @@ def run_workload(name: str, encoder, paths: list[str], hf_proc, hf_tower, warmup
     with one_call(encoder):
         rows.append(E2ERow(name, "mmenc encode(files) 1 call", n,
                            wall_ms(lambda: encoder.encode(paths), device, warmup, iters)))
+    with growth(encoder, math.inf):
+        rows.append(E2ERow(name, "mmenc encode(files) first+rest", n,
+                           wall_ms(lambda: encoder.encode(paths), device, warmup, iters)))
+    with TowerTrace(encoder) as trace:  # one more call of the default schedule, traced: where its time goes
+        encoder.encode(paths)
     pre_ms = wall_ms(lambda: encoder.preprocessor.run(paths), device, warmup, iters)
     rows.append(E2ERow(name, "mmenc preprocess only", n, pre_ms))
     pixel_values, grid_thw, _ = encoder.preprocessor.run(paths)
@@ -132,7 +153,7 @@ def run_workload(name: str, encoder, paths: list[str], hf_proc, hf_tower, warmup
                                wall_ms(lambda: encoder.encode(paths), device, warmup, iters)))
             rows.append(E2ERow(name, "mmenc tower only eager", n,
                                time_ms(lambda: encoder.encode_pixels(pixel_values, grid_thw), device, warmup, iters)))
-    summary = {"workload": name, "images": n, "preprocess_share": pre_ms / rows[0].ms}
+    summary = {"workload": name, "images": n, "preprocess_share": pre_ms / rows[0].ms, "encode_trace": trace.report()}
     if hf_proc is not None:
         from PIL import Image
 
@@ -158,46 +179,24 @@ def run_workload(name: str, encoder, paths: list[str], hf_proc, hf_tower, warmup
 
 def run_stream(encoder, pool: list[str], count: int) -> dict:
     """`count` images cycling over the files of `pool` through encode_iter (after one warm-up pass over
-    the pool): images/s, and the tower's time (CUDA events around each tower call) over the wall time."""
-    device = encoder.device
+    the pool): images/s, the tower's time (CUDA events around each tower call) over the wall time, the
+    gaps between tower calls, host seconds and graph paths (mmenc.bench.trace), and the tower alone
+    over the same packings (`tower_only_ms`): the rate the stream should reach."""
     for _ in encoder.encode_iter(pool):  # warm-up: every size once (compile, kernels, page cache)
         pass
-    spans: list = []
-    real_run = encoder.runner.run
-
-    def timed_run(pixel_values, grid_thw):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = real_run(pixel_values, grid_thw)
-            end.record()
-            spans.append((start, end))
-            return out
-        begin = time.perf_counter()
-        out = real_run(pixel_values, grid_thw)
-        spans.append(time.perf_counter() - begin)
-        return out
-
-    graphs = getattr(getattr(encoder.runner, "loaded", None), "graphs", None)  # a CudaGraphCache, if any
-    graph_stats_before = dict(graphs.stats) if graphs is not None else {}
-    encoder.runner.run = timed_run
-    try:
-        _sync(device)
-        begin = time.perf_counter()
-        done = failed = 0
+    done = failed = 0
+    with TowerTrace(encoder) as trace:
         for _, value in encoder.encode_iter(itertools.islice(itertools.cycle(pool), count)):
             done += isinstance(value, torch.Tensor)
             failed += not isinstance(value, torch.Tensor)
-        _sync(device)
-        wall_s = time.perf_counter() - begin
-    finally:
-        del encoder.runner.run  # the instance attribute goes; the class's method is back
-    tower_s = sum(s[0].elapsed_time(s[1]) / 1e3 if isinstance(s, tuple) else s for s in spans)
-    return {"images": done, "failed": failed, "distinct_files": len(pool), "tower_calls": len(spans),
+    report = trace.report()
+    wall_s, tower_s = trace.wall_s, report["tower_ms"] / 1e3
+    same_s = tower_only_ms(encoder, trace.grids(), encoder.loaded.config.patch_features) / 1e3
+    return {"images": done, "failed": failed, "distinct_files": len(pool), "tower_calls": report["tower_calls"],
             "wall_s": wall_s, "tower_s": tower_s, "images_per_s": done / wall_s,
             "tower_only_images_per_s": done / max(tower_s, 1e-9), "gpu_busy_fraction": tower_s / wall_s,
-            "graph_calls": ({k: v - graph_stats_before.get(k, 0) for k, v in graphs.stats.items()}
-                            if graphs is not None else None)}
+            "tower_same_packings_s": same_s, "vs_tower_same_packings": same_s / wall_s,
+            "graph_calls": report.get("graph_calls"), "trace": report}
 
 
 def invariance_probe(encoder, small: tuple[int, int, int], large: tuple[int, int, int], seed: int = 0) -> dict:
@@ -227,7 +226,7 @@ def invariance_probe(encoder, small: tuple[int, int, int], large: tuple[int, int
 
 def format_rows(rows: list[E2ERow]) -> str:
     """The table; "vs tower": an encode row's images/s over the tower-only row of the same mode."""
-    head = f"{'workload':<14} {'impl':<28} {'ms':>9} {'img/s':>9} {'vs HF':>6} {'vs tower':>8}"
+    head = f"{'workload':<14} {'impl':<31} {'ms':>9} {'img/s':>9} {'vs HF':>6} {'vs tower':>8}"
     lines = [head, "-" * len(head)]
     for r in rows:
         same = {x.impl: x for x in rows if x.workload == r.workload}
@@ -236,7 +235,7 @@ def format_rows(rows: list[E2ERow]) -> str:
         tower = same.get("mmenc tower only eager" if r.impl.endswith(" eager") else "mmenc tower only")
         vs_hf = f"{hf.ms / r.ms:.2f}x" if hf is not None and encode else "-"
         vs_tower = f"{100 * tower.ms / r.ms:.0f}%" if tower is not None and encode else "-"
-        lines.append(f"{r.workload:<14} {r.impl:<28} {r.ms:>9.2f} {r.images_per_s:>9.1f} {vs_hf:>6} {vs_tower:>8}")
+        lines.append(f"{r.workload:<14} {r.impl:<31} {r.ms:>9.2f} {r.images_per_s:>9.1f} {vs_hf:>6} {vs_tower:>8}")
     return "\n".join(lines)
 
 

@@ -49,6 +49,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--preprocess-decode", choices=["auto", "cpu", "torchvision", "gpu"], default="auto",
                    help="with --e2e: how JPEGs are decoded (cpu: PIL; torchvision: its libjpeg-turbo on the CPU; "
                         "gpu: nvJPEG; auto: torchvision when it imports, else PIL; default: %(default)s)")
+    p.add_argument("--first-chunk-patches", type=int, default=None, metavar="N",
+                   help="with --e2e: rows of the first tower call of each encode (default: max_batch_patches // 16)")
+    p.add_argument("--chunk-growth", type=float, default=2.0, metavar="X",
+                   help="with --e2e: each later tower call of an encode takes up to X times the previous one's "
+                        "rows (inf: straight to max_batch_patches; default: %(default)s)")
+    p.add_argument("--graph-recent-calls", type=int, default=16, metavar="N",
+                   help="with --cuda-graphs: a packing is captured only when seen again within N tower calls "
+                        "(0: whenever seen twice, the rule before; default: %(default)s)")
     return p
 
 
@@ -67,8 +75,13 @@ def run(args) -> int:
     workloads = {name: grids_of[name] for name in args.workload or []}
     for spec in args.grid or []:
         workloads[spec] = parse_grid_spec(spec)
-    encoder = Encoder(**encoder_kwargs(args, DEFAULT_MODEL))
+    encoder = Encoder(**encoder_kwargs(args, DEFAULT_MODEL), first_chunk_patches=args.first_chunk_patches,
+                      chunk_growth=args.chunk_growth)
     loaded = encoder.loaded
+    if getattr(loaded, "graphs", None) is not None:
+        if args.graph_recent_calls < 0:
+            raise ValueError(f"--graph-recent-calls={args.graph_recent_calls} must be >= 0 (0: no recency rule)")
+        loaded.graphs.recent_calls = args.graph_recent_calls or None
     device, dtype = encoder.device, loaded.dtype
     if not workloads:
         workloads = dict(CPU_WORKLOADS if device.type == "cpu" else WORKLOADS)
@@ -153,6 +166,7 @@ def run_e2e(args, encoder, workloads: dict, hf, json_path) -> int:
     import tempfile
 
     from mmenc.bench import e2e
+    from mmenc.bench.trace import format_trace
     from mmenc.preprocess.pipeline import Preprocessor
 
     loaded, device = encoder.loaded, encoder.device
@@ -181,6 +195,7 @@ def run_e2e(args, encoder, workloads: dict, hf, json_path) -> int:
             print(f"mmenc bench: e2e {name}: {len(paths)} JPEG files ...", file=sys.stderr, flush=True)
             got, summary = e2e.run_workload(name, encoder, paths, hf_proc, hf, args.warmup, args.iters)
             print(e2e.format_rows(got), file=sys.stderr, flush=True)  # progress: survives a cut run
+            print(format_trace(f"{name} encode trace", summary["encode_trace"]), file=sys.stderr, flush=True)
             rows += got
             summaries.append(summary)
         if stream_n:
@@ -192,6 +207,7 @@ def run_e2e(args, encoder, workloads: dict, hf, json_path) -> int:
             print(f"mmenc bench: e2e stream: {stream_n} images over {len(pool)} mixed-size files ...",
                   file=sys.stderr, flush=True)
             stream = e2e.run_stream(encoder, pool, stream_n)
+            print(format_trace("stream trace", stream["trace"]), file=sys.stderr, flush=True)
     small, large = ((1, 16, 16), (1, 74, 74)) if gpu else ((1, 8, 8), (1, 24, 24))
     invariance = e2e.invariance_probe(encoder, small, large)
     print(f"model={encoder.model_name} dtype={str(loaded.dtype).removeprefix('torch.')} device={device} "
@@ -205,11 +221,15 @@ def run_e2e(args, encoder, workloads: dict, hf, json_path) -> int:
             f"; grids equal to transformers: {s['grids_equal_transformers']}" if "grids_equal_transformers" in s else "")
             + (f"; pixel max diff vs transformers {s['pixels_max_diff_vs_transformers']:.3g}"
                if "pixels_max_diff_vs_transformers" in s else ""))
+        print(format_trace(f"{s['workload']} encode trace", s["encode_trace"]))
     if stream is not None:
         print(f"stream: {stream['images']} images ({stream['failed']} failed) in {stream['wall_s']:.2f} s = "
               f"{stream['images_per_s']:.1f} img/s; tower {stream['tower_s']:.2f} s = "
               f"{stream['tower_only_images_per_s']:.1f} img/s; GPU busy {100 * stream['gpu_busy_fraction']:.0f}%"
+              + f"; tower alone over the same packings {stream['tower_same_packings_s']:.2f} s "
+              f"(stream at {100 * stream['vs_tower_same_packings']:.0f}% of it)"
               + (f"; CUDA graph calls {stream['graph_calls']}" if stream.get("graph_calls") else ""))
+        print(format_trace("stream trace", stream["trace"]))
     print("invariance (an image of grid {} alone vs in mixed batches, max |diff|): {} (largest |value| {:.3g})".format(
         "x".join(map(str, small)), ", ".join(f"{k}: {v:.3g}" for k, v in invariance["max_abs_diff"].items()),
         invariance["max_abs_value"]))
@@ -217,6 +237,9 @@ def run_e2e(args, encoder, workloads: dict, hf, json_path) -> int:
         payload = {"model": encoder.model_name, "dtype": str(loaded.dtype), "device": str(device),
                    "torch": torch.__version__, "gpu": torch.cuda.get_device_name(device) if gpu else None,
                    "compile": encoder.mm_config.compile, "cuda_graphs": encoder.mm_config.cuda_graphs,
+                   "max_batch_patches": encoder.max_batch_patches, "first_chunk_patches": encoder.first_chunk_patches,
+                   "chunk_growth": encoder.chunk_growth, "chunks_in_flight": encoder.chunks_in_flight,
+                   "graph_recent_calls": getattr(getattr(loaded, "graphs", None), "recent_calls", None),
                    "preprocess_workers": encoder.preprocessor.workers, "decode": encoder.preprocessor.decode,
                    "resize": encoder.preprocessor.resize,
                    "hf_processor": type(hf_proc).__name__ if hf_proc is not None else None,

@@ -35,19 +35,52 @@ def check_timeout(name: str, value) -> None:
         raise ValueError(f"{name}={value!r} must be a positive, finite number of seconds, e.g. 600")
 
 
-def finite_flag(embeddings: torch.Tensor) -> torch.Tensor | None:
-    """A 0-dim bool tensor on the embeddings' device, True when all of `embeddings` is finite.
-    Computing it queues one reduction and does not wait for the device: a pipeline reads it later
-    (check_finite(..., flag=)) so the host never stalls the stream between tower calls."""
-    return None if embeddings.numel() == 0 else torch.isfinite(embeddings).all()
+class FiniteFlag:
+    """Whether a tensor is all finite, computed on its device without making the host wait.
+
+    On CUDA the 0-dim flag is copied into pinned host memory right behind the work that made the
+    tensor, and an event is recorded after the copy: `ready()` polls that event, `value()` waits for
+    it only. Reading a device flag directly (`bool(flag)`, `.item()`) would instead wait for every
+    kernel queued on the stream so far, the next tower call included, leaving the device idle while
+    the host prepares the call after it. Elsewhere the flag is read when asked (the CPU computed it)."""
+
+    def __init__(self, embeddings: torch.Tensor):
+        flag = torch.isfinite(embeddings).all()
+        self._event = None
+        if flag.device.type == "cuda":
+            host = torch.empty((), dtype=torch.bool, pin_memory=True)
+            host.copy_(flag, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record(torch.cuda.current_stream(flag.device))
+            flag = host
+        self._flag = flag
+
+    def ready(self) -> bool:
+        """True once value() would not wait."""
+        return self._event is None or self._event.query()
+
+    def wait(self) -> None:
+        """Wait for the work behind the flag (the tower call that made the tensor), nothing queued later."""
+        if self._event is not None:
+            self._event.synchronize()
+
+    def value(self) -> bool:
+        self.wait()
+        return bool(self._flag)
 
 
-def check_finite(embeddings: torch.Tensor, tokens: list[int], strict: bool, *, flag: torch.Tensor | None = None,
+def finite_flag(embeddings: torch.Tensor) -> FiniteFlag | None:
+    """A FiniteFlag for `embeddings` (None when empty): one reduction queued on its device, read
+    later (check_finite(..., flag=)) so that the host never stalls the stream between tower calls."""
+    return None if embeddings.numel() == 0 else FiniteFlag(embeddings)
+
+
+def check_finite(embeddings: torch.Tensor, tokens: list[int], strict: bool, *, flag: FiniteFlag | None = None,
                  indices: list[int] | None = None) -> None:
     """Warn (strict: raise NonFiniteOutputError) naming the images whose rows of `embeddings`
     [sum(tokens), out_hidden] hold NaN or infinity. One reduction when all is finite (or none: `flag`
     from finite_flag, read here). indices: how to name the images (default 0..N-1)."""
-    if embeddings.numel() == 0 or bool(flag if flag is not None else torch.isfinite(embeddings).all()):
+    if embeddings.numel() == 0 or (flag.value() if flag is not None else bool(torch.isfinite(embeddings).all())):
         return
     bad_rows = ~torch.isfinite(embeddings).all(dim=-1)
     bad = [i for i, rows in enumerate(bad_rows.split(tokens)) if bool(rows.any())]

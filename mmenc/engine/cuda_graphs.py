@@ -12,6 +12,15 @@ Life of a key:
   (device tensors), compile blocks and tune kernels; none of that may happen inside a capture;
 - the next call runs it once more on a side stream, captures it, then replays;
 - every later call copies the input into the graph's static input buffer and replays.
+Capture policy: a capture costs an extra forward, a device synchronisation and emptied allocator
+caches (torch.cuda.graph), so it pays only for a packing that comes back. A sighting counts only if
+the key's previous sighting was at most `recent_calls` calls of this cache ago (16 by default); an
+older one starts the count again ("stale" in stats). Repeated `encode` calls of the same inputs see
+each packing every few calls (one per chunk) and capture on their second call as before; a stream
+of mixed sizes, whose packings recur by chance and far apart, no longer captures graphs it never
+replays (run 9a: 4 captures, 0 replays in 600 images). 16 is twice max_graphs (8): a packing that
+comes back only after more calls than that would mostly have been evicted again by the others
+before its next replay. recent_calls=None: no recency condition (the rule before).
 A capture that fails (an operation that cannot be captured, e.g. a host copy) is logged once with
 its reason, and that key then runs without a graph. Call counts and failures are kept for the
 1,024 most recent packings without a graph, so a server seeing endless new sizes does not grow them.
@@ -40,25 +49,35 @@ class _Graph:
 
     def __init__(self, graph: torch.cuda.CUDAGraph, static_in: torch.Tensor, static_out: TowerOutput, plan=None):
         self.graph, self.static_in, self.static_out, self.plan = graph, static_in, static_out, plan
+        self.replays = 0  # replays after the capture call
 
 
 class CudaGraphCache:
     """Runs `tower(pixel_values, grid_thw)` through one CUDA graph per packing (see the module doc).
 
-    stats: counts of "eager" calls (warm-up or uncapturable), "captures" and "replays".
+    stats: counts of "eager" calls (warm-up or uncapturable), "captures", "replays", "stale" (sightings
+    too long after the previous one to count) and "dropped_unreplayed" (graphs evicted without a replay).
+    unreplayed(): graphs captured and never replayed so far (kept or dropped).
     """
 
-    def __init__(self, tower: nn.Module, device: torch.device | str, max_graphs: int = 8, warmup: int = 1):
+    def __init__(self, tower: nn.Module, device: torch.device | str, max_graphs: int = 8, warmup: int = 1,
+                 recent_calls: int | None = 16):
         device = torch.device(device)
         if device.type != "cuda":
             raise ValueError(f"cuda_graphs=True needs a CUDA device; the tower is on {device}. Leave cuda_graphs "
                              f"off on this platform")
         if max_graphs < 1 or warmup < 1:
             raise ValueError(f"max_graphs={max_graphs} and warmup={warmup} must both be >= 1")
+        if recent_calls is not None and recent_calls < 1:
+            raise ValueError(f"recent_calls={recent_calls} must be >= 1 (or None: capture whenever a packing "
+                             f"was seen warmup times)")
         self.tower, self.device, self.max_graphs, self.warmup = tower, device, max_graphs, warmup
+        self.recent_calls = recent_calls
         self._graphs: collections.OrderedDict[Hashable, _Graph] = collections.OrderedDict()
-        # per packing not (yet) captured: [calls so far, capture failed]; bounded, as servers see many packings
+        # per packing not (yet) captured: [sightings, capture failed, call number of the last sighting];
+        # bounded, as servers see many packings
         self._seen = LRUCache(1024)
+        self._calls = 0
         self._pool = None
         self.stats = collections.Counter()
 
@@ -68,10 +87,15 @@ class CudaGraphCache:
 
     def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
         key = self.key(pixel_values, grid_thw)
+        self._calls += 1
         entry = self._graphs.get(key)
         if entry is None:
-            seen = self._seen.get(key, lambda: [0, False])
+            seen = self._seen.get(key, lambda: [0, False, self._calls])
+            if seen[0] and self.recent_calls is not None and self._calls - seen[2] > self.recent_calls:
+                seen[0] = 0  # seen too long ago to predict a repeat: count again from here
+                self.stats["stale"] += 1
             seen[0] += 1
+            seen[2] = self._calls
             if seen[0] <= self.warmup or seen[1]:
                 self.stats["eager"] += 1
                 return self.tower(pixel_values, grid_thw)
@@ -82,12 +106,34 @@ class CudaGraphCache:
         else:
             self._graphs.move_to_end(key)
             self.stats["replays"] += 1
+            entry.replays += 1
         entry.static_in.copy_(pixel_values)
         entry.graph.replay()
         return entry.static_out.map(torch.clone)
 
+    def unreplayed(self) -> int:
+        """Graphs captured and never replayed so far: each cost a capture and bought nothing."""
+        return self.stats["dropped_unreplayed"] + sum(g.replays == 0 for g in self._graphs.values())
+
     def _capture(self, key: tuple, pixel_values: torch.Tensor, grid_thw: torch.Tensor, seen: list) -> _Graph | None:
         static_in = pixel_values.clone()
+        recorded = self._record(key, static_in, grid_thw)
+        if recorded is None:
+            seen[1] = True
+            return None
+        graph, static_out = recorded
+        plan = self.tower.plan(grid_thw, static_in.device) if hasattr(self.tower, "plan") else None  # the cached one
+        entry = self._graphs[key] = _Graph(graph, static_in, static_out, plan)
+        self.stats["captures"] += 1
+        if len(self._graphs) > self.max_graphs:
+            _, dropped = self._graphs.popitem(last=False)
+            self.stats["dropped_unreplayed"] += dropped.replays == 0
+        logger.info("captured a CUDA graph for grid %s (%d graphs kept)", [list(g) for g in key[0]], len(self._graphs))
+        return entry
+
+    def _record(self, key: tuple, static_in: torch.Tensor, grid_thw: torch.Tensor):
+        """The CUDA part: (graph, static output) of tower(static_in, grid_thw), or None (logged) if it
+        cannot be captured."""
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):  # one more run where the capture will happen: lazy state settles
@@ -100,14 +146,7 @@ class CudaGraphCache:
             with torch.cuda.graph(graph, pool=self._pool):
                 static_out = self.tower(static_in, grid_thw)
         except Exception as e:  # noqa: BLE001 - any failure to capture means: run this packing without a graph
-            seen[1] = True
             logger.warning("CUDA graph capture failed for grid %s (%s: %s); this packing runs without a graph",
                            [list(g) for g in key[0]], type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             return None
-        plan = self.tower.plan(grid_thw, static_in.device) if hasattr(self.tower, "plan") else None  # the cached one
-        entry = self._graphs[key] = _Graph(graph, static_in, static_out, plan)
-        self.stats["captures"] += 1
-        if len(self._graphs) > self.max_graphs:
-            self._graphs.popitem(last=False)
-        logger.info("captured a CUDA graph for grid %s (%d graphs kept)", [list(g) for g in key[0]], len(self._graphs))
-        return entry
+        return graph, static_out

@@ -23,6 +23,7 @@ chunk while the tower runs this one, and the host reads no device value between 
 """
 import dataclasses
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -30,12 +31,15 @@ import torch
 
 from mmenc.config import MultiModalConfig
 from mmenc.engine.checks import check_dtype, check_finite, check_positive_int, check_timeout, finite_flag
+from mmenc.engine.inflight import ChunkWindow, Launched
 from mmenc.engine.runner import TowerRecipe, empty_output
 from mmenc.engine.runners import make_runner
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
 from mmenc.preprocess.images import ImageLoadError, LoadFailure
 from mmenc.preprocess.pipeline import Chunk, Preprocessor
+from mmenc.preprocess.schedule import ChunkSchedule
+from mmenc.tally import Tally
 
 logger = init_logger(__name__)
 
@@ -57,7 +61,7 @@ class Encoder:
                  mm_encoder_tp_mode: str = "weights", max_batch_patches: int = 1 << 16, compile: bool = False,
                  cuda_graphs: bool = False, *, worker_timeout_s: float = 600.0, strict: bool = False,
                  preprocess_workers: int | None = None, batch_invariant: bool = False,
-                 first_chunk_patches: int | None = None):
+                 first_chunk_patches: int | None = None, chunk_growth: float = 2.0):
         """model: a local Hugging Face checkpoint folder, or a built-in name (then
         load_format="dummy" is implied: random weights, no files). max_batch_patches bounds one
         tower call; `encode` splits larger inputs into several calls (whole images only).
@@ -74,7 +78,10 @@ class Encoder:
         first_chunk_patches: the first tower call of each `encode`/`encode_iter` takes at most this
         many patches (at least one image), so the tower starts while the rest is still decoded
         (None: max_batch_patches // 16, 4096 by default; max_batch_patches or more: no smaller
-        first call). See docs/engine.md, Pipelining.
+        first call). chunk_growth: each later call may take up to this many times the previous
+        call's rows, up to max_batch_patches (math.inf: straight to max_batch_patches); the cut
+        depends only on the images' sizes, so repeated calls repeat their packings
+        (mmenc.preprocess.schedule.ChunkSchedule). See docs/engine.md, Pipelining.
         Safe to call from many threads: calls run one at a time (docs/engine.md, Threads)."""
         check_dtype(dtype)
         check_positive_int("tensor_parallel_size", tensor_parallel_size, "the number of devices, e.g. 2")
@@ -89,6 +96,12 @@ class Encoder:
         self.max_batch_patches, self.strict, self.model_name = max_batch_patches, bool(strict), model
         self.first_chunk_patches = min(max_batch_patches, first_chunk_patches if first_chunk_patches is not None
                                        else max(1, max_batch_patches // 16))
+        if isinstance(chunk_growth, bool) or not isinstance(chunk_growth, (int, float)) or not chunk_growth >= 1:
+            raise ValueError(f"chunk_growth={chunk_growth!r} must be a number >= 1 (2: each tower call of an encode "
+                             f"up to twice the previous one; math.inf: the first call, then max_batch_patches)")
+        self.chunk_growth = chunk_growth
+        self.chunks_in_flight = 2  # tower calls the host may queue before reading the oldest's result
+        self.tally = Tally()  # seconds of encode/encode_iter: chunk_wait_s, launch_s, device_wait_s, consumer_s
         self._recipe = TowerRecipe(dict(model=model, load_format=load_format, dtype=dtype,
                                         multimodal_config=self.mm_config))
         self.runner = make_runner(self._recipe, torch.device(device) if device is not None else None,
@@ -187,14 +200,23 @@ class Encoder:
         results wait to be handed out, so memory stays bounded whatever the stream's length.
         A failing image yields its LoadFailure (also logged) and the stream goes on. Threads: the
         Encoder's lock is held for each tower call only, so other callers' calls interleave
-        between chunks; each call's results are its own. Non-finite embeddings are checked one
-        chunk later (warned, or NonFiniteOutputError under strict=True, which ends the stream)."""
+        between chunks; each call's results are its own. Non-finite embeddings are checked once their
+        tower call is done, without waiting for later calls: warned up to two chunks later, or, under
+        strict=True, before the chunk's results are handed out (NonFiniteOutputError ends the stream).
+        Results are device tensors whose tower call may still be running (stream-ordered, as any
+        torch op's output)."""
         for index, value in self._pipeline(images, stop_on_failure=False):
             if isinstance(value, LoadFailure):
                 logger.warning("skipped: %s", value.message)
                 yield index, value
             else:
                 yield index, value if return_extras else value.embeddings
+
+    @property
+    def chunk_schedule(self) -> ChunkSchedule:
+        """How `encode`/`encode_iter` cut their inputs into tower calls (first_chunk_patches, then
+        growing by chunk_growth up to max_batch_patches)."""
+        return ChunkSchedule(self.max_batch_patches, self.first_chunk_patches, self.chunk_growth)
 
     def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
         """Embedding rows each image yields."""
@@ -225,46 +247,63 @@ class Encoder:
 
     def _pipeline(self, images: Iterable[Any], *, stop_on_failure: bool, pooled: bool = False
                   ) -> Iterator[tuple[int, ImageEmbedding | LoadFailure]]:
-        """(index, ImageEmbedding | LoadFailure) in input order. Chunk k's results are handed out
-        after chunk k+1's tower call is queued, so on CUDA the device never waits for the host
-        between chunks (the finite check reads chunk k's flag then). stop_on_failure: no tower call
-        after the first failure (encode with errors="raise" only collects the failures then).
-        pooled: each ImageEmbedding also carries extras["pooled"] [hidden] (see `pool`)."""
-        chunks = self.preprocessor.iter_chunks(images, max_batch_patches=self.max_batch_patches,
-                                               first_chunk_patches=self.first_chunk_patches, errors="skip")
-        held: tuple[Chunk, TowerOutput | None, torch.Tensor | None] | None = None
+        """(index, ImageEmbedding | LoadFailure) in input order. Chunks follow `chunk_schedule`; chunk
+        k's results are handed out after chunk k+1's tower call is queued, and the host reads no
+        device value on the way except through a ChunkWindow (mmenc.engine.inflight): on CUDA the
+        device never waits for the host between chunks while the workers keep up. stop_on_failure:
+        no tower call after the first failure (encode with errors="raise" only collects the failures
+        then). pooled: each ImageEmbedding also carries extras["pooled"] [hidden] (see `pool`).
+        Seconds spent land in self.tally (chunk_wait_s, launch_s, device_wait_s, consumer_s)."""
+        chunks = self.preprocessor.iter_chunks(images, schedule=self.chunk_schedule, errors="skip")
+        window = ChunkWindow(depth=self.chunks_in_flight, strict=self.strict, tally=self.tally)
         failed = False
         try:
-            for chunk in chunks:
+            while True:
+                with self.tally.time("chunk_wait_s"):  # blocked on the workers, or staging the chunk
+                    chunk = next(chunks, None)
+                if chunk is None:
+                    break
                 failed = failed or bool(chunk.failures)
-                out, flag = None, None
+                launched = Launched(chunk)
                 if chunk.indices and not (failed and stop_on_failure):
-                    pixel_values = chunk.pixel_values
-                    if pixel_values.dim() > 2:  # [P, C, p, p] (Kimi's processor) -> one row per patch
-                        pixel_values = pixel_values.reshape(pixel_values.shape[0], -1)
-                    with self._lock:  # per tower call: other threads' calls interleave between chunks
-                        out = self.runner.run(pixel_values, chunk.grid_thw)
-                        if pooled:  # [N, hidden], one row per image: not token-aligned, handed out by _deliver
-                            out = TowerOutput(out.embeddings, {**out.extras, "pooled": self.pool(out.embeddings,
-                                                                                                 chunk.grid_thw)})
-                    flag = finite_flag(out.embeddings)  # queued on the device, read one chunk later
-                if held is not None:
-                    yield from self._deliver(*held)
-                held = (chunk, out, flag)
-            if held is not None:
-                yield from self._deliver(*held)
+                    with self.tally.time("launch_s"):
+                        launched = self._launch(chunk, pooled)
+                for done in window.push(launched):
+                    yield from self._hand_out(done)
+            for done in window.drain():
+                yield from self._hand_out(done)
         finally:
             chunks.close()
 
-    def _deliver(self, chunk: Chunk, out: TowerOutput | None, flag: torch.Tensor | None):
-        """One chunk's failures and (if it ran) per-image results, merged in input order."""
+    def _launch(self, chunk: Chunk, pooled: bool) -> Launched:
+        """Queue one chunk's tower call (and its finite flag); nothing here waits for the device."""
+        pixel_values = chunk.pixel_values
+        if pixel_values.dim() > 2:  # [P, C, p, p] (Kimi's processor) -> one row per patch
+            pixel_values = pixel_values.reshape(pixel_values.shape[0], -1)
+        with self._lock:  # per tower call: other threads' calls interleave between chunks
+            out = self.runner.run(pixel_values, chunk.grid_thw)
+            if pooled:  # [N, hidden], one row per image: not token-aligned, handed out by _deliver
+                out = TowerOutput(out.embeddings, {**out.extras, "pooled": self.pool(out.embeddings, chunk.grid_thw)})
+            flag = finite_flag(out.embeddings)  # CUDA calls (a pinned buffer, an event): never beside a capture
+        self.tally.add(tower_calls=1, images=len(chunk.indices))
+        return Launched(chunk, out, flag, self.output_tokens(chunk.grid_thw))
+
+    def _hand_out(self, launched: Launched):
+        """_deliver's items, the caller's time between them counted as consumer_s."""
+        for item in self._deliver(launched):
+            begin = time.perf_counter()
+            yield item
+            self.tally.add(consumer_s=time.perf_counter() - begin)
+
+    def _deliver(self, launched: Launched):
+        """One chunk's failures and (if it ran) per-image results, merged in input order (the finite
+        check is the ChunkWindow's)."""
+        chunk, out = launched.chunk, launched.out
         items: list[tuple[int, ImageEmbedding | LoadFailure]] = [(f.index, f) for f in chunk.failures]
         if out is not None:
-            tokens = self.output_tokens(chunk.grid_thw)
-            check_finite(out.embeddings, tokens, self.strict, flag=flag, indices=chunk.indices)
             extras = dict(out.extras)
             vectors = extras.pop("pooled", None)
-            pieces = split_per_image(TowerOutput(out.embeddings, extras), tokens)
+            pieces = split_per_image(TowerOutput(out.embeddings, extras), launched.tokens)
             if vectors is not None:
                 for piece, vector in zip(pieces, vectors):
                     piece.extras["pooled"] = vector

@@ -31,6 +31,7 @@ resize="device" likewise for the "torchvision" backend (tests/test_preprocess_pi
 """
 import collections
 import dataclasses
+import math
 import os
 import threading
 from collections.abc import Iterable, Iterator
@@ -43,7 +44,9 @@ import torch
 from mmenc.preprocess import gpu_decode
 from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, finish_patches, input_name
+from mmenc.preprocess.schedule import ChunkSchedule
 from mmenc.preprocess.staging import chw, to_device_each
+from mmenc.tally import Tally
 
 
 def default_workers() -> int:
@@ -112,6 +115,7 @@ class Preprocessor:
         self._patchify_in_workers = self.device.type == "cpu" and self.resize == "cpu"
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()  # callers in several threads share one pool
+        self.tally = Tally()  # calling-thread seconds: worker_wait_s (blocked on the workers), stage_s
 
     def _choose_decode(self, decode: str) -> str:
         if decode not in ("auto", "cpu", "torchvision", "gpu"):
@@ -140,7 +144,7 @@ class Preprocessor:
         name, reason). errors="skip": failures (LoadFailure) are returned; the n images that
         worked are the inputs whose index is not among them, in input order."""
         _check_errors(errors)
-        chunks = list(self._chunks(items, max_batch_patches=None))
+        chunks = list(self._chunks(items, schedule=None))
         failures = [f for c in chunks for f in c.failures]
         if failures and errors == "raise":
             lines = "\n".join(f"  [{f.index}] {f.message}" for f in failures)
@@ -148,23 +152,26 @@ class Preprocessor:
             raise ImageLoadError(f"{len(failures)} of {total} images failed to preprocess:\n{lines}")
         return Preprocessed(chunks[0].pixel_values, chunks[0].grid_thw, failures)
 
-    def iter_chunks(self, items: Iterable[Any], *, max_batch_patches: int, first_chunk_patches: int | None = None,
+    def iter_chunks(self, items: Iterable[Any], *, max_batch_patches: int | None = None,
+                    first_chunk_patches: int | None = None, schedule: ChunkSchedule | None = None,
                     errors: Literal["raise", "skip"] = "raise") -> Iterator[Chunk]:
-        """Chunks of whole images of at most max_batch_patches rows each (an image larger than that
-        is a chunk alone), in input order, prepared by the workers while the caller uses the
-        previous one. first_chunk_patches: the first chunk holds at most this many rows instead
-        (at least one image), so that its consumer (the tower) starts while the workers still
-        prepare the rest; None: no smaller first chunk. errors="raise" raises ImagePreprocessError
-        at the first failing input (after the chunks before it were yielded); "skip" reports
-        failures in the chunks."""
+        """Chunks of whole images, in input order, prepared by the workers while the caller uses the
+        previous one. `schedule` (mmenc.preprocess.schedule.ChunkSchedule) says how many rows each
+        chunk may hold: the first at most schedule.first_patches (at least one image), later ones
+        growing up to schedule.max_patches (an image larger than that is a chunk alone). Without a
+        schedule: max_batch_patches rows a chunk, the first at most first_chunk_patches (None: no
+        smaller first chunk). A chunk is handed out as soon as it is full, or as soon as the next
+        image does not fit. errors="raise" raises ImagePreprocessError at the first failing input
+        (after the chunks before it were yielded); "skip" reports failures in the chunks."""
         _check_errors(errors)
-        if max_batch_patches < 1:
-            raise ValueError(f"max_batch_patches={max_batch_patches} must be >= 1")
-        if first_chunk_patches is not None and first_chunk_patches < 1:
-            raise ValueError(f"first_chunk_patches={first_chunk_patches} must be >= 1 "
-                             f"(or None: no smaller first chunk)")
-        for chunk in self._chunks(items, max_batch_patches=max_batch_patches, first_chunk_patches=first_chunk_patches,
-                                  raise_first=errors == "raise"):
+        if schedule is None:
+            if max_batch_patches is None or max_batch_patches < 1:
+                raise ValueError(f"max_batch_patches={max_batch_patches} must be >= 1 (or pass schedule=)")
+            if first_chunk_patches is not None and first_chunk_patches < 1:
+                raise ValueError(f"first_chunk_patches={first_chunk_patches} must be >= 1 "
+                                 f"(or None: no smaller first chunk)")
+            schedule = ChunkSchedule(max_batch_patches, first_chunk_patches, growth=math.inf)
+        for chunk in self._chunks(items, schedule=schedule, raise_first=errors == "raise"):
             yield chunk
 
     def close(self) -> None:
@@ -222,11 +229,12 @@ class Preprocessor:
         return _Ready(index, item, plan, torch.frombuffer(bytearray(data), dtype=torch.uint8), encoded=True)
 
     # -- ordering, chunking, staging (calling thread) ---------------------------------------------
-    def _chunks(self, items: Iterable[Any], *, max_batch_patches: int | None, first_chunk_patches: int | None = None,
-                raise_first: bool = False) -> Iterator[Chunk]:
+    def _chunks(self, items: Iterable[Any], *, schedule: ChunkSchedule | None, raise_first: bool = False
+                ) -> Iterator[Chunk]:
+        """schedule None: everything in one chunk (run())."""
         source = enumerate(items)
-        limit = max_batch_patches if first_chunk_patches is None or max_batch_patches is None \
-            else min(first_chunk_patches, max_batch_patches)  # the first chunk's; then max_batch_patches
+        max_rows = schedule.max_patches if schedule is not None else None
+        limit = schedule.first_limit() if schedule is not None else None
         pending: collections.deque[Future] = collections.deque()
         ready: list[_Ready] = []
         failures: list[LoadFailure] = []
@@ -235,7 +243,7 @@ class Preprocessor:
         try:
             while True:
                 mean_rows = done_rows / done if done else 0.0
-                while not exhausted and self._want_more(len(pending), mean_rows, max_batch_patches):
+                while not exhausted and self._want_more(len(pending), mean_rows, max_rows):
                     nxt = next(source, None)
                     if nxt is None:
                         exhausted = True
@@ -243,7 +251,8 @@ class Preprocessor:
                         pending.append(self._submit(*nxt))
                 if not pending:
                     break
-                res = pending.popleft().result()
+                with self.tally.time("worker_wait_s"):  # the calling thread blocked on the workers
+                    res = pending.popleft().result()
                 if isinstance(res, LoadFailure):
                     if raise_first:
                         if ready:  # what came before the failure is still delivered
@@ -254,12 +263,15 @@ class Preprocessor:
                     failures.append(res)
                     continue
                 done, done_rows = done + 1, done_rows + res.plan.rows
-                if ready and limit is not None and rows + res.plan.rows > limit:
+                if ready and limit is not None and rows + res.plan.rows > limit:  # res does not fit
                     yield self._stage(ready, failures)
-                    ready, failures, rows, limit = [], [], 0, max_batch_patches
+                    ready, failures, rows, limit = [], [], 0, schedule.next_limit(limit, rows)
                 ready.append(res)
                 rows += res.plan.rows
-            if ready or failures or max_batch_patches is None:
+                if limit is not None and rows >= limit:  # full: no need to wait for the next image
+                    yield self._stage(ready, failures)
+                    ready, failures, rows, limit = [], [], 0, schedule.next_limit(limit, rows)
+            if ready or failures or schedule is None:
                 yield self._stage(ready, failures)
         finally:
             for f in pending:
@@ -284,6 +296,11 @@ class Preprocessor:
 
     def _stage(self, ready: list[_Ready], failures: list[LoadFailure]) -> Chunk:
         """Move the chunk's uint8 images to the device (one non-blocking copy each), finish them there."""
+        self.tally.add(chunks=1, images=len(ready))
+        with self.tally.time("stage_s"):  # host time of the calling thread (device work is only queued)
+            return self._stage_now(ready, failures)
+
+    def _stage_now(self, ready: list[_Ready], failures: list[LoadFailure]) -> Chunk:
         failures = sorted(failures, key=lambda f: f.index)
         if self._patchify_in_workers:  # the workers normalize each image into its rows of one output
             pixel_values, grid_thw = finish_patches(self.processor, [r.pixels for r in ready], [r.plan for r in ready],
