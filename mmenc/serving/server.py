@@ -33,42 +33,63 @@ def build_server(settings: ServeSettings, make_encoder: Callable[[], object], lo
         holder[0].should_exit = True
 
     app = create_app(service, on_load_failure=stop)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
-                            timeout_graceful_shutdown=settings.shutdown_timeout_s, access_log=False,
-                            limit_concurrency=None, backlog=2048, http=_http_protocol())
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(app, settings, log_level))
     holder.append(server)
     return server, service
 
 
+def uvicorn_config(app, settings: ServeSettings, log_level: str = "info", **overrides) -> uvicorn.Config:
+    """The service's uvicorn settings (overrides: e.g. response headers of a front end)."""
+    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
+                          timeout_graceful_shutdown=settings.shutdown_timeout_s, access_log=False,
+                          limit_concurrency=None, backlog=2048, http=_http_protocol(), **overrides)
+
+
 def serve(settings: ServeSettings, make_encoder: Callable[[], object], **service_kwargs) -> int:
-    """Serve in the foreground; 0 after a clean shutdown, 1 if the encoder failed to load."""
+    """Serve in the foreground; 0 after a clean shutdown, 1 if the encoder failed to load. With
+    settings.frontends > 0 this process is the engine and N front-end processes serve HTTP
+    (mmenc/serving/frontends/engine.py)."""
+    if settings.frontends > 0:
+        from mmenc.serving.frontends.engine import serve_with_frontends
+
+        return serve_with_frontends(settings, make_encoder, **service_kwargs)
     server, service = build_server(settings, make_encoder, **service_kwargs)
     logger.info("mmenc serve: listening on http://%s:%d (loading the encoder; /health says when ready)",
                 settings.host, settings.port)
     # uvicorn handles SIGTERM/SIGINT (graceful drain), then re-raises the signal with the handlers it
     # found: no-op ones here, so a drained server returns normally and the command exits 0.
-    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        server.run()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    run_draining(server)
     if service.loading():
         # stopped while the encoder was loading, and the load did not stop within shutdown_timeout_s: a
         # normal interpreter exit would tear torch down under the loader thread ("terminate called
         # without an active exception", SIGABRT); nothing was served, nothing is left to flush but the logs
-        logger.info("mmenc serve: stopped while the encoder was loading; exiting without waiting for it")
-        for child in multiprocessing.active_children():  # e.g. tensor-parallel workers started by the load
-            child.terminate()
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        exit_while_loading()
     if service.state == "failed":
         logger.error("mmenc serve: the encoder failed to load: %s", service.load_error)
         return 1
     return 0
+
+
+def exit_while_loading() -> None:
+    """Exit 0 now, leaving the encoder's loader thread behind (see serve)."""
+    logger.info("mmenc serve: stopped while the encoder was loading; exiting without waiting for it")
+    for child in multiprocessing.active_children():  # e.g. tensor-parallel workers started by the load
+        child.terminate()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def run_draining(server: uvicorn.Server, sockets=None) -> None:
+    """server.run(sockets): uvicorn handles SIGTERM/SIGINT (graceful drain), then re-raises the signal
+    with the handlers it found: no-op ones here, so a drained server returns normally."""
+    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        server.run(sockets=sockets)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _ignore(signum, frame) -> None:

@@ -1,0 +1,110 @@
+"""ProcessEngineClient: a front end's EngineClient, talking to the engine process over a Channel
+(messages in mmenc/serving/frontends/hub.py). Jobs' pixel values and answers' embeddings cross in
+shared memory; the cache lives in the engine, so `lookup` leaves it to `submit`."""
+import concurrent.futures
+import itertools
+import threading
+from collections.abc import Callable
+
+from mmenc.logger import init_logger
+from mmenc.serving.batcher import Job
+from mmenc.serving.formats import EncodedImage
+from mmenc.serving.frontends.client import EngineClient, Encoded, RemoteError, settle
+from mmenc.serving.frontends.transport import Channel
+
+logger = init_logger(__name__)
+
+
+class EngineGone(RuntimeError):
+    """The engine process exited or closed the connection."""
+
+
+class ProcessEngineClient(EngineClient):
+    def __init__(self, channel: Channel, on_stop: Callable[[], None]):
+        """on_stop(): the engine asked this front end to stop, or is gone (the server should exit)."""
+        self.channel, self._on_stop = channel, on_stop
+        self.state, self.load_error, self.info = "loading", None, None
+        self._futures: dict[int, concurrent.futures.Future] = {}
+        self._ids = itertools.count()
+        self._reader: threading.Thread | None = None
+        self._on_failure: Callable[[], None] | None = None
+        self._closed = False
+
+    def start(self, on_failure: Callable[[], None] | None = None) -> threading.Thread:
+        if self._reader is None:
+            self._on_failure = on_failure
+            self._reader = threading.Thread(target=self._read, name="mmenc-engine-reader", daemon=True)
+            self._reader.start()
+        return self._reader
+
+    def lookup(self, key: str) -> EncodedImage | None:
+        return None  # the engine looks when the job arrives
+
+    def submit(self, key: str, job: Job | None) -> concurrent.futures.Future:
+        rid, future = next(self._ids), concurrent.futures.Future()
+        self._futures[rid] = future
+        try:
+            if job is None:
+                self.channel.send(("lookup", rid, key))
+            else:
+                self.channel.send(("job", rid, key, job.grid_thw[0].tolist()), [job.pixel_values])
+        except OSError as e:
+            self._futures.pop(rid, None)
+            settle(future, error=EngineGone(f"the engine process is gone ({e})"))
+            return future
+        future.add_done_callback(lambda f: f.cancelled() and self._cancel(rid))
+        return future
+
+    def _cancel(self, rid: int) -> None:
+        if self._futures.pop(rid, None) is not None:
+            try:
+                self.channel.send(("cancel", rid))
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._closed = True
+        self.channel.close()
+
+    def _read(self) -> None:
+        try:
+            while (message := self.channel.recv()) is not None:
+                self._handle(*message)
+        except OSError as e:
+            if not self._closed:
+                logger.error("front end: the connection to the engine failed (%s)", e)
+        if self._closed:
+            return
+        logger.error("front end: the engine process is gone; answering 503 and exiting")
+        self.state, self.load_error = "failed", "the engine process exited"
+        for rid in list(self._futures):
+            future = self._futures.pop(rid, None)
+            if future is not None:
+                settle(future, error=EngineGone("the engine process exited before answering"))
+        self._on_stop()
+
+    def _handle(self, header: tuple, tensors: list) -> None:
+        kind = header[0]
+        if kind == "answer":
+            _, rid, hidden, grid, cached = header
+            future = self._futures.pop(rid, None)
+            if future is not None:
+                settle(future, result=Encoded(EncodedImage(tensors[0], hidden, tuple(grid)), cached))
+        elif kind == "miss":
+            future = self._futures.pop(header[1], None)
+            if future is not None:
+                settle(future, result=None)
+        elif kind == "error":
+            future = self._futures.pop(header[1], None)
+            if future is not None:
+                settle(future, error=RemoteError(header[2]))
+        elif kind == "info":
+            self.info, self.state = header[1], "ready"
+        elif kind == "failed":
+            self.state, self.load_error = "failed", header[1]
+            if self._on_failure is not None:
+                self._on_failure()
+        elif kind == "stop":
+            self._on_stop()
+        else:
+            logger.error("front end: unknown message %r from the engine; ignored", kind)
