@@ -70,4 +70,24 @@ class ServeMetrics:
 
         combined = CollectorRegistry()
         MultiProcessCollector(combined)
-        return generate_latest(combined)
+        families = list(combined.collect())
+        seen = {family.name for family in families}
+        # a metric no process has a sample of yet (e.g. a labelled counter) is still listed, as one process lists it
+        families += [_empty(family) for family in self.registry.collect() if family.name not in seen]
+        return generate_latest(_Families(families))
+
+
+class _Families:
+    """A fixed list of metric families, in the shape generate_latest reads (a registry's collect)."""
+
+    def __init__(self, families: list):
+        self.families = families
+
+    def collect(self):
+        return iter(self.families)
+
+
+def _empty(family):
+    from prometheus_client.metrics_core import Metric
+
+    return Metric(family.name, family.documentation, family.type, family.unit)
