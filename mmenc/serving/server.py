@@ -70,15 +70,15 @@ def serve(settings: ServeSettings, make_encoder: Callable[[], object], **service
     return 0
 
 
-def exit_while_loading() -> None:
-    """Exit 0 now, leaving the encoder's loader thread behind (see serve)."""
+def exit_while_loading(code: int = 0) -> None:
+    """Exit with `code` now, leaving the encoder's loader thread behind (see serve)."""
     logger.info("mmenc serve: stopped while the encoder was loading; exiting without waiting for it")
     for child in multiprocessing.active_children():  # e.g. tensor-parallel workers started by the load
         child.terminate()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def run_draining(server: uvicorn.Server, sockets=None) -> None:

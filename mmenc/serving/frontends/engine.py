@@ -6,7 +6,11 @@ use fails here, once), loads the Encoder and runs the one Batcher and the encode
 Life cycle: SIGTERM / SIGINT: the front ends stop accepting and drain their requests
 (shutdown_timeout_s) while the engine still answers them; then the batcher stops, the Encoder is
 closed, exit 0. A front end that dies is logged and restarted (at most RESTARTS times per
-RESTART_WINDOW_S per front end). A failed load: the front ends stop, exit 1."""
+RESTART_WINDOW_S per front end). A failed load: the front ends stop, exit 1.
+
+The front ends are started with multiprocessing's spawn context, which imports the main module
+again in each: a script calling `serve(ServeSettings(frontends=N), ...)` needs the usual
+`if __name__ == "__main__":` guard (the `mmenc serve` command has it)."""
 import collections
 import multiprocessing
 import multiprocessing.connection
@@ -134,7 +138,7 @@ def serve_with_frontends(settings: ServeSettings, make_encoder: Callable[[], obj
         engine.close()
         if engine.loading():
             metrics_dir.remove()
-            exit_while_loading()
+            exit_while_loading(code)
         if engine.state == "failed":
             logger.error("mmenc serve: the encoder failed to load: %s", engine.load_error)
             return 1
