@@ -5,6 +5,7 @@ import concurrent.futures
 import io
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -131,7 +132,13 @@ class LocalEngine(EngineClient):
             self.metrics.cache_entries.set(len(self.cache))
             settle(answer, result=Encoded(image, False))
 
-        answer.add_done_callback(lambda a: a.cancelled() and tower.cancel())
+        tower_ref = weakref.ref(tower)  # no cycle between the two futures: the job holds `tower`
+
+        def cancel_tower(a) -> None:
+            tower = tower_ref()
+            if a.cancelled() and tower is not None:
+                tower.cancel()
+        answer.add_done_callback(cancel_tower)
         tower.add_done_callback(tower_done)
         return answer
 

@@ -60,7 +60,7 @@ class _Frontends:
         proc.start()
         theirs.close()  # only the front end holds its end: its exit closes the connection
         self.procs[index] = proc
-        self.hub.attach(f"{index} (pid {proc.pid})", Channel(mine), on_lost=lambda name: None)
+        self.hub.attach(f"{index} (pid {proc.pid})", Channel(mine))
 
     def reap(self) -> bool:
         """Restart the front ends that died; False when one may not be restarted any more."""
@@ -104,15 +104,19 @@ def serve_with_frontends(settings: ServeSettings, make_encoder: Callable[[], obj
     encoder failed to load or the front ends kept dying. engine_kwargs: LocalEngine's (batcher_factory)."""
     with MetricsDir() as metrics_dir:  # before anything here imports prometheus_client
         from mmenc.serving.frontends.hub import EngineHub
-        from mmenc.serving.frontends.transport import raise_fd_limit, shared_empty
+        from mmenc.serving.frontends.outputs import SharedOutputs
+        from mmenc.serving.frontends.transport import SegmentPool, raise_fd_limit
         from mmenc.serving.local import LocalEngine
         from mmenc.serving.metrics import ServeMetrics
         from mmenc.serving.server import exit_while_loading
 
         listener = bind(settings.host, settings.port)
         raise_fd_limit()
-        engine = LocalEngine(settings, make_encoder, ServeMetrics(), alloc=shared_empty, **engine_kwargs)
-        hub = EngineHub(engine)
+        hub: list[EngineHub] = []
+        outputs = SharedOutputs(SegmentPool(), on_destroy=lambda segment: hub[0].forget(segment))
+        engine = LocalEngine(settings, make_encoder, ServeMetrics(), alloc=outputs.alloc, **engine_kwargs)
+        hub.append(EngineHub(engine, outputs))
+        hub = hub[0]
         frontends = _Frontends(settings, listener, hub, metrics_dir)
         stop = threading.Event()
         previous = {sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -122,7 +126,7 @@ def serve_with_frontends(settings: ServeSettings, make_encoder: Callable[[], obj
                 frontends.start(index)
             logger.info("mmenc serve: listening on http://%s:%d with %d front ends (loading the encoder; /health says "
                         "when ready)", settings.host, settings.port, settings.frontends)
-            engine.start(on_failure=lambda: (hub.failed(), stop.set()), on_ready=hub.ready)
+            engine.start(on_failure=lambda: (hub.ready(), stop.set()), on_ready=hub.ready)
             while not stop.is_set():
                 multiprocessing.connection.wait(frontends.sentinels(), timeout=_POLL_S)
                 if not stop.is_set() and not frontends.reap():

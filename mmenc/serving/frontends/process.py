@@ -24,12 +24,13 @@ def frontend_main(settings: ServeSettings, listener: socket.socket, engine_sock:
 
     from mmenc.serving.app import create_app
     from mmenc.serving.frontends.remote import ProcessEngineClient
-    from mmenc.serving.frontends.transport import Channel
+    from mmenc.serving.frontends.transport import Channel, raise_fd_limit
     from mmenc.serving.metrics import ServeMetrics
     from mmenc.serving.server import run_draining, uvicorn_config
     from mmenc.serving.service import Admission, EncodeService
 
     logging.getLogger("mmenc").setLevel(log_level.upper())
+    raise_fd_limit()  # each engine segment mapped here holds a descriptor
     holder: list[uvicorn.Server] = []
 
     def stop() -> None:

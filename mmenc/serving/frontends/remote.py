@@ -1,16 +1,19 @@
 """ProcessEngineClient: a front end's EngineClient, talking to the engine process over a Channel
-(messages in mmenc/serving/frontends/hub.py). Jobs' pixel values and answers' embeddings cross in
-shared memory; the cache lives in the engine, so `lookup` leaves it to `submit`."""
+(messages in mmenc/serving/frontends/hub.py). A job's patches are copied into one of this front
+end's pooled shared segments (given back when the engine releases it); an answer's embeddings are
+a view of the engine's segment, released to the engine when the tensor is gone. The cache lives
+in the engine, so `lookup` leaves it to `submit`."""
 import concurrent.futures
 import itertools
 import threading
+import weakref
 from collections.abc import Callable
 
 from mmenc.logger import init_logger
 from mmenc.serving.batcher import Job
 from mmenc.serving.formats import EncodedImage
 from mmenc.serving.frontends.client import EngineClient, Encoded, RemoteError, settle
-from mmenc.serving.frontends.transport import Channel
+from mmenc.serving.frontends.transport import Channel, Segment, SegmentPool
 
 logger = init_logger(__name__)
 
@@ -20,11 +23,13 @@ class EngineGone(RuntimeError):
 
 
 class ProcessEngineClient(EngineClient):
-    def __init__(self, channel: Channel, on_stop: Callable[[], None]):
+    def __init__(self, channel: Channel, on_stop: Callable[[], None], pool: SegmentPool | None = None):
         """on_stop(): the engine asked this front end to stop, or is gone (the server should exit)."""
         self.channel, self._on_stop = channel, on_stop
+        self.pool = pool or SegmentPool()
         self.state, self.load_error, self.info = "loading", None, None
         self._futures: dict[int, concurrent.futures.Future] = {}
+        self._lent: dict[int, Segment] = {}  # our segments holding jobs the engine has not released
         self._ids = itertools.count()
         self._reader: threading.Thread | None = None
         self._on_failure: Callable[[], None] | None = None
@@ -47,7 +52,11 @@ class ProcessEngineClient(EngineClient):
             if job is None:
                 self.channel.send(("lookup", rid, key))
             else:
-                self.channel.send(("job", rid, key, job.grid_thw[0].tolist()), [job.pixel_values])
+                pixels = job.pixel_values
+                segment = self.pool.take(pixels.numel() * pixels.element_size())
+                shared = segment.tensor(tuple(pixels.shape), pixels.dtype).copy_(pixels)
+                self._lent[segment.id] = segment
+                self.channel.send(("job", rid, key, job.grid_thw[0].tolist()), [(segment, shared)])
         except OSError as e:
             self._futures.pop(rid, None)
             settle(future, error=EngineGone(f"the engine process is gone ({e})"))
@@ -57,19 +66,26 @@ class ProcessEngineClient(EngineClient):
 
     def _cancel(self, rid: int) -> None:
         if self._futures.pop(rid, None) is not None:
-            try:
-                self.channel.send(("cancel", rid))
-            except OSError:
-                pass
+            self._send(("cancel", rid))
 
     def close(self) -> None:
         self._closed = True
         self.channel.close()
 
+    def _send(self, header) -> None:
+        try:
+            self.channel.send(header)
+        except OSError:
+            pass  # the engine is gone: the reader sees it
+
     def _read(self) -> None:
         try:
-            while (message := self.channel.recv()) is not None:
+            while True:
+                message = self.channel.recv()
+                if message is None:
+                    break
                 self._handle(*message)
+                del message  # an answer's tensor is released when its request is done with it, not later
         except OSError as e:
             if not self._closed:
                 logger.error("front end: the connection to the engine failed (%s)", e)
@@ -83,21 +99,28 @@ class ProcessEngineClient(EngineClient):
                 settle(future, error=EngineGone("the engine process exited before answering"))
         self._on_stop()
 
+    def _give_back(self, seg_id: int | None) -> None:
+        segment = self._lent.pop(seg_id, None) if seg_id is not None else None
+        if segment is not None and not self.pool.give_back(segment):
+            self.channel.forget(segment)
+
     def _handle(self, header: tuple, tensors: list) -> None:
         kind = header[0]
         if kind == "answer":
-            _, rid, hidden, grid, cached = header
+            _, rid, hidden, grid, cached, job_segment = header
+            self._give_back(job_segment)
+            seg_id, full = tensors[0]
+            weakref.finalize(full, self._send, ("release", seg_id))  # the engine may reuse it once this is gone
             future = self._futures.pop(rid, None)
             if future is not None:
-                settle(future, result=Encoded(EncodedImage(tensors[0], hidden, tuple(grid)), cached))
-        elif kind == "miss":
+                settle(future, result=Encoded(EncodedImage(full, hidden, tuple(grid)), cached))
+        elif kind in ("miss", "error"):
+            self._give_back(header[-1])
             future = self._futures.pop(header[1], None)
             if future is not None:
-                settle(future, result=None)
-        elif kind == "error":
-            future = self._futures.pop(header[1], None)
-            if future is not None:
-                settle(future, error=RemoteError(header[2]))
+                settle(future, result=None) if kind == "miss" else settle(future, error=RemoteError(header[2]))
+        elif kind == "release":
+            self._give_back(header[1])
         elif kind == "info":
             self.info, self.state = header[1], "ready"
         elif kind == "failed":
