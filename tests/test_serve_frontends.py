@@ -150,3 +150,62 @@ def test_frontends_exit_when_the_engine_dies(q25, tmp_path):
         wait_for(gone, 30, "the front end to exit after its engine")
     with pytest.raises(OSError):
         request(port, "GET", "/health", timeout=2)
+
+
+def test_channel_maps_a_segment_once_and_forgets_it_when_destroyed():
+    import torch
+
+    from mmenc.serving.frontends.transport import Channel, SegmentPool, socket_pair
+
+    a, b = socket_pair()
+    sender, receiver = Channel(a), Channel(b)
+    pool = SegmentPool(max_free_bytes=0)  # nothing kept: a segment given back is destroyed
+    segment = pool.take(3000)
+    assert segment.storage.nbytes() == 1 << 16  # the smallest size class
+    for value in (1.0, 2.0):  # the same segment twice: its descriptor travels once, the receiver maps it once
+        sent = segment.tensor((10, 7), torch.float32).fill_(value)
+        sender.send(("answer", int(value)), [(segment, sent[2:5])])
+        header, [(seg_id, got)] = receiver.recv()
+        assert header == ("answer", int(value)) and seg_id == segment.id
+        assert got.shape == (3, 7) and torch.equal(got, sent[2:5]) and got.untyped_storage().nbytes() == 1 << 16
+    assert list(receiver._mapped) == [segment.id]
+    got.fill_(5.0)  # the same pages: a write on one side is seen on the other
+    assert float(sent[3, 0]) == 5.0
+    assert pool.give_back(segment) is False
+    sender.forget(segment)
+    sender.send(("next", 0))
+    assert receiver.recv() == (("next", 0), []) and receiver._mapped == {}
+    sender.close()
+    assert receiver.recv() is None
+
+
+def test_shared_outputs_return_a_segment_once_the_engine_and_every_front_end_let_go():
+    import gc
+
+    import torch
+
+    from mmenc.serving.frontends.outputs import Holdings, SharedOutputs
+    from mmenc.serving.frontends.transport import SegmentPool
+
+    destroyed = []
+    outputs = SharedOutputs(SegmentPool(max_free_bytes=1 << 16), on_destroy=destroyed.append)
+    first = outputs.alloc((4, 8), torch.bfloat16)
+    segment = outputs.segment_of(first)
+    holdings = Holdings()
+    for _ in range(2):  # sent to a front end twice (e.g. a cache hit)
+        outputs.ref(segment)
+        holdings.add(segment.id)
+    del first
+    gc.collect()
+    assert segment.refs == 2 and outputs.pool._free_bytes == 0  # the front end still reads it
+    assert holdings.remove(segment.id) and not holdings.remove(12345)
+    outputs.unref(segment.id)
+    for seg_id, count in holdings.drain().items():  # the front end died holding one
+        outputs.unref(seg_id, count)
+    assert segment.refs == 0 and outputs.pool._free_bytes == 1 << 16 and not destroyed
+    again = outputs.alloc((2, 8), torch.bfloat16)
+    assert outputs.segment_of(again) is segment  # reused, not a new shared block
+    other = outputs.alloc((2, 8), torch.bfloat16)
+    del again, other
+    gc.collect()
+    assert len(destroyed) == 1  # one kept for reuse (max_free_bytes), the other dropped: its peers forget it
