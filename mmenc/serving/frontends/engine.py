@@ -108,7 +108,7 @@ def serve_with_frontends(settings: ServeSettings, make_encoder: Callable[[], obj
         from mmenc.serving.frontends.transport import SegmentPool, raise_fd_limit
         from mmenc.serving.local import LocalEngine
         from mmenc.serving.metrics import ServeMetrics
-        from mmenc.serving.server import exit_while_loading
+        from mmenc.serving.uvicorn_run import exit_while_loading
 
         listener = bind(settings.host, settings.port)
         raise_fd_limit()
