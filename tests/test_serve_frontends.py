@@ -141,6 +141,7 @@ def test_frontends_exit_when_the_engine_dies(q25, tmp_path):
         wait_for(lambda: request(port, "GET", "/health").status == 200, 60, "/health to turn 200")
         frontends = _frontends(proc.pid)
         assert len(frontends) == 1
+        metrics_dir = _environ(frontends[0])["PROMETHEUS_MULTIPROC_DIR"]
         proc.kill()
         proc.wait()
 
@@ -150,6 +151,7 @@ def test_frontends_exit_when_the_engine_dies(q25, tmp_path):
         wait_for(gone, 30, "the front end to exit after its engine")
     with pytest.raises(OSError):
         request(port, "GET", "/health", timeout=2)
+    assert not os.path.exists(metrics_dir), "the front end left the killed engine's metrics folder behind"
 
 
 def test_channel_maps_a_segment_once_and_forgets_it_when_destroyed():

@@ -6,9 +6,12 @@ rendering happen here; the tower, the batcher and the cache stay in the engine.
 It stops (draining its requests, shutdown_timeout_s) when the engine says so, when the engine is
 gone (its socket closes: the front end never outlives the engine), or on SIGTERM / SIGINT."""
 import logging
+import os
+import shutil
 import socket
 
 from mmenc.logger import init_logger
+from mmenc.serving.metrics import MULTIPROC_ENV
 from mmenc.serving.settings import ServeSettings
 
 logger = init_logger(__name__)
@@ -44,4 +47,6 @@ def frontend_main(settings: ServeSettings, listener: socket.socket, engine_sock:
     server = uvicorn.Server(uvicorn_config(app, settings, log_level, headers=[(FRONTEND_HEADER, str(index))]))
     holder.append(server)
     run_draining(server, sockets=[listener])
+    if client.engine_gone:  # killed, it could not remove the metrics folder; the front ends do (all may try)
+        shutil.rmtree(os.environ.get(MULTIPROC_ENV, ""), ignore_errors=True)
     logger.debug("front end %d stopped", index)

@@ -34,6 +34,7 @@ class ProcessEngineClient(EngineClient):
         self._reader: threading.Thread | None = None
         self._on_failure: Callable[[], None] | None = None
         self._closed = False
+        self.engine_gone = False  # the engine process exited without stopping this front end
 
     def start(self, on_failure: Callable[[], None] | None = None) -> threading.Thread:
         if self._reader is None:
@@ -92,7 +93,7 @@ class ProcessEngineClient(EngineClient):
         if self._closed:
             return
         logger.error("front end: the engine process is gone; answering 503 and exiting")
-        self.state, self.load_error = "failed", "the engine process exited"
+        self.state, self.load_error, self.engine_gone = "failed", "the engine process exited", True
         for rid in list(self._futures):
             future = self._futures.pop(rid, None)
             if future is not None:
