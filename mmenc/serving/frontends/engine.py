@@ -112,11 +112,9 @@ def serve_with_frontends(settings: ServeSettings, make_encoder: Callable[[], obj
 
         listener = bind(settings.host, settings.port)
         raise_fd_limit()
-        hub: list[EngineHub] = []
-        outputs = SharedOutputs(SegmentPool(), on_destroy=lambda segment: hub[0].forget(segment))
+        outputs = SharedOutputs(SegmentPool(), on_destroy=lambda segment: hub.forget(segment))  # hub: below
         engine = LocalEngine(settings, make_encoder, ServeMetrics(), alloc=outputs.alloc, **engine_kwargs)
-        hub.append(EngineHub(engine, outputs))
-        hub = hub[0]
+        hub = EngineHub(engine, outputs)
         frontends = _Frontends(settings, listener, hub, metrics_dir)
         stop = threading.Event()
         previous = {sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
