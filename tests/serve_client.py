@@ -128,7 +128,8 @@ def running_server(settings, make_encoder):
 
 def serve_flags(settings) -> list[str]:
     """`mmenc serve` flags giving `settings` (a ServeSettings)."""
-    flags = ["--host", settings.host, "--port", str(settings.port), "--max-batch-patches", str(settings.max_batch_patches),
+    flags = ["--host", settings.host, "--port", str(settings.port),
+             "--max-batch-patches", str(settings.max_batch_patches),
              "--max-wait-ms", str(settings.max_wait_ms), "--cache-bytes", str(settings.cache_bytes),
              "--max-request-bytes", str(settings.max_request_bytes),
              "--max-images-per-request", str(settings.max_images_per_request),

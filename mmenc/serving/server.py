@@ -9,7 +9,8 @@ from mmenc.serving.app import create_app
 from mmenc.serving.metrics import ServeMetrics
 from mmenc.serving.service import EncodeService
 from mmenc.serving.settings import ServeSettings
-from mmenc.serving.uvicorn_run import SEND_BUFFER_BYTES, _http_protocol, exit_while_loading, run_draining, uvicorn_config
+from mmenc.serving.uvicorn_run import (SEND_BUFFER_BYTES, _http_protocol, exit_while_loading, run_draining,
+                                       uvicorn_config)
 
 logger = init_logger(__name__)
 

@@ -120,7 +120,8 @@ class EncodeService:
         busy = self.admission.take(n)
         if busy is not None:
             raise RequestError(503, "images", f"queue full: {busy} images in flight, {n} more would exceed "
-                                              f"max_queue_images={self.admission.limit}; retry later", kind="queue_full")
+                                              f"max_queue_images={self.admission.limit}; retry later",
+                               kind="queue_full")
         self._in_flight += n
         self.metrics.in_flight.set(self._in_flight)
         pending = Pending(n, lambda items: self._render(request, items))

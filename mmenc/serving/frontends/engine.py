@@ -117,7 +117,8 @@ def serve_with_frontends(settings: ServeSettings, make_encoder: Callable[[], obj
         hub = EngineHub(engine, outputs)
         frontends = _Frontends(settings, listener, hub, metrics_dir)
         stop = threading.Event()
-        previous = {sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+        previous = {sig: signal.signal(sig, lambda signum, frame: stop.set())
+                    for sig in (signal.SIGTERM, signal.SIGINT)}
         code = 0
         try:
             for index in range(settings.frontends):

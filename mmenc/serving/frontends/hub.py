@@ -12,7 +12,6 @@ end that connects later); ("failed", error); ("answer", id, hidden, grid, cached
 segment); ("release", job segment): a job dropped; ("stop",): drain and exit."""
 import concurrent.futures
 import threading
-from collections.abc import Callable
 
 import torch
 
@@ -83,7 +82,8 @@ class EngineHub:
                         self.outputs.unref(header[1])
                 elif kind == "lookup":
                     cached = self.engine.lookup(header[2])
-                    self._answer(channel, holdings, header[1], Encoded(cached, True) if cached is not None else None, None)
+                    encoded = Encoded(cached, True) if cached is not None else None
+                    self._answer(channel, holdings, header[1], encoded, None)
                 elif kind == "cancel":
                     future = jobs.pop(header[1], None)
                     if future is not None:
