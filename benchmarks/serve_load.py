@@ -22,7 +22,9 @@ benchmarks/serve_stand_in.py's near-free stand-in answering [tokens, HIDDEN] bf1
 Qwen2.5-VL checkpoint when --model is not given), so images/s measures the HTTP + preprocessing +
 batching + rendering side alone. With few cores, --check-every N decodes only every Nth answer of
 each client (the others are checked for status and item count), so the clients leave the server
-its CPU; server_cpu_ms_per_image is the server process's CPU time (user + system) per image served.
+its CPU; server_cpu_ms_per_image is the server process's CPU time (user + system) per image served
+(with --serve-arg=--frontends --serve-arg=N: the engine process's), frontends_cpu_ms_per_image that of
+its child processes (the front ends) together.
 """
 import argparse
 import base64
@@ -167,6 +169,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def child_pids(pid: int) -> list[int]:
+    """The live processes whose parent is `pid` (Linux /proc; `mmenc serve --frontends N`: its front ends)."""
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if entry.isdigit() and int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
 def start_py_spy(cfg: dict) -> subprocess.Popen:
     """py-spy sampling the server's threads during the measured phase (collapsed stacks to cfg["py_spy"])."""
     beside = os.path.join(os.path.dirname(sys.executable), "py-spy")  # a venv's, else PATH's
@@ -307,8 +323,10 @@ def run_clients(cfg: dict, processes: int) -> tuple[list[dict], dict]:
     start_box.value = time.time()
     go.wait(timeout=60)
     cpu_before = cpu_seconds(cfg["server_pid"])
+    children = {pid: cpu_seconds(pid) for pid in child_pids(cfg["server_pid"])}
     records = [r for _ in procs for r in queue.get(timeout=cfg["duration"] + cfg["timeout"] + 120)]
     before["server_cpu_s"] = cpu_seconds(cfg["server_pid"]) - cpu_before
+    before["children_cpu_s"] = sum(cpu_seconds(pid) - cpu for pid, cpu in children.items())
     if spy is not None:
         spy.wait(timeout=cfg["duration"] + 60)
     for p in procs:
@@ -331,6 +349,7 @@ def summarize(records: list[dict], offline_ips: float, before: dict, after: dict
         "served_images_per_s": round(served, 2), "offline_images_per_s": round(offline_ips, 2),
         "served_over_offline": round(served / offline_ips, 3),
         "server_cpu_ms_per_image": round(1000 * before["server_cpu_s"] / max(images_ok, 1), 2),
+        "frontends_cpu_ms_per_image": round(1000 * before["children_cpu_s"] / max(images_ok, 1), 2),
         "checked": sum(r["ok"] + r.get("mismatch", 0) for r in ok if "unchecked" not in r),
         "p50_ms": round(float(np.percentile(lat, 50)), 1), "p90_ms": round(float(np.percentile(lat, 90)), 1),
         "p99_ms": round(float(np.percentile(lat, 99)), 1),

@@ -124,3 +124,93 @@ def running_server(settings, make_encoder):
     finally:
         server.should_exit = True
         thread.join(30)
+
+
+def serve_flags(settings) -> list[str]:
+    """`mmenc serve` flags giving `settings` (a ServeSettings)."""
+    flags = ["--host", settings.host, "--port", str(settings.port),
+             "--max-batch-patches", str(settings.max_batch_patches),
+             "--max-wait-ms", str(settings.max_wait_ms), "--cache-bytes", str(settings.cache_bytes),
+             "--max-request-bytes", str(settings.max_request_bytes),
+             "--max-images-per-request", str(settings.max_images_per_request),
+             "--max-image-pixels", str(settings.max_image_pixels), "--max-queue-images", str(settings.max_queue_images),
+             "--preprocess-threads", str(settings.preprocess_threads),
+             "--shutdown-timeout", str(settings.shutdown_timeout_s), "--max-in-flight", str(settings.max_in_flight),
+             "--bucket-batches", settings.bucket_batches, "--frontends", str(settings.frontends)]
+    flags += ["--api-key", settings.api_key] if settings.api_key else []
+    flags += ["--ec-storage", settings.ec_storage] if settings.ec_storage else []
+    return flags
+
+
+def child_pids(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux /proc)."""
+    import os
+
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry))
+    return sorted(found)
+
+
+@contextlib.contextmanager
+def cli_server(args: list[str], port: int, log_path, timeout: float = 90.0, script: str | None = None):
+    """`mmenc serve ARGS` (or `python SCRIPT ARGS`) as a subprocess; yields the Popen once it
+    listens (not necessarily ready); SIGTERM and a wait for its exit at the end (killed if it hangs)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [root, os.environ.get("PYTHONPATH")] if p))
+    cmd = [sys.executable, script] if script else [sys.executable, "-m", "mmenc.cli.main", "serve"]
+    log = open(log_path, "w+")
+    proc = subprocess.Popen(cmd + args, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def listening() -> bool:
+        assert proc.poll() is None, f"server exited early ({proc.returncode}): {open(log_path).read()[-3000:]}"
+        try:
+            request(port, "GET", "/health", timeout=2)
+            return True
+        except OSError:
+            return False
+
+    try:
+        wait_for(listening, timeout, "the server to listen")
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+@contextlib.contextmanager
+def served(settings, model: str, log_path, dtype: str | None = None):
+    """A server for `settings` over the checkpoint `model` on the CPU, ready: in a thread of this
+    process (settings.frontends == 0), else the `mmenc serve` command with its front ends. Yields the port."""
+    if settings.frontends == 0:
+        from mmenc.engine.encoder import Encoder
+
+        kwargs = {"dtype": dtype} if dtype else {}
+        with running_server(settings, lambda: Encoder(model, device="cpu", **kwargs)) as (port, service):
+            wait_for(lambda: service.state == "ready", 60, "the encoder to load")
+            yield port
+        return
+    args = serve_flags(settings) + ["--model", model, "--device", "cpu"] + (["--dtype", dtype] if dtype else [])
+    with cli_server(args, settings.port, log_path) as proc:
+        wait_for(lambda: request(settings.port, "GET", "/health").status == 200, 90, "/health to turn 200")
+        yield settings.port
+        proc.terminate()
+        assert proc.wait(60) == 0, f"mmenc serve exited with {proc.returncode}: {open(log_path).read()[-3000:]}"

@@ -23,6 +23,7 @@ from serve_client import (  # noqa: E402
     rel_err,
     request,
     running_server,
+    served,
 )
 
 from mmenc.engine.encoder import Encoder  # noqa: E402
@@ -42,15 +43,14 @@ def reference(q25):
     return Encoder(q25, device="cpu")
 
 
-@pytest.fixture(scope="module")
-def server(q25):
-    """The main server: API key, small pixel and request limits the bad-input tests hit."""
+@pytest.fixture(scope="module", params=[0, 2], ids=["one-process", "frontends-2"])
+def server(q25, request, tmp_path_factory):
+    """The main server: API key, small pixel and request limits the bad-input tests hit; in one
+    process, and as the `mmenc serve --frontends 2` command (the same contract)."""
     settings = ServeSettings(port=free_port(), api_key=KEY, max_wait_ms=20, max_image_pixels=250 * 250,
-                             max_request_bytes=2 << 20, max_images_per_request=8, preprocess_threads=2)
-    with running_server(settings, lambda: Encoder(q25, device="cpu")) as (port, service):
-        from serve_client import wait_for
-
-        wait_for(lambda: service.state == "ready", 60, "the encoder to load")
+                             max_request_bytes=2 << 20, max_images_per_request=8, preprocess_threads=2,
+                             frontends=request.param)
+    with served(settings, q25, tmp_path_factory.mktemp("serve_log") / "serve.log") as port:
         yield port
 
 
@@ -183,18 +183,17 @@ def test_sixteen_concurrent_clients_get_their_own_answers(server, reference):
         assert rel_err(got, want[i]) < 1e-5, f"image {i}: mismatch {rel_err(got, want[i]):.2e}"
 
 
-def test_qwen3_deepstack_vllm_format_and_ec_storage(tmp_path):
+@pytest.mark.parametrize("frontends", [0, 2], ids=["one-process", "frontends-2"])
+def test_qwen3_deepstack_vllm_format_and_ec_storage(tmp_path, frontends):
     from safetensors.torch import load_file
 
     folder = str(save_qwen3_vl(tmp_path / "q3")[0])
     ref = Encoder(folder, device="cpu")
     images = [png(56, 84, seed=60), png(60, 61, seed=61)]
     want = [torch.cat([p.embeddings, *p.extras["deepstack"]], dim=1) for p in ref.encode(images, return_extras=True)]
-    settings = ServeSettings(port=free_port(), ec_storage=str(tmp_path / "ec"), max_wait_ms=5, preprocess_threads=2)
-    with running_server(settings, lambda: Encoder(folder, device="cpu")) as (port, service):
-        from serve_client import wait_for
-
-        wait_for(lambda: service.state == "ready", 60, "the encoder to load")
+    settings = ServeSettings(port=free_port(), ec_storage=str(tmp_path / "ec"), max_wait_ms=5, preprocess_threads=2,
+                             frontends=frontends)
+    with served(settings, folder, tmp_path / "serve.log") as port:
         card = request(port, "GET", "/v1/models").json()["data"][0]
         assert card["image_embeds_size"] == 3 * card["hidden_size"] and card["deepstack_levels"] == 2
         reply = post_json(port, {"images": [data_url(d) for d in images], "uuids": ["q3-a", None]})
@@ -254,19 +253,44 @@ def test_not_ready_then_queue_full_then_disconnect_frees_work(q25):
         assert metric(port, "mmenc_in_flight_images") == 0
 
 
-def test_bfloat16_tower_answers_in_its_dtype(q25):
-    """The server casts pixels to the tower's dtype before batching; answers equal Encoder.encode's."""
+@pytest.mark.parametrize("frontends", [0, 2], ids=["one-process", "frontends-2"])
+def test_bfloat16_tower_answers_in_its_dtype(q25, tmp_path, frontends):
+    """The server casts pixels to the tower's dtype before batching (with front ends: in the front
+    end, from the engine's ready info); answers equal Encoder.encode's."""
     ref = Encoder(q25, device="cpu", dtype="bfloat16")
     images = [png(56, 84, seed=90), png(60, 61, seed=91)]
     want = ref.encode(images)
-    settings = ServeSettings(port=free_port(), max_wait_ms=50, preprocess_threads=2)
-    with running_server(settings, lambda: Encoder(q25, device="cpu", dtype="bfloat16")) as (port, service):
-        from serve_client import wait_for
-
-        wait_for(lambda: service.state == "ready", 60, "the encoder to load")
+    settings = ServeSettings(port=free_port(), max_wait_ms=50, preprocess_threads=2, frontends=frontends)
+    with served(settings, q25, tmp_path / "serve.log", dtype="bfloat16") as port:
         assert request(port, "GET", "/v1/models").json()["data"][0]["dtype"] == "bfloat16"
         data = post_json(port, {"images": [data_url(d) for d in images], "format": "vllm"}).json()["data"]
     for item, w in zip(data, want):
         got = decode_item(item, "vllm")
         assert got.dtype == torch.bfloat16 and got.shape == w.shape
         assert rel_err(got, w) < 1e-2, f"bf16 served vs Encoder.encode: {rel_err(got, w):.2e} (tolerance 1e-2)"
+
+
+def test_frontends_share_one_cache_and_sum_their_metrics(server, request):
+    """With front ends: the same image on fresh connections until both front ends answered it; the
+    engine's cache answers every repeat, whichever front end took it, and /metrics (from any front
+    end) counts the requests of both."""
+    if request.node.callspec.params["server"] == 0:
+        pytest.skip("one process: no front ends")
+    from serve_client import post_json as post
+
+    doc = {"images": [data_url(png(63, 77, seed=140))], "format": "base64"}
+    before = metric(server, 'mmenc_requests_total{route="/v1/encode",status="200"}')
+    hits = metric(server, "mmenc_cache_hits_total")
+    seen: dict[str, list[bool]] = {}
+    for _ in range(60):  # each request on a new connection; the kernel picks the front end that accepts it
+        reply = post(server, doc, key=KEY)
+        assert reply.status == 200, reply.body[:300]
+        seen.setdefault(reply.headers["x-mmenc-frontend"], []).append(reply.json()["data"][0]["cached"])
+        if len(seen) == 2 and sum(map(len, seen.values())) >= 4:
+            break
+    assert sorted(seen) == ["0", "1"], f"only front end(s) {sorted(seen)} answered 60 requests"
+    answers = sum(map(len, seen.values()))
+    assert sorted(c for cs in seen.values() for c in cs) == [False] + [True] * (answers - 1), seen
+    assert all(any(cs) for cs in seen.values()), f"a front end never got a cache hit: {seen}"
+    assert metric(server, "mmenc_cache_hits_total") == hits + answers - 1
+    assert metric(server, 'mmenc_requests_total{route="/v1/encode",status="200"}') == before + answers

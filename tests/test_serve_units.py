@@ -30,6 +30,8 @@ def test_settings_name_the_bad_value():
         ServeSettings(max_queue_images=4, max_images_per_request=8)
     with pytest.raises(ValueError, match="port=70000"):
         ServeSettings(port=70000)
+    with pytest.raises(ValueError, match=r"frontends=-1 must be an integer >= 0"):
+        ServeSettings(frontends=-1)
 
 
 def _entry(rows: int) -> EncodedImage:
@@ -147,6 +149,26 @@ def test_cli_flags_reach_the_settings():
     assert (settings_from_args(args).max_in_flight, settings_from_args(args).bucket_batches) == (3, "off")
     with pytest.raises(ValueError, match="max_in_flight=0"):
         settings_from_args(build_parser().parse_args(["serve", "--max-in-flight", "0"]))
+    assert defaults.frontends == 0
+    assert settings_from_args(build_parser().parse_args(["serve", "--frontends", "4"])).frontends == 4
+
+
+def test_frontends_refuse_a_port_in_use_once_and_clearly():
+    import socket
+
+    from mmenc.serving.frontends.engine import bind
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ValueError, match=rf"cannot listen on 127.0.0.1:{port} .*pass another --port"):
+            bind("127.0.0.1", port)
+    from mmenc.cli.main import build_parser
+    from mmenc.cli.serve import run
+
+    with pytest.raises(ValueError, match="--frontends 2 does not combine with --ray"):
+        run(build_parser().parse_args(["serve", "--ray", "--frontends", "2"]))
 
 
 def test_connections_get_a_small_send_buffer_under_uvloop():

@@ -44,6 +44,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--bucket-batches", choices=("auto", "on", "off"), default=_D.bucket_batches,
                    help="cut each call's images of one size to a power of two so CUDA graphs replay; auto: on with "
                         "--cuda-graphs (default: %(default)s)")
+    p.add_argument("--frontends", type=int, default=_D.frontends, metavar="N",
+                   help="HTTP front-end processes: this process keeps the tower, batcher and cache, N processes "
+                        "parse requests, decode images and render answers on one shared port; about one per "
+                        "100-150 images/s. 0: one process (default: %(default)s)")
     ray = p.add_argument_group("Ray Serve (pip install 'mmenc[ray]'; docs/scaling.md)")
     ray.add_argument("--ray", action="store_true", help="serve through Ray Serve replicas (one per GPU) behind one address")
     ray.add_argument("--replicas", type=int, default=1, metavar="N", help="with --ray: replicas (default: %(default)s)")
@@ -79,7 +83,7 @@ def settings_from_args(args) -> ServeSettings:
                          max_images_per_request=args.max_images_per_request,
                          max_image_pixels=args.max_image_pixels, max_queue_images=args.max_queue_images,
                          shutdown_timeout_s=args.shutdown_timeout, max_in_flight=args.max_in_flight,
-                         bucket_batches=args.bucket_batches, **extra)
+                         bucket_batches=args.bucket_batches, frontends=args.frontends, **extra)
 
 
 def run(args) -> int:
@@ -88,6 +92,8 @@ def run(args) -> int:
         raise ValueError("--replicas, --autoscale, --ray-address and --ray-ingress need --ray (one process serves "
                          "without it)")
     if args.ray:
+        if args.frontends:
+            raise ValueError(f"--frontends {args.frontends} does not combine with --ray yet; drop one of them")
         return _run_ray(args)
     try:
         from mmenc.serving.server import serve

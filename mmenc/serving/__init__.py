@@ -7,8 +7,9 @@
 Modules: settings (limits), inputs (request parsing), preprocess (one image), batcher (the only
 caller of the tower), pending (one request between the event loop and its answer), cache (keys +
 LRU), formats (vllm / base64 / json), tensor_bytes (torch.save bytes), b64 (base64), ec_storage
-(vLLM's encoder-cache files), metrics (Prometheus), service (the pipeline), app (routes), server
-(uvicorn).
+(vLLM's encoder-cache files), metrics (Prometheus), service (the pipeline, over an EngineClient),
+local (LocalEngine: the Encoder, batcher and cache in this process), app (routes), server
+(uvicorn), frontends/ (`--frontends N`: the engine process and N HTTP front-end processes).
 The HTTP contract is docs/serving.md.
 """
 from mmenc.serving.settings import ServeSettings, parse_size

@@ -9,7 +9,6 @@ from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import UploadFile
 
 from mmenc.serving.inputs import EncodeRequest, RequestError, parse_form, parse_json
-from mmenc.serving.metrics import ServeMetrics
 from mmenc.serving.service import EncodeService
 
 ENCODE = "/v1/encode"
@@ -54,7 +53,7 @@ def create_app(service: EncodeService, on_load_failure=None) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus():
-        return Response(metrics.render(), media_type=ServeMetrics.content_type)
+        return Response(metrics.render(), media_type=metrics.content_type)
 
     @app.get("/v1/models")
     async def models(request: Request):

@@ -97,7 +97,9 @@ class Batcher:
     they are only ever called from the launcher thread. prepare(pixel_values) -> tower input, for
     uint8 jobs (e.g. normalize on the device). check_finite(cpu embeddings, tokens): called by the
     completer only when the device-side check found a non-finite value (may raise). graph_stats() ->
-    {"eager"|"captures"|"replays": count}: the tower's CUDA graph counters, copied into the metrics."""
+    {"eager"|"captures"|"replays": count}: the tower's CUDA graph counters, copied into the metrics.
+    alloc(shape, dtype) (attribute, default None: a clone): the tensor each image's output is copied
+    into (front ends: shared memory, so it crosses to them without another copy)."""
 
     def __init__(self, encode_pixels: Callable, output_tokens: Callable, max_batch_patches: int,
                  max_wait_ms: float, metrics: ServeMetrics, pin_memory: bool = False, *,
@@ -113,6 +115,7 @@ class Batcher:
         self.prepare, self._check_finite, self.bucket = prepare, check_finite, bucket
         self.max_batch_patches, self.max_wait_s = max_batch_patches, max_wait_ms / 1000.0
         self.metrics, self.graph_stats = metrics, graph_stats
+        self.alloc: Callable[[tuple, torch.dtype], torch.Tensor] | None = None  # where each image's output goes
         self.packings: collections.Counter = collections.Counter()  # tower calls per packing (grid list)
         self._queue: queue.Queue[Job | None] = queue.Queue()
         self._carry: collections.deque[Job] = collections.deque()
@@ -287,7 +290,9 @@ class Batcher:
         tokens = self._output_tokens(slot.grid)
         if slot.finite is not None and not bool(slot.finite):
             self._check_finite(slot.output[:, :slot.hidden], tokens)
-        return [piece.clone() for piece in slot.output.split(tokens)]
+        if self.alloc is None:
+            return [piece.clone() for piece in slot.output.split(tokens)]
+        return [self.alloc(tuple(piece.shape), piece.dtype).copy_(piece) for piece in slot.output.split(tokens)]
 
     def _fail(self, slot: _Slot, error: Exception) -> None:
         batch = slot.batch

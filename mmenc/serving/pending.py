@@ -54,9 +54,18 @@ class Pending:
             self.answer.set_result(body)
         except concurrent.futures.InvalidStateError:  # cancelled meanwhile: the client left
             pass
+        self._let_go()
 
     def _fail(self, error: BaseException) -> None:
         try:
             self.answer.set_exception(error)
         except concurrent.futures.InvalidStateError:
             pass
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Drop the jobs and items (each job's callback refers back to this object: without this the
+        answers' tensors, which may be shared memory the engine waits to reuse, live until a gc pass)."""
+        with self._lock:
+            self._jobs = []
+        self.items = [None] * len(self.items)

@@ -1,11 +1,5 @@
 """Start and stop the service with uvicorn. SIGTERM / SIGINT: stop accepting connections, finish the
 requests in flight (up to shutdown_timeout_s), then stop the batcher and close the Encoder."""
-import logging
-import multiprocessing
-import os
-import signal
-import socket
-import sys
 from collections.abc import Callable
 
 import uvicorn
@@ -15,10 +9,13 @@ from mmenc.serving.app import create_app
 from mmenc.serving.metrics import ServeMetrics
 from mmenc.serving.service import EncodeService
 from mmenc.serving.settings import ServeSettings
+from mmenc.serving.uvicorn_run import (SEND_BUFFER_BYTES, _http_protocol, exit_while_loading, run_draining,
+                                       uvicorn_config)
 
 logger = init_logger(__name__)
 
-SEND_BUFFER_BYTES = 256 << 10  # SO_SNDBUF of each connection under uvloop (see _http_protocol)
+__all__ = ["SEND_BUFFER_BYTES", "build_server", "serve", "uvicorn_config", "_http_protocol", "exit_while_loading",
+           "run_draining"]
 
 
 def build_server(settings: ServeSettings, make_encoder: Callable[[], object], log_level: str = "info",
@@ -33,68 +30,31 @@ def build_server(settings: ServeSettings, make_encoder: Callable[[], object], lo
         holder[0].should_exit = True
 
     app = create_app(service, on_load_failure=stop)
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
-                            timeout_graceful_shutdown=settings.shutdown_timeout_s, access_log=False,
-                            limit_concurrency=None, backlog=2048, http=_http_protocol())
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(app, settings, log_level))
     holder.append(server)
     return server, service
 
 
 def serve(settings: ServeSettings, make_encoder: Callable[[], object], **service_kwargs) -> int:
-    """Serve in the foreground; 0 after a clean shutdown, 1 if the encoder failed to load."""
+    """Serve in the foreground; 0 after a clean shutdown, 1 if the encoder failed to load. With
+    settings.frontends > 0 this process is the engine and N front-end processes serve HTTP
+    (mmenc/serving/frontends/engine.py)."""
+    if settings.frontends > 0:
+        from mmenc.serving.frontends.engine import serve_with_frontends
+
+        return serve_with_frontends(settings, make_encoder, **service_kwargs)
     server, service = build_server(settings, make_encoder, **service_kwargs)
     logger.info("mmenc serve: listening on http://%s:%d (loading the encoder; /health says when ready)",
                 settings.host, settings.port)
     # uvicorn handles SIGTERM/SIGINT (graceful drain), then re-raises the signal with the handlers it
     # found: no-op ones here, so a drained server returns normally and the command exits 0.
-    previous = {sig: signal.signal(sig, _ignore) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        server.run()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    run_draining(server)
     if service.loading():
         # stopped while the encoder was loading, and the load did not stop within shutdown_timeout_s: a
         # normal interpreter exit would tear torch down under the loader thread ("terminate called
         # without an active exception", SIGABRT); nothing was served, nothing is left to flush but the logs
-        logger.info("mmenc serve: stopped while the encoder was loading; exiting without waiting for it")
-        for child in multiprocessing.active_children():  # e.g. tensor-parallel workers started by the load
-            child.terminate()
-        logging.shutdown()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+        exit_while_loading()
     if service.state == "failed":
         logger.error("mmenc serve: the encoder failed to load: %s", service.load_error)
         return 1
     return 0
-
-
-def _ignore(signum, frame) -> None:
-    logger.info("mmenc serve: stopped by signal %d after draining", signum)
-
-
-def _http_protocol():
-    """uvicorn's "auto" HTTP protocol (httptools if installed, else h11); under uvloop (installed: the
-    loop "auto" picks) with SO_SNDBUF = SEND_BUFFER_BYTES on each connection. uvloop's transport
-    writes what the socket takes at once while holding the GIL and hands the rest to libuv, which
-    writes it with the GIL released; with the loopback default (megabytes) a whole 2.4 MB answer was
-    copied into the kernel under the GIL (docs/serving.md, "Host side")."""
-    import importlib.util
-
-    if importlib.util.find_spec("uvloop") is None:
-        return "auto"
-    if importlib.util.find_spec("httptools") is not None:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
-    else:
-        from uvicorn.protocols.http.h11_impl import H11Protocol as Base
-
-    class Protocol(Base):
-        def connection_made(self, transport) -> None:
-            sock = transport.get_extra_info("socket")
-            if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
-            super().connection_made(transport)
-
-    return Protocol

@@ -36,7 +36,9 @@ class ServeSettings:
     waits for requests in flight. max_in_flight: tower calls launched and not yet handed back (2: the
     next call is queued on the device while one runs). bucket_batches: "on" cuts each call's images
     of one size to a power of two so CUDA graphs replay (docs/serving.md); "auto": on when the
-    Encoder has cuda_graphs."""
+    Encoder has cuda_graphs. frontends: 0 serves HTTP in this process; N > 0 makes this process the
+    engine (tower, batcher, cache) and N front-end processes serve HTTP, decode and render
+    (docs/serving.md, "Front ends")."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -54,6 +56,7 @@ class ServeSettings:
     shutdown_timeout_s: float = 30.0
     max_in_flight: int = 2
     bucket_batches: str = "auto"
+    frontends: int = 0
 
     def __post_init__(self):
         positive = ("max_batch_patches", "max_request_bytes", "max_images_per_request", "max_image_pixels",
@@ -67,6 +70,9 @@ class ServeSettings:
         if self.max_wait_ms < 0 or self.shutdown_timeout_s < 0 or self.cache_bytes < 0:
             raise ValueError(f"max_wait_ms={self.max_wait_ms}, shutdown_timeout_s={self.shutdown_timeout_s} and "
                              f"cache_bytes={self.cache_bytes} must be >= 0")
+        if not isinstance(self.frontends, int) or self.frontends < 0:
+            raise ValueError(f"ServeSettings.frontends={self.frontends!r} must be an integer >= 0 (0: HTTP in the "
+                             f"engine's own process)")
         if self.bucket_batches not in ("auto", "on", "off"):
             raise ValueError(f"ServeSettings.bucket_batches={self.bucket_batches!r} must be 'auto', 'on' or 'off'")
         if self.api_key is not None and not self.api_key:
