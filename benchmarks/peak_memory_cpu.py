@@ -28,6 +28,7 @@ import torch
 from mmenc.bench.alloc_sim import CachingAllocatorModel, extrapolate, trace
 from mmenc.bench.measure import parse_grid_spec
 from mmenc.config import MultiModalConfig
+from mmenc.layers.row_blocks import MAX_INTERMEDIATE_BYTES, set_max_intermediate_bytes
 from mmenc.models.registry import get_builtin_config
 
 
@@ -45,10 +46,12 @@ def build(model: str, depth: int | None, dtype: torch.dtype, mm: MultiModalConfi
     return tower, config
 
 
-def forward_trace(tower, config, spec: str, dtype: torch.dtype) -> tuple[list, int]:
-    """(allocation trace of one forward on `spec`'s grids, its patch count), after a first forward."""
+def forward_trace(tower, config, spec: str, dtype: torch.dtype, budget: int | None, n_full: int) -> tuple[list, int]:
+    """(allocation trace of one forward on `spec`'s grids, its patch count), after a first forward. The
+    row-block budget is scaled by patches / n_full, so the small run splits as the full one would."""
     grid_thw = torch.tensor(parse_grid_spec(spec), dtype=torch.int64)
     patches = int(grid_thw.prod(-1).sum())
+    set_max_intermediate_bytes(tower, None if budget is None else -(-budget * patches // n_full))
     pixels = torch.randn(patches, config.patch_features, dtype=dtype)
     with torch.inference_mode():
         tower(pixels, grid_thw)  # plan tables, compilation, lazy state
@@ -65,6 +68,9 @@ def main(argv=None) -> int:
     p.add_argument("--depth", type=int, default=2, help="blocks to build (default: %(default)s)")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--compile", action="store_true", help="blocks through torch.compile (inductor)")
+    p.add_argument("--max-intermediate-bytes", type=int, default=MAX_INTERMEDIATE_BYTES,
+                   help="row-block budget at the full workload (mmenc.layers.row_blocks; 0: never split; "
+                        "default: %(default)s)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     dtype = getattr(torch, args.dtype)
@@ -73,15 +79,18 @@ def main(argv=None) -> int:
     if args.compile:
         from mmenc.engine.compile import compile_tower
         compile_tower(tower, mm)
-    small, n_small = forward_trace(tower, config, args.small, dtype)
-    large, n_large = forward_trace(tower, config, args.large, dtype)
     n_full = sum(t * h * w for t, h, w in parse_grid_spec(args.grid))
+    budget = args.max_intermediate_bytes or None
+    small, n_small = forward_trace(tower, config, args.small, dtype, budget, n_full)
+    large, n_large = forward_trace(tower, config, args.large, dtype, budget, n_full)
     model = CachingAllocatorModel().replay(extrapolate(small, large, n_small, n_large, n_full))
     unit = n_full * config.hidden_size * dtype.itemsize  # one residual [patches, hidden] tensor
     row = {"model": args.model, "grid": args.grid, "patches": n_full, "depth": args.depth, "compile": args.compile,
+           "max_intermediate_bytes": budget,
            "dtype": args.dtype, "live_gib": model.peak_live / 2**30, "pool_gib": model.reserved / 2**30,
            "residual_gib": unit / 2**30, "segments_mib": [round(sum(b.size for b in s) / 2**20) for s in model.segments]}
-    print(f"{args.model} {'compiled' if args.compile else 'eager'} {args.grid} ({n_full} patches): live "
+    print(f"{args.model} {'compiled' if args.compile else 'eager'} {args.grid} ({n_full} patches, row-block budget "
+          f"{budget}): live "
           f"{row['live_gib']:.2f} GiB, graph pool {row['pool_gib']:.2f} GiB (one [patches, hidden] tensor: "
           f"{row['residual_gib']:.3f} GiB); segments MiB {row['segments_mib']}")
     if args.json:

@@ -56,14 +56,17 @@ def trace(fn) -> tuple[list[tuple[int, int]], object]:
 
 def extrapolate(small: list, large: list, n_small: int, n_large: int, n_full: int) -> list[tuple[int, int]]:
     """The trace at n_full tokens from the same forward's traces at n_small and n_large tokens, each
-    event's size linear in the count. Raises ValueError when the two traces differ in their events."""
+    event's size linear in the count (a size that shrinks with more tokens, a kernel's workspace sized by
+    thread count, keeps the larger of its two values). Raises ValueError when the two traces differ in
+    their events."""
     if len(small) != len(large) or any(a[0] != b[0] or (a[1] > 0) != (b[1] > 0) for a, b in zip(small, large)):
         raise ValueError(f"the traces at {n_small} and {n_large} tokens differ ({len(small)} vs {len(large)} "
                          f"events): the forward's allocations depend on the token count; use closer counts")
     out = []
     for (i, a), (_, b) in zip(small, large):
         slope = (b - a) / (n_large - n_small)
-        out.append((i, round(a + slope * (n_full - n_small))))
+        size = round(a + slope * (n_full - n_small)) if slope * a > 0 else (max(a, b) if a > 0 else min(a, b))
+        out.append((i, size))
     return out
 
 
