@@ -14,8 +14,8 @@ splits takes its budget as the attribute `max_intermediate_bytes` (None: never s
 `set_max_intermediate_bytes(module, n)` sets it on every such submodule.
 
 The block count is a Python int derived from the (possibly symbolic) row count: torch.compile guards
-on it (a new count recompiles, a new row count with the same count does not); no host sync, so the
-blocks capture in CUDA graphs.
+on it (a new count recompiles, a new row count with the same count does not: `split_rows`); no host
+sync, so the blocks capture in CUDA graphs.
 """
 import torch
 import torch.nn as nn
@@ -47,6 +47,13 @@ def set_max_intermediate_bytes(module: nn.Module, budget: int | None) -> int:
     for m in found:
         m.max_intermediate_bytes = budget
     return len(found)
+
+
+def split_rows(x: torch.Tensor, blocks: int) -> list[torch.Tensor]:
+    """x [rows, ...] as `blocks` views of consecutive rows: rows // blocks each, the last also the rest.
+    (Not tensor_split: its sizes depend on rows % blocks, on which torch.compile would guard.)"""
+    size = x.shape[0] // blocks
+    return [x[i * size:(i + 1) * size] for i in range(blocks - 1)] + [x[(blocks - 1) * size:]]
 
 
 def flat_rows(x: torch.Tensor) -> torch.Tensor:

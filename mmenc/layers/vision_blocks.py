@@ -27,7 +27,7 @@ from mmenc.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinea
                                  ReplicatedLinear, RowParallelLinear)
 from mmenc.layers.norm import RMSNorm, ShardedRMSNorm, make_norm
 from mmenc.layers.rotary import apply_rotary
-from mmenc.layers.row_blocks import MAX_INTERMEDIATE_BYTES, flat_rows, num_row_blocks
+from mmenc.layers.row_blocks import MAX_INTERMEDIATE_BYTES, flat_rows, num_row_blocks, split_rows
 
 
 def _join(prefix: str, name: str) -> str:
@@ -222,7 +222,7 @@ class VisionBlock(nn.Module):
         blocks = num_row_blocks(x.shape[:-1].numel(), 2 * self.mlp.intermediate_width * x.element_size(),
                                 self.max_intermediate_bytes)
         if blocks > 1:  # x is this block's own tensor: each row block gets its MLP branch added in place
-            for rows in flat_rows(x).tensor_split(blocks):
+            for rows in split_rows(flat_rows(x), blocks):
                 self._add_mlp_(rows)
             return x
         mlp = self.mlp(self.norm2(x))

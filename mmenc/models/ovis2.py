@@ -31,7 +31,7 @@ from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ReplicatedLinear
 from mmenc.layers.norm import LayerNorm, RMSNorm
-from mmenc.layers.row_blocks import MAX_INTERMEDIATE_BYTES, num_row_blocks
+from mmenc.layers.row_blocks import MAX_INTERMEDIATE_BYTES, num_row_blocks, split_rows
 from mmenc.layers.vision_blocks import PatchEmbed, VisionBlock
 from mmenc.layers.weights import WeightMap
 from mmenc.models.base import (ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor,
@@ -193,7 +193,7 @@ class Ovis2VisionTower(VisionTower):
         if blocks == 1:
             return TowerOutput(self.visual_head(x, table))
         out = x.new_empty(x.shape[0], table.shape[1])
-        for rows, dst in zip(x.tensor_split(blocks), out.tensor_split(blocks)):
+        for rows, dst in zip(split_rows(x, blocks), split_rows(out, blocks)):
             torch.mm(self.visual_head(rows, table, embed=False), table, out=dst)
         return TowerOutput(out)  # [T / m^2, out_hidden]
 
