@@ -85,9 +85,11 @@ class CachingAllocatorModel:
         self.segments: list[list[_Block]] = []
         self.free_blocks: list[tuple[int, int, int]] = []  # sorted (size, segment, offset)
         self.reserved = self.live = self.peak_live = 0
+        self.where: dict[int, _Block | int] = {}  # live allocation id -> its block (small: its size)
 
     def replay(self, seq: list[tuple[int, int]]) -> "CachingAllocatorModel":
-        where: dict[int, _Block | int] = {}
+        """Apply (alloc_id, bytes) events in order (see `trace`); may be called again with more events."""
+        where = self.where
         for alloc_id, nbytes in seq:
             if nbytes > 0:
                 size = -(-nbytes // MIN_BLOCK) * MIN_BLOCK
