@@ -112,3 +112,28 @@ def test_tower_split_matches_transformers(arch, tmp_path):
     want, _ = case.reference(hf_model, pixels, grid)
     err_hf = assert_close(split, want, f"{arch} split vs transformers", TOL)
     print(f"{arch}: {found} modules split; vs whole {err:.1e}, vs transformers {err_hf:.1e} (tolerance {TOL:.0e})")
+
+
+@pytest.mark.parametrize("arch", ["InternVLForConditionalGeneration", "Ovis2ForConditionalGeneration",
+                                  "Qwen2_5_VLForConditionalGeneration"])
+def test_split_keeps_batch_invariance(arch, tmp_path):
+    """batch_invariant=True with a budget that splits differently per call size: the watched image's
+    embedding is still bitwise the same alone and in mixed calls."""
+    from test_batch_invariance import CALLS, TARGET, _assert_equal, _family_grids, _per_image, _pixels
+
+    from mmenc.engine.encoder import Encoder
+
+    case = ck.FAMILIES[arch]
+    try:
+        folder, _ = case.save(tmp_path)
+    except ImportError:
+        pytest.skip(f"this transformers cannot write {arch}")
+    enc = Encoder(str(folder), device="cpu", batch_invariant=True)
+    assert set_max_intermediate_bytes(enc.loaded.tower, 3000) >= 1
+    shape = _family_grids(case)
+    pixels, grid = _pixels(case, [shape[TARGET]])
+    alone = _per_image(enc, enc.encode_pixels(pixels, grid, return_extras=True), grid, 0)
+    for grids, index, _ in CALLS[:4]:
+        pixels, grid = _pixels(case, [shape[g] for g in grids])
+        out = enc.encode_pixels(pixels, grid, return_extras=True)
+        _assert_equal(alone, _per_image(enc, out, grid, index), f"{arch} in row blocks, call {grids}")

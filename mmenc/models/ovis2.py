@@ -16,7 +16,8 @@ the language model's width, (s/m)^2 per crop, i.e. t * h * w / m^2 per image.
 
 The head's logits are [rows, vocab] (65,536 wide as published: 1.75 GiB in bf16 for 56 crops, and the
 norm, softmax and padding each make one more): past `max_intermediate_bytes` for three such tensors it
-runs over row blocks (mmenc.layers.row_blocks), each block's embeddings written into the output.
+runs over row blocks (mmenc.layers.row_blocks), each block's embeddings written into the output (not with
+batch_invariant=True: the table product is not a token-tiled linear).
 """
 import dataclasses
 from collections.abc import Mapping
@@ -187,9 +188,11 @@ class Ovis2VisionTower(VisionTower):
         # hidden stride: [B, s/m, dy, s/m, dx, dim] -> [B, s/m, s/m, dy, dx, dim] -> [B*(s/m)^2, m*m*dim]
         x = x.reshape(plan.crops, s // m, m, s // m, m, dim).permute(0, 1, 3, 2, 4, 5).reshape(-1, m * m * dim)
         table = self.embeddings_table.weight.to(x.dtype)  # [vocab, out_hidden]
-        # alive at once per row: the logits, the norm's contiguous input and its output (3 x the vocabulary)
-        blocks = num_row_blocks(x.shape[0], 3 * self.head_linear.weight.shape[0] * x.element_size(),
-                                self.max_intermediate_bytes)
+        # alive at once per row: the logits, the norm's contiguous input and its output (3 x the vocabulary).
+        # Batch-invariant towers (token-tiled linears) keep the head whole: the table product is a plain matmul,
+        # whose rows' bits may depend on how many rows it gets (a one-row block is a matrix-vector product)
+        budget = None if self.head_linear.token_tile is not None else self.max_intermediate_bytes
+        blocks = num_row_blocks(x.shape[0], 3 * self.head_linear.weight.shape[0] * x.element_size(), budget)
         if blocks == 1:
             return TowerOutput(self.visual_head(x, table))
         out = x.new_empty(x.shape[0], table.shape[1])
