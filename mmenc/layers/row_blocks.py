@@ -57,5 +57,6 @@ def split_rows(x: torch.Tensor, blocks: int) -> list[torch.Tensor]:
 
 
 def flat_rows(x: torch.Tensor) -> torch.Tensor:
-    """x [..., features] as [rows, features] (a view of a contiguous x)."""
-    return x.reshape(-1, x.shape[-1])
+    """x [..., features] as a [rows, features] view (never a copy: writes to its rows reach x; a layout
+    that cannot be viewed so raises)."""
+    return x.view(-1, x.shape[-1])
