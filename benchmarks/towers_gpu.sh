@@ -89,6 +89,19 @@ bench ernie4_5_vl 45 baidu/ERNIE-4.5-VL-424B-A47B-PT eager --workload 8xpage-p14
 bench llama4 45 meta-llama/Llama-4-Maverick-17B-128E-Instruct eager --grid '13x24x24*8'
 bench ovis2 45 thisisiron/Ovis2-8B-hf eager --grid '7x32x32*8'
 bench internvl 90 OpenGVLab/InternVL3-78B-hf eager --grid '7x32x32*8' --warmup 1 --iters 4
+# 6. peak memory (issues 15/16): Ovis2 and InternViT-6B with their wide intermediates whole (row blocks off,
+# --max-intermediate-bytes 0: the peak before mmenc.layers.row_blocks; the q/k norms' unstacked outputs stay),
+# against ovis2_*/internvl_* above (on, the default). Only with ONLY=, e.g. the memory check in two calls (each under 600 s):
+#   ONLY="ovis2_compiled ovis2_whole_compiled ovis2_eager ovis2_whole_eager" BUDGET_S=330 bash benchmarks/towers_gpu.sh OUT
+#   ONLY="internvl_compiled internvl_whole_compiled internvl_eager" BUDGET_S=560 bash benchmarks/towers_gpu.sh OUT
+if [ -n "${ONLY:-}" ]; then
+  bench ovis2_whole 75 thisisiron/Ovis2-8B-hf compiled --grid '7x32x32*8' --max-intermediate-bytes 0
+  bench ovis2_whole 45 thisisiron/Ovis2-8B-hf eager --grid '7x32x32*8' --max-intermediate-bytes 0
+  bench internvl_whole 150 OpenGVLab/InternVL3-78B-hf compiled --grid '7x32x32*8' --warmup 1 --iters 4 \
+    --max-intermediate-bytes 0
+  bench internvl_whole 90 OpenGVLab/InternVL3-78B-hf eager --grid '7x32x32*8' --warmup 1 --iters 4 \
+    --max-intermediate-bytes 0
+fi
 
 for f in "$out"/parity_*.log "$out"/graphs.log; do [ -f "$f" ] && { echo "$(basename "$f"):"; grep -E "passed|failed|error|skipped" "$f" | tail -n 12; }; done
 echo "total $((SECONDS - start)) s"

@@ -62,11 +62,21 @@ def test_cpu_warning_estimate():
     (["--iters", "0"], "--iters=0 must be >= 1"),
     (["--warmup", "-1"], "--warmup=-1 must be >= 0"),
     (["--device", "bogus"], "--device 'bogus' is not a torch device"),
+    (["--max-intermediate-bytes", "-1"], "max_intermediate_bytes=-1"),
 ])
 def test_bad_arguments_are_one_line(folder, capsys, argv, needle):
     rc, out, err = _bench(capsys, "--model", folder, *argv)
     assert rc == 2 and out == ""
     assert err.count("\n") == 1 and needle in err and "Traceback" not in err
+
+
+def test_row_block_budget_flag(folder, tmp_path, capsys):
+    """--max-intermediate-bytes 64 splits every block's MLP into row blocks: still transformers' answer."""
+    out = tmp_path / "b.json"
+    rc, _, _ = _bench(capsys, "--model", folder, "--device", "cpu", "--warmup", "0", "--iters", "1",
+                      "--max-intermediate-bytes", "64", "--json", str(out))
+    assert rc == 0
+    assert json.loads(out.read_text())["workloads"][0]["rel_err_vs_transformers"] < 1e-5
 
 
 def test_bad_json_path_fails_before_work(folder, tmp_path, capsys, monkeypatch):

@@ -38,6 +38,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--no-hf", action="store_true", help="skip transformers' tower")
     p.add_argument("--hf-attn", default="sdpa", help="transformers attn_implementation (default: %(default)s)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--max-intermediate-bytes", type=int, default=None, metavar="N",
+                   help="row-block budget of the tower's wide intermediates (mmenc.layers.row_blocks; 0: never "
+                        "split, the whole-tensor peak; default: the layers' own)")
     p.add_argument("--e2e", action="store_true",
                    help="end to end instead: each workload as JPEG files (grid x patch size pixels), Encoder.encode("
                         "paths) vs transformers' default image processor + its tower, with the preprocessing share and "
@@ -82,6 +85,13 @@ def run(args) -> int:
         if args.graph_recent_calls < 0:
             raise ValueError(f"--graph-recent-calls={args.graph_recent_calls} must be >= 0 (0: no recency rule)")
         loaded.graphs.recent_calls = args.graph_recent_calls or None
+    if args.max_intermediate_bytes is not None:
+        from mmenc.layers.row_blocks import set_max_intermediate_bytes
+
+        if getattr(loaded, "tower", None) is None:
+            raise ValueError(f"--max-intermediate-bytes={args.max_intermediate_bytes} needs the tower in this process "
+                             f"(tensor_parallel_size 1); leave it out with worker processes")
+        set_max_intermediate_bytes(loaded.tower, args.max_intermediate_bytes or None)
     device, dtype = encoder.device, loaded.dtype
     if not workloads:
         workloads = dict(CPU_WORKLOADS if device.type == "cpu" else WORKLOADS)

@@ -27,6 +27,7 @@ from mmenc.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinea
                                  ReplicatedLinear, RowParallelLinear)
 from mmenc.layers.norm import RMSNorm, ShardedRMSNorm, make_norm
 from mmenc.layers.rotary import apply_rotary
+from mmenc.layers.row_blocks import MAX_INTERMEDIATE_BYTES, flat_rows, num_row_blocks, split_rows
 
 
 def _join(prefix: str, name: str) -> str:
@@ -107,21 +108,29 @@ class VisionAttention(nn.Module):
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         lead = x.shape[:-1]  # (T,) packed or (B, S) dense
         qkv = self.qkv(x).view(*lead, 3, self.local_heads, self.head_dim)  # [..., 3, H, D]
-        qk, v = qkv[..., :2, :, :], qkv[..., 2, :, :]  # [..., 2, H, D], [..., H, D]
-        if self.qk_norm == "head":
-            qk = torch.stack([self.q_norm(qk[..., 0, :, :]), self.k_norm(qk[..., 1, :, :])], dim=-3)
-        elif self.qk_norm == "all":
-            qk = torch.stack([self.q_norm(qk[..., 0, :, :].flatten(-2)), self.k_norm(qk[..., 1, :, :].flatten(-2))],
-                             dim=-2).unflatten(-1, (self.local_heads, self.head_dim))
-        if rotary is not None:  # cos, sin [T, D] packed, or [S, D] shared by a dense batch's rows
-            dense = len(lead) == 2
-            qk = apply_rotary(qk.transpose(0, 1) if dense else qk, *rotary, interleaved=self.rotary_interleaved)
-            qk = qk.transpose(0, 1) if dense else qk  # token dim first for the tables, then back
-        q, k = qk.unbind(-3)
+        v = qkv[..., 2, :, :]  # [..., H, D]
+        if self.qk_norm is not None and rotary is None:  # q, k normalised into two tensors of their own (no
+            q, k = self._normed(qkv[..., 0, :, :]), self._normed(qkv[..., 1, :, :], key=True)  # stacked copy)
+        else:
+            qk = qkv[..., :2, :, :]  # [..., 2, H, D]
+            if self.qk_norm is not None:
+                qk = torch.stack([self._normed(qk[..., 0, :, :]), self._normed(qk[..., 1, :, :], key=True)], dim=-3)
+            if rotary is not None:  # cos, sin [T, D] packed, or [S, D] shared by a dense batch's rows
+                dense = len(lead) == 2
+                qk = apply_rotary(qk.transpose(0, 1) if dense else qk, *rotary, interleaved=self.rotary_interleaved)
+                qk = qk.transpose(0, 1) if dense else qk  # token dim first for the tables, then back
+            q, k = qk.unbind(-3)
         if len(lead) == 1 or cu_seqlens is not None:  # packed: [T, ...] or [B, S, ...] -> [1, T, ...]
             q, k, v = (t.reshape(1, -1, self.local_heads, self.head_dim) for t in (q, k, v))
         out = self.attn(q, k, v, cu_seqlens, max_seqlen)  # [1, T, H, D] or [B, S, H, D]
         return self.proj(out.reshape(*lead, self.local_heads * self.head_dim))
+
+    def _normed(self, x: torch.Tensor, key: bool = False) -> torch.Tensor:
+        """q (or k with key=True) [..., H, D] through q_norm (k_norm): per head, or over all heads."""
+        norm = self.k_norm if key else self.q_norm
+        if self.qk_norm == "head":
+            return norm(x)
+        return norm(x.flatten(-2)).unflatten(-1, (self.local_heads, self.head_dim))
 
 
 class VisionMLP(nn.Module):
@@ -134,6 +143,11 @@ class VisionMLP(nn.Module):
                                         dtype=dtype)
         self.act = get_act_fn(act)
         self.fc2 = RowParallelLinear(hidden, dim, bias=bias, prefix=_join(prefix, "fc2"), device=device, dtype=dtype)
+
+    @property
+    def intermediate_width(self) -> int:
+        """Features of the widest intermediate per token (fc1's output on this rank)."""
+        return self.fc1.weight.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
@@ -153,6 +167,11 @@ class GatedVisionMLP(nn.Module):
         self.down_proj = RowParallelLinear(hidden, dim, bias=bias, prefix=_join(prefix, "down_proj"), device=device,
                                            dtype=dtype)
 
+    @property
+    def intermediate_width(self) -> int:
+        """Features of the widest intermediate per token (gate_up_proj's output on this rank)."""
+        return self.gate_up_proj.weight.shape[0]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
@@ -164,14 +183,19 @@ class VisionBlock(nn.Module):
     attention output's bias (default: as qkv_bias); layer_scale: x + ls1 * attn(...), x + ls2 * mlp(...)
     with learned per-channel scales ls1, ls2 [dim]; qk_norm, qk_norm_eps: see VisionAttention.
     forward(x [T, dim] or [B, S, dim], cu_seqlens (None for [B, S, dim]), max_seqlen, rotary) -> x's shape.
+    max_intermediate_bytes: when the MLP's hidden activations (2 x [tokens, mlp width]) would take more bytes,
+    the MLP branch (norm2 -> MLP -> residual add) runs over row blocks, each added into its rows of the
+    residual in place (mmenc.layers.row_blocks; None: never split).
     """
 
     def __init__(self, dim: int, num_heads: int, mlp_hidden: int, *, norm: str = "rms", norm_eps: float = 1e-6,
                  mlp: str = "gated", act: str = "silu", qkv_bias: bool = True, mlp_bias: bool = True,
                  proj_bias: bool | None = None, head_dim: int | None = None, rotary_interleaved: bool = False,
                  layer_scale: bool = False, qk_norm: str | None = None, qk_norm_eps: float = 1e-6,
+                 max_intermediate_bytes: int | None = MAX_INTERMEDIATE_BYTES,
                  multimodal_config: MultiModalConfig | None = None, prefix: str = "", device=None, dtype=None):
         super().__init__()
+        self.max_intermediate_bytes = max_intermediate_bytes
         self.norm1 = make_norm(norm, dim, norm_eps, device=device, dtype=dtype)
         self.norm2 = make_norm(norm, dim, norm_eps, device=device, dtype=dtype)
         self.attn = VisionAttention(dim, num_heads, head_dim, qkv_bias=qkv_bias,
@@ -193,8 +217,24 @@ class VisionBlock(nn.Module):
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         attn = self.attn(self.norm1(x), cu_seqlens, max_seqlen, rotary)
         x = x + attn if self.ls1 is None else torch.addcmul(x, self.ls1, attn)  # one kernel: x + ls1 * attn
+        del attn  # eager: not held through the MLP
+        # eager holds the MLP's first output and the activation's at once: 2 x its width per token
+        blocks = num_row_blocks(x.shape[:-1].numel(), 2 * self.mlp.intermediate_width * x.element_size(),
+                                self.max_intermediate_bytes)
+        if blocks > 1:  # x is this block's own tensor: each row block gets its MLP branch added in place
+            for rows in split_rows(flat_rows(x), blocks):
+                self._add_mlp_(rows)
+            return x
         mlp = self.mlp(self.norm2(x))
         return x + mlp if self.ls2 is None else torch.addcmul(x, self.ls2, mlp)
+
+    def _add_mlp_(self, x: torch.Tensor) -> None:
+        """x [rows, dim] += (ls2 *) mlp(norm2(x)), in place: the same arithmetic as forward's last line."""
+        mlp = self.mlp(self.norm2(x))
+        if self.ls2 is None:
+            x.add_(mlp)
+        else:
+            x.addcmul_(self.ls2, mlp)
 
 
 class PatchMerger(nn.Module):

@@ -13,6 +13,11 @@ Embeddings: conv patch projection -> RMSNorm -> + learned position table (s*s ro
 (dy, dx) -> head_linear -> LayerNorm -> softmax over the visual vocabulary (the last
 num_visual_indicator_tokens entries get probability 0) -> times the visual embedding table: rows of
 the language model's width, (s/m)^2 per crop, i.e. t * h * w / m^2 per image.
+
+The head's logits are [rows, vocab] (65,536 wide as published: 1.75 GiB in bf16 for 56 crops, and the
+norm, softmax and padding each make one more): past `max_intermediate_bytes` for three such tensors it
+runs over row blocks (mmenc.layers.row_blocks), each block's embeddings written into the output (not with
+batch_invariant=True: the table product is not a token-tiled linear).
 """
 import dataclasses
 from collections.abc import Mapping
@@ -27,6 +32,7 @@ from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ReplicatedLinear
 from mmenc.layers.norm import LayerNorm, RMSNorm
+from mmenc.layers.row_blocks import MAX_INTERMEDIATE_BYTES, num_row_blocks, split_rows
 from mmenc.layers.vision_blocks import PatchEmbed, VisionBlock
 from mmenc.layers.weights import WeightMap
 from mmenc.models.base import (ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor,
@@ -158,6 +164,7 @@ class Ovis2VisionTower(VisionTower):
         self.head_norm = LayerNorm(tokens, 1e-5, **dd)  # transformers: nn.LayerNorm's default eps
         self.embeddings_table = nn.Embedding(config.vocab_size, config.out_hidden_size, **dd)
         self.embeddings_table.weight.requires_grad_(False)
+        self.max_intermediate_bytes = MAX_INTERMEDIATE_BYTES
 
     def make_plan(self, grid: Grid, device) -> CropPlan:
         side = self.config.tile_side
@@ -180,12 +187,28 @@ class Ovis2VisionTower(VisionTower):
         x = self.post_norm(x)
         # hidden stride: [B, s/m, dy, s/m, dx, dim] -> [B, s/m, s/m, dy, dx, dim] -> [B*(s/m)^2, m*m*dim]
         x = x.reshape(plan.crops, s // m, m, s // m, m, dim).permute(0, 1, 3, 2, 4, 5).reshape(-1, m * m * dim)
-        # Both GEMMs of the head on rows whose length is a multiple of 8 (16-byte aligned in bf16): with
-        # vocab - indicators = 65531 columns, cuBLAS falls back to slow unaligned kernels.
-        logits = self.head_linear(x)[:, :self.head_norm.normalized_shape[0]]  # [T / m^2, vocab - indicators]
-        probs = self.head_norm(logits).softmax(dim=-1)
-        probs = F.pad(probs, (0, self.config.num_visual_indicator_tokens))  # indicator tokens: probability 0
-        return TowerOutput(probs @ self.embeddings_table.weight.to(probs.dtype))  # [T / m^2, out_hidden]
+        table = self.embeddings_table.weight.to(x.dtype)  # [vocab, out_hidden]
+        # alive at once per row: the logits, the norm's contiguous input and its output (3 x the vocabulary).
+        # Batch-invariant towers (token-tiled linears) keep the head whole: the table product is a plain matmul,
+        # whose rows' bits may depend on how many rows it gets (a one-row block is a matrix-vector product)
+        budget = None if self.head_linear.token_tile is not None else self.max_intermediate_bytes
+        blocks = num_row_blocks(x.shape[0], 3 * self.head_linear.weight.shape[0] * x.element_size(), budget)
+        if blocks == 1:
+            return TowerOutput(self.visual_head(x, table))
+        out = x.new_empty(x.shape[0], table.shape[1])
+        for rows, dst in zip(split_rows(x, blocks), split_rows(out, blocks)):
+            torch.mm(self.visual_head(rows, table, embed=False), table, out=dst)
+        return TowerOutput(out)  # [T / m^2, out_hidden]
+
+    def visual_head(self, x: torch.Tensor, table: torch.Tensor, embed: bool = True) -> torch.Tensor:
+        """x [rows, m*m*dim] -> the visual-token probabilities [rows, vocab] (indicator tokens 0), or with
+        embed=True their embeddings [rows, out_hidden] (probabilities @ table [vocab, out_hidden])."""
+        # Both GEMMs on rows whose length is a multiple of 8 (16-byte aligned in bf16): with vocab - indicators
+        # = 65531 columns, cuBLAS falls back to slow unaligned kernels. One expression: each temporary is freed
+        # as soon as the next is made.
+        probs = F.pad(self.head_norm(self.head_linear(x)[:, :self.head_norm.normalized_shape[0]]).softmax(dim=-1),
+                      (0, self.config.num_visual_indicator_tokens))  # indicator tokens: probability 0
+        return probs @ table if embed else probs
 
 
 # Published vision configs (config.json of the -hf conversions; AIMv2 448 px towers with hidden_stride 2
