@@ -9,7 +9,8 @@
 # Env: MODEL (default: the built-in Qwen2.5-VL-7B tower, random weights), SIZES (448), IMAGES (8192),
 # FLAGS (extra Encoder flags, default "--compile --cuda-graphs" for serve; the offline job uses --compile),
 # OFFLINE_FLAGS (the offline job's flags, default --compile), OFFLINE_IMAGES (images serve_load times offline,
-# 2048), DURATION (seconds measured per serve run, 90), RUNS (which runs, default "plain ray1 ray2 direct1 direct2 offline"; direct*: --ray-ingress direct).
+# 2048), DURATION (seconds measured per serve run, 90), LOAD_ARGS (more serve_load flags, last wins: e.g.
+# "--clients 128 --processes 10 --check-every 4 --tolerance 2e-2" so the load generator is not the limit), RUNS (which runs, default "plain ray1 ray2 direct1 direct2 offline"; direct*: --ray-ingress direct).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-results/ray-h200}
@@ -29,7 +30,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv >> "$out/env.txt" 2>&1
 load() {  # $1: name, rest: serve_load flags
   local name=$1; shift
   timeout 900 $py benchmarks/serve_load.py --model "$model" --dtype bfloat16 $flags --sizes "$sizes" \
-    --clients 64 --requests 8192 --duration "$duration" --offline-images "${OFFLINE_IMAGES:-2048}" --json "$out/$name.json" "$@" \
+    --clients 64 --requests 8192 --duration "$duration" --offline-images "${OFFLINE_IMAGES:-2048}" --json "$out/$name.json" "$@" ${LOAD_ARGS:-} \
     > "$out/$name.log" 2>&1
   echo "$name: exit $?"; tail -n 3 "$out/$name.log" | head -n 2
 }

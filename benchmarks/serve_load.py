@@ -48,6 +48,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from mmenc.cli.common import add_encoder_args, encoder_kwargs  # noqa: E402
 from mmenc.engine.encoder import DEFAULT_MODEL  # noqa: E402
+from mmenc.serving.b64 import b64decode  # noqa: E402  pybase64 when installed: the checker is not the limit
 
 HOST = "127.0.0.1"
 
@@ -216,12 +217,24 @@ def metrics(port: int) -> dict[str, float]:
 # -- clients (run in spawned processes) ------------------------------------------------------------
 def decode(item: dict, fmt: str) -> torch.Tensor:
     if fmt == "vllm":
-        raw = base64.b64decode(item["image_embeds"]["image_embeds"]["image_embeds"])
+        raw = b64decode(item["image_embeds"]["image_embeds"]["image_embeds"])
         return torch.load(io.BytesIO(raw), weights_only=True)
     if fmt == "base64":
-        return torch.frombuffer(bytearray(base64.b64decode(item["embedding"])),
+        return torch.frombuffer(bytearray(b64decode(item["embedding"])),
                                 dtype=getattr(torch, item["dtype"])).reshape(item["shape"])
     return torch.tensor(item["embedding"])
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Relative error of an answer; 0.0 at once when it is bitwise the reference (the usual case),
+    so checking every answer costs the client little (run 11b: 6 client processes checking every
+    2.4 MB answer held 64 clients to ~240 answers/s)."""
+    if got.shape != want.shape:
+        return float("inf")
+    if got.dtype == want.dtype and torch.equal(got, want):
+        return 0.0
+    got, want = got.float(), want.float()
+    return float((got - want).norm() / want.norm())
 
 
 def client_loop(cfg: dict, client: int, pool_urls: list[str], refs: dict, deadline_box: list, quota: int,
@@ -268,8 +281,8 @@ def client_loop(cfg: dict, client: int, pool_urls: list[str], refs: dict, deadli
                 elif "error" in item:
                     rec["item_errors"] += 1
                 else:
-                    got, want = decode(item, cfg["format"]).float(), refs[idx[j]].float()
-                    err = float((got - want).norm() / want.norm()) if got.shape == want.shape else float("inf")
+                    got, want = decode(item, cfg["format"]), refs[idx[j]]
+                    err = _rel_err(got, want)
                     rec["max_err"] = max(rec["max_err"], err)
                     rec["ok" if err <= cfg["tolerance"] else "mismatch"] += 1
         out.append(rec)
