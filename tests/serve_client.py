@@ -87,6 +87,34 @@ def wait_for(predicate, timeout: float = 30.0, what: str = "condition") -> None:
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def hang_up_after(port: int, doc, reached, what: str) -> None:
+    """POST `doc` to /v1/encode on a raw connection, wait until `reached()` (the image got to the
+    server), then close the connection without reading the answer: a client that left."""
+    body = json.dumps(doc).encode()
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"POST /v1/encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    wait_for(reached, 10, what)
+    sock.close()
+
+
+def sigterm_with_one_request_in_flight(proc, port: int, image: bytes, hidden: int) -> None:
+    """SIGTERM the server `proc` while one request waits in its batcher: that request is still
+    answered (200, its embedding whole), then the process exits 0."""
+    import concurrent.futures
+    import signal
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(post_json, port, {"images": [data_url(image)], "format": "base64"})
+        wait_for(lambda: metric(port, "mmenc_in_flight_images") == 1, 10, "the request to be in flight")
+        proc.send_signal(signal.SIGTERM)
+        reply = pending.result(timeout=30)
+    assert reply.status == 200, reply.body[:300]
+    item = reply.json()["data"][0]
+    assert decode_item(item, "base64").shape == (item["num_tokens"], hidden)
+    assert proc.wait(timeout=60) == 0
+
+
 def load_b64_tensor(text: str) -> torch.Tensor:
     """What vLLM does with an image_embeds entry: torch.load(..., weights_only=True) of the base64."""
     return torch.load(io.BytesIO(base64.b64decode(text)), weights_only=True)

@@ -16,6 +16,7 @@ from serve_client import (  # noqa: E402
     data_url,
     decode_item,
     free_port,
+    hang_up_after,
     metric,
     multipart,
     png,
@@ -240,14 +241,8 @@ def test_not_ready_then_queue_full_then_disconnect_frees_work(q25):
             assert first.result(timeout=30).status == 200
         assert metric(port, "mmenc_batch_images_count") == 1 and metric(port, "mmenc_batch_images_sum") == 4
 
-        import socket
-
-        body = json.dumps({"images": [data_url(png(84, 84, seed=80))]}).encode()
-        sock = socket.create_connection(("127.0.0.1", port))
-        sock.sendall(b"POST /v1/encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        wait_for(lambda: metric(port, "mmenc_cache_misses_total") == 5, 10, "the image to be preprocessed")
-        sock.close()
+        hang_up_after(port, {"images": [data_url(png(84, 84, seed=80))]},
+                      lambda: metric(port, "mmenc_cache_misses_total") == 5, "the image to be preprocessed")
         wait_for(lambda: metric(port, "mmenc_cancelled_images_total") == 1, 10, "the dropped image to be counted")
         assert metric(port, "mmenc_batch_images_count") == 1, "the abandoned image still reached the tower"
         assert metric(port, "mmenc_in_flight_images") == 0

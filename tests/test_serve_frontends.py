@@ -3,10 +3,8 @@ front ends, a client that leaves frees its image in the engine, a front end kill
 restarted and later requests succeed, SIGTERM drains a request in flight and exits 0 (the metrics
 folder removed), and front ends do not outlive an engine that dies."""
 import concurrent.futures
-import json
 import os
 import signal
-import socket
 import sys
 import time
 
@@ -20,12 +18,13 @@ from serve_client import (  # noqa: E402
     child_pids,
     cli_server,
     data_url,
-    decode_item,
     free_port,
+    hang_up_after,
     metric,
     png,
     post_json,
     request,
+    sigterm_with_one_request_in_flight,
     wait_for,
 )
 
@@ -95,12 +94,8 @@ def test_frontends_load_limit_cancel_restart_and_drain(q25, tmp_path):
         assert metric(port, "mmenc_batch_images_count") == 1 and metric(port, "mmenc_batch_images_sum") == 4
 
         # a client that hangs up before its tower call: the front end cancels the engine's job
-        body = json.dumps({"images": [data_url(png(84, 84, seed=80))]}).encode()
-        sock = socket.create_connection(("127.0.0.1", port))
-        sock.sendall(b"POST /v1/encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n" % len(body) + body)
-        wait_for(lambda: metric(port, "mmenc_cache_misses_total") == 5, 10, "the image to reach the engine")
-        sock.close()
+        hang_up_after(port, {"images": [data_url(png(84, 84, seed=80))]},
+                      lambda: metric(port, "mmenc_cache_misses_total") == 5, "the image to reach the engine")
         wait_for(lambda: metric(port, "mmenc_cancelled_images_total") == 1, 10, "the dropped image to be counted")
         time.sleep(1.7)  # past max_wait_ms: a job still queued would have been run by now
         assert metric(port, "mmenc_batch_images_count") == 1, "the abandoned image still reached the tower"
@@ -118,15 +113,7 @@ def test_frontends_load_limit_cancel_restart_and_drain(q25, tmp_path):
             assert reply.status == 200 and "embedding" in reply.json()["data"][0], reply.body[:300]
 
         # SIGTERM with a request waiting in the batcher (max_wait_ms): it is answered, then exit 0
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            pending = pool.submit(post_json, port, {"images": [data_url(png(56, 84, seed=3))], "format": "base64"})
-            wait_for(lambda: metric(port, "mmenc_in_flight_images") == 1, 10, "the request to be in flight")
-            proc.send_signal(signal.SIGTERM)
-            reply = pending.result(timeout=30)
-        assert reply.status == 200, reply.body[:300]
-        item = reply.json()["data"][0]
-        assert decode_item(item, "base64").shape == (item["num_tokens"], 24)
-        assert proc.wait(timeout=60) == 0
+        sigterm_with_one_request_in_flight(proc, port, png(56, 84, seed=3), hidden=24)
     log = open(tmp_path / "serve.log").read()
     assert "restarting it" in log and "Traceback" not in log, log[-3000:]
     with pytest.raises(OSError):

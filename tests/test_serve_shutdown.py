@@ -1,6 +1,5 @@
 """`mmenc serve` as a process: the CLI starts it, SIGTERM lets the request in flight finish (200 with
 its embeddings), then the process exits 0 and stops listening."""
-import concurrent.futures
 import os
 import signal
 import subprocess
@@ -12,7 +11,13 @@ pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
 from mmenc.testing.checkpoints import save_qwen2_5_vl  # noqa: E402
-from serve_client import data_url, decode_item, free_port, metric, png, post_json, request, wait_for  # noqa: E402
+from serve_client import (  # noqa: E402
+    free_port,
+    png,
+    request,
+    sigterm_with_one_request_in_flight,
+    wait_for,
+)
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM")
@@ -33,15 +38,7 @@ def test_sigterm_drains_the_request_in_flight(tmp_path):
                 return False
 
         wait_for(healthy, 60, "the server to become healthy")
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            pending = pool.submit(post_json, port, {"images": [data_url(png(56, 84, seed=3))], "format": "base64"})
-            wait_for(lambda: metric(port, "mmenc_in_flight_images") == 1, 10, "the request to be in flight")
-            proc.send_signal(signal.SIGTERM)
-            reply = pending.result(timeout=30)
-        assert reply.status == 200, reply.body[:300]
-        item = reply.json()["data"][0]
-        assert decode_item(item, "base64").shape == (item["num_tokens"], 24)
-        assert proc.wait(timeout=30) == 0
+        sigterm_with_one_request_in_flight(proc, port, png(56, 84, seed=3), hidden=24)
         with pytest.raises(OSError):
             request(port, "GET", "/health", timeout=2)
     finally:
