@@ -74,7 +74,7 @@ class DirectReplica:
     replica reports ready; a failed load fails the replica with the loader's error."""
 
     def __init__(self, settings: ServeSettings, encoder_kwargs: dict):
-        from mmenc.ray.serve import replica_app
+        from mmenc.ray.replica import replica_app
 
         self.app = replica_app(settings, encoder_kwargs)
         self.direct = DirectServer(self.app, settings)
