@@ -461,14 +461,23 @@ def test_gpu_tile_gemm_row_position(shape):
     the shape (narrow linears: NARROW_TOKEN_TILE; 3420 inputs: zero-padded to 3424)."""
     from mmenc.layers.token_tiles import NARROW_OUT_FEATURES, NARROW_TOKEN_TILE, TOKEN_TILE
 
+    tile = NARROW_TOKEN_TILE if shape[1] < NARROW_OUT_FEATURES else TOKEN_TILE
+    _assert_rows_keep_their_bits(shape, tile, ((1, 3000), (tile - 20, 2 * tile + 5), (5000, 9000), (129, 300)))
+
+
+def _assert_rows_keep_their_bits(shape: tuple[int, int], tile: int, placements, close_to_linear: bool = False) -> None:
+    """37 random bf16 rows through tiled_linear(x, w, b, tile) [in, out = shape] alone, then placed at each
+    (offset, total rows) of `placements` among other rows: their outputs must be bitwise the same.
+    close_to_linear: the alone result is also checked against F.linear (bf16 tolerance)."""
     n_in, n_out = shape
-    tile = NARROW_TOKEN_TILE if n_out < NARROW_OUT_FEATURES else TOKEN_TILE
     g = torch.Generator(device="cuda").manual_seed(0)
     w = torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16, generator=g) * n_in ** -0.5
     b = torch.randn(n_out, device="cuda", dtype=torch.bfloat16, generator=g)
     rows = torch.randn(37, n_in, device="cuda", dtype=torch.bfloat16, generator=g)
     alone = tiled_linear(rows, w, b, tile)
-    for offset, total in ((1, 3000), (tile - 20, 2 * tile + 5), (5000, 9000), (129, 300)):
+    if close_to_linear:
+        torch.testing.assert_close(alone.float(), torch.nn.functional.linear(rows, w, b).float(), rtol=2e-2, atol=2e-2)
+    for offset, total in placements:
         x = torch.randn(total, n_in, device="cuda", dtype=torch.bfloat16, generator=g)
         x[offset:offset + 37] = rows
         got = tiled_linear(x, w, b, tile)[offset:offset + 37]
@@ -499,19 +508,8 @@ def test_gpu_triton_gemm_rows_do_not_depend_on_the_row_count(shape):
     """The opt-in Triton GEMM (tile=TRITON_GEMM): a row's bits are the same for any row count and position."""
     from mmenc.layers.token_tiles import TRITON_GEMM
 
-    n_in, n_out = shape
-    g = torch.Generator(device="cuda").manual_seed(0)
-    w = torch.randn(n_out, n_in, device="cuda", dtype=torch.bfloat16, generator=g) * n_in ** -0.5
-    b = torch.randn(n_out, device="cuda", dtype=torch.bfloat16, generator=g)
-    rows = torch.randn(37, n_in, device="cuda", dtype=torch.bfloat16, generator=g)
-    alone = tiled_linear(rows, w, b, TRITON_GEMM)
-    torch.testing.assert_close(alone.float(), torch.nn.functional.linear(rows, w, b).float(), rtol=2e-2, atol=2e-2)
-    for offset, total in ((1, 3000), (4076, 8197), (5000, 43808), (129, 300)):
-        x = torch.randn(total, n_in, device="cuda", dtype=torch.bfloat16, generator=g)
-        x[offset:offset + 37] = rows
-        got = tiled_linear(x, w, b, TRITON_GEMM)[offset:offset + 37]
-        diff = float((got.float() - alone.float()).abs().max())
-        assert torch.equal(got, alone), f"shape {shape}: rows at {offset} of {total} differ by up to {diff:.3e}"
+    _assert_rows_keep_their_bits(shape, TRITON_GEMM, ((1, 3000), (4076, 8197), (5000, 43808), (129, 300)),
+                                 close_to_linear=True)
 
 
 @pytest.mark.gpu
