@@ -10,34 +10,16 @@ connections it holds (the client sees a reset and retries; no answer is ever wro
 not available (Serve's router never sees the requests); each node's replicas listen on that node,
 so several nodes need a TCP load balancer in front.
 """
-import socket
 import threading
 
 import uvicorn
 
 from mmenc.logger import init_logger
-from mmenc.serving.server import _http_protocol
+from mmenc.serving.frontends.engine import bind
 from mmenc.serving.settings import ServeSettings
+from mmenc.serving.uvicorn_run import uvicorn_config
 
 logger = init_logger(__name__)
-
-
-def reuseport_socket(host: str, port: int, backlog: int = 2048) -> socket.socket:
-    """A listening TCP socket on host:port that other processes may bind too (SO_REUSEPORT)."""
-    if not hasattr(socket, "SO_REUSEPORT"):
-        raise RuntimeError("--ray-ingress direct needs SO_REUSEPORT (Linux); use the default proxy ingress here")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise RuntimeError(f"cannot listen on {host}:{port} ({e}); pick another --port, or stop what holds it "
-                           f"(a process not started with SO_REUSEPORT, e.g. a plain `mmenc serve`)") from e
-    sock.listen(backlog)
-    return sock
 
 
 class DirectServer:
@@ -45,10 +27,8 @@ class DirectServer:
 
     def __init__(self, app, settings: ServeSettings):
         self.settings = settings
-        self.sock = reuseport_socket(settings.host, settings.port)
-        config = uvicorn.Config(app, log_level="warning", access_log=False, limit_concurrency=None,
-                                timeout_graceful_shutdown=settings.shutdown_timeout_s, http=_http_protocol())
-        self.server = uvicorn.Server(config)
+        self.sock = bind(settings.host, settings.port, reuse_port=True)
+        self.server = uvicorn.Server(uvicorn_config(app, settings, log_level="warning"))
         self.thread = threading.Thread(target=self._serve, name="mmenc-direct-ingress", daemon=True)
         self.thread.start()
         logger.info("direct ingress: this replica listens on %s:%d (SO_REUSEPORT)", settings.host, settings.port)

@@ -30,13 +30,16 @@ RESTARTS, RESTART_WINDOW_S = 5, 60.0
 _POLL_S = 0.2
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """The listening socket every front end accepts on."""
+def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """The listening socket every front end accepts on. reuse_port: SO_REUSEPORT, so other processes
+    (mmenc.ray.direct's replicas) may listen on host:port too."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
     try:
-        return socket.create_server((host, port), family=family, backlog=2048)
+        return socket.create_server((host, port), family=family, backlog=2048, reuse_port=reuse_port)
     except OSError as e:
-        raise ValueError(f"cannot listen on {host}:{port} ({e}); stop what uses the port or pass another --port") from e
+        shared = " (a process listening there without SO_REUSEPORT, e.g. a plain `mmenc serve`)" if reuse_port else ""
+        raise ValueError(f"cannot listen on {host}:{port} ({e}); stop what uses the port{shared} or pass another "
+                         f"--port") from e
 
 
 class _Frontends:
