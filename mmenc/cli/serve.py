@@ -60,6 +60,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                      help="with --ray: 'proxy' = Ray Serve's HTTP proxy routes each request; 'direct' = every replica "
                           "listens on --host:--port itself (SO_REUSEPORT, no proxy in the answer's path; no "
                           "--autoscale) (default: %(default)s)")
+    ray.add_argument("--ray-request-timeout", type=float, default=120.0, metavar="S",
+                     help="with --ray and the proxy ingress: the proxy answers 408 to a request no replica answered "
+                          "within S seconds (e.g. one held by a replica that died) (default: %(default)s)")
     return p
 
 
@@ -71,6 +74,7 @@ def ray_settings_from_args(args, cluster_gpus: float):
     on_gpu = cluster_gpus > 0 and not (args.device or "").startswith("cpu")
     autoscale = parse_autoscale(args.autoscale) if args.autoscale is not None else None
     return RayServeSettings(replicas=args.replicas, autoscale=autoscale, ingress=args.ray_ingress,
+                            request_timeout_s=args.ray_request_timeout,
                             gpus_per_replica=float(args.tensor_parallel_size) if on_gpu else 0.0)
 
 

@@ -39,7 +39,10 @@ class RayServeSettings:
     GPUs each replica owns (0 on CPU; tensor_parallel_size for the weights/data modes, all on one
     node). name: the Serve application and deployment name. ingress: "proxy" (Serve's HTTP proxy
     routes each request to a replica) or "direct" (each replica serves HTTP itself on the service
-    address with SO_REUSEPORT, mmenc.ray.direct; no autoscaling)."""
+    address with SO_REUSEPORT, mmenc.ray.direct; no autoscaling). request_timeout_s: with the proxy
+    ingress, the longest the proxy waits for a replica's answer before it answers 408 itself; it
+    bounds the wait of a request whose replica died before Ray told the proxy so (a known Serve
+    race), so a client never hangs."""
 
     replicas: int = 1
     autoscale: tuple[int, int] | None = None
@@ -50,6 +53,7 @@ class RayServeSettings:
     cpus_per_replica: float = 1.0
     name: str = "mmenc"
     ingress: str = "proxy"
+    request_timeout_s: float = 120.0
 
     def __post_init__(self):
         if self.ingress not in INGRESSES:
@@ -61,7 +65,8 @@ class RayServeSettings:
             raise ValueError(f"--replicas={self.replicas!r} must be a positive integer")
         if self.autoscale is not None:
             parse_autoscale(f"{self.autoscale[0]}:{self.autoscale[1]}")
-        for field in ("target_ongoing_requests", "max_ongoing_requests", "max_queued_requests", "cpus_per_replica"):
+        for field in ("target_ongoing_requests", "max_ongoing_requests", "max_queued_requests", "cpus_per_replica",
+                      "request_timeout_s"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"RayServeSettings.{field}={getattr(self, field)!r} must be > 0")
         if self.gpus_per_replica < 0:
@@ -79,6 +84,11 @@ class RayServeSettings:
             options["autoscaling_config"] = {"min_replicas": lo, "initial_replicas": lo, "max_replicas": hi,
                                              "target_ongoing_requests": self.target_ongoing_requests}
         return options
+
+
+    def proxy_options(self, settings: ServeSettings) -> dict:
+        """http_options of serve.start(...) for the proxy ingress."""
+        return {"host": settings.host, "port": settings.port, "request_timeout_s": self.request_timeout_s}
 
 
 def deployment(settings: ServeSettings, ray_settings: RayServeSettings, encoder_kwargs: dict):
@@ -143,7 +153,7 @@ def run(settings: ServeSettings, ray_settings: RayServeSettings, encoder_kwargs:
             serve.start(proxy_location="Disabled")
             serve.run(deployment(settings, ray_settings, encoder_kwargs), name=ray_settings.name, route_prefix=None)
         else:
-            serve.start(http_options={"host": settings.host, "port": settings.port})
+            serve.start(http_options=ray_settings.proxy_options(settings))
             serve.run(deployment(settings, ray_settings, encoder_kwargs), name=ray_settings.name, route_prefix="/")
         logger.info("mmenc serve --ray: %s on http://%s:%d", _describe(ray_settings), settings.host, settings.port)
         while not stop.wait(1.0):
