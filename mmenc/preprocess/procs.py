@@ -1,0 +1,230 @@
+"""Worker processes for `Preprocessor(worker_kind="process")`: read, decode, plan (and resize on the
+CPU with resize="cpu") outside the calling process, so its thread that launches the tower does not
+share the GIL with the decoders (issue 11: with 16 worker threads, host launches took 2.9 s of a
+6.1 s stream on the H200 host).
+
+    workers = ProcessWorkers(work, n=16)       # work: an ImageWork (mmenc.preprocess.prepare)
+    future = workers.submit(index, "a.jpg")    # -> Ready (pixels in shared memory) or LoadFailure
+    ready = future.result(); ...copy ready.pixels away...; ready.release()
+    workers.close()
+
+Each worker is `python -m mmenc.preprocess.proc_worker FD` started by subprocess (fork + exec at
+once, like multiprocessing's "spawn": nothing of a CUDA parent is inherited, and the user's
+`__main__` is not imported again), speaking a mmenc.shm.Channel over a Unix socket pair. The
+worker decodes into its own memory and copies the result (one numpy copy, the decoder's [H, W, C]
+layout kept) into a shared segment of its SegmentPool; the segment's descriptor crosses once,
+after which the parent reuses its mapping. The parent hands the tensor out as `Ready.pixels` (a view
+of the segment) and `Ready.release()` gives the segment back once the calling thread has copied it
+(into pinned memory on CUDA). Segments are torch's file-descriptor shared memory, unlinked from
+/dev/shm as soon as created: nothing is left behind, even if a process is killed.
+
+Inputs are dispatched to the worker with the fewest in flight; one receiver thread turns the
+answers into the futures' results. A worker that dies fails the inputs it held (RuntimeError naming
+them) and takes no more; the others go on.
+"""
+import concurrent.futures
+import dataclasses
+import itertools
+import os
+import pathlib
+import selectors
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from PIL import Image
+
+import mmenc
+from mmenc.logger import init_logger
+from mmenc.preprocess.prepare import ImageWork, Ready
+from mmenc.shm import Channel, socket_pair
+
+logger = init_logger(__name__)
+
+ENCODED_TYPES = (str, os.PathLike, bytes, bytearray, memoryview)
+
+
+def runs_in_process(item: Any) -> bool:
+    """Paths and encoded bytes go to the processes: what crosses is a path or the compressed file.
+    PIL images and arrays stay in threads: they are already decoded, so pickling one to a process
+    copies as many bytes as the work it saves (benchmarks/preprocess_gil.py measures both)."""
+    return isinstance(item, ENCODED_TYPES)
+
+
+@dataclasses.dataclass(eq=False)
+class _Worker:
+    proc: subprocess.Popen
+    channel: Channel
+    inflight: dict[int, tuple[concurrent.futures.Future, int, Any]] = dataclasses.field(default_factory=dict)
+    alive: bool = True
+
+
+class ProcessWorkers:
+    """n worker processes running `work.prepare`; see the module docstring. Thread safe."""
+
+    def __init__(self, work: ImageWork, n: int, *, stop_timeout_s: float = 10.0):
+        if n < 1:
+            raise ValueError(f"n={n} worker processes; expected >= 1")
+        self.stop_timeout_s = stop_timeout_s
+        self._lock = threading.Lock()
+        self._seq = itertools.count()
+        self._closed = False
+        env = dict(os.environ)
+        root = str(pathlib.Path(mmenc.__file__).resolve().parent.parent)  # the workers import this mmenc
+        env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        self._workers: list[_Worker] = []
+        try:
+            for _ in range(n):
+                ours, theirs = socket_pair()
+                with theirs:
+                    proc = subprocess.Popen([sys.executable, "-m", "mmenc.preprocess.proc_worker", str(theirs.fileno())],
+                                            pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
+                worker = _Worker(proc, Channel(ours))
+                self._workers.append(worker)
+                worker.channel.send(("init", work))
+        except BaseException:
+            self._stop_all()
+            raise
+        self._receiver = threading.Thread(target=self._receive, name="mmenc-preprocess-receiver", daemon=True)
+        self._receiver.start()
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.proc.pid for w in self._workers]
+
+    def submit(self, index: int, item: Any) -> concurrent.futures.Future:
+        """Prepare `item` (a path or encoded bytes) in a worker -> Future of Ready or LoadFailure."""
+        if isinstance(item, memoryview):
+            item = bytes(item)  # a memoryview does not pickle
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("ProcessWorkers is closed; create a new Preprocessor")
+            alive = [w for w in self._workers if w.alive]
+            if not alive:
+                raise RuntimeError(f"all {len(self._workers)} preprocessing worker processes have exited (see the "
+                                   f"errors above); use Preprocessor(worker_kind='thread') or a new Preprocessor")
+            worker = min(alive, key=lambda w: len(w.inflight))
+            seq = next(self._seq)
+            worker.inflight[seq] = (fut, index, item)
+        try:
+            worker.channel.send(("task", seq, index, item, Image.MAX_IMAGE_PIXELS))
+        except OSError as e:  # the worker is gone; the receiver fails what it held
+            with self._lock:
+                worker.inflight.pop(seq, None)
+            fut.set_exception(RuntimeError(f"preprocessing worker process {worker.proc.pid} is gone ({e}); "
+                                           f"input #{index} was not prepared"))
+        return fut
+
+    def close(self) -> None:
+        """Stop the workers (each finishes its current image), wait for them (killing any that do not
+        exit within stop_timeout_s), and cancel what was still in flight."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop_all()
+        self._receiver.join(timeout=self.stop_timeout_s)
+        for w in self._workers:
+            for fut, _, _ in w.inflight.values():
+                fut.cancel()
+            w.inflight.clear()
+            w.channel.close()
+
+    # -- internals ------------------------------------------------------------------------------
+    def _stop_all(self) -> None:
+        for w in self._workers:
+            try:
+                w.channel.send(("stop",))
+            except OSError:
+                pass  # already gone
+        for w in self._workers:
+            try:
+                w.proc.wait(timeout=self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                logger.warning("preprocessing worker process %d did not stop within %.0f s; killing it",
+                               w.proc.pid, self.stop_timeout_s)
+                w.proc.kill()
+                w.proc.wait()
+
+    def _receive(self) -> None:
+        """One thread: every worker's answers -> its futures. Ends once every worker's socket closed."""
+        selector = selectors.DefaultSelector()
+        for w in self._workers:
+            selector.register(w.channel.sock, selectors.EVENT_READ, w)
+        while selector.get_map():
+            for key, _ in selector.select(timeout=1.0):
+                worker: _Worker = key.data
+                try:
+                    message = worker.channel.recv()
+                except OSError:
+                    message = None
+                if message is None:
+                    selector.unregister(worker.channel.sock)
+                    self._lost(worker)
+                else:
+                    self._deliver(worker, *message)
+        selector.close()
+
+    def _deliver(self, worker: _Worker, header: tuple, tensors: list) -> None:
+        kind, seq = header[0], header[1]
+        with self._lock:
+            fut, index, item = worker.inflight.pop(seq, (None, -1, None))
+        if kind == "ready":
+            seg_id, pixels = tensors[0]
+            release = _Release(worker.channel, seg_id)
+            if header[3]:  # encoded bytes for nvJPEG: small, copied out now (the decoder reads them later)
+                pixels = pixels.clone()
+                release()
+            result: Any = Ready(index, item, header[2], pixels, encoded=header[3], release=release)
+        else:
+            result = header[2]  # LoadFailure, or the exception to raise
+        if fut is None:  # close() has given up on it
+            fut = concurrent.futures.Future()
+            fut.cancel()
+        try:
+            if kind == "error":
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)
+        except concurrent.futures.InvalidStateError:  # cancelled meanwhile (the consumer stopped early)
+            if isinstance(result, Ready) and result.release is not None:
+                result.release()
+
+    def _lost(self, worker: _Worker) -> None:
+        with self._lock:
+            worker.alive = False
+            held = [entry for _, entry in sorted(worker.inflight.items())]
+            worker.inflight.clear()
+            closing = self._closed
+        if closing:  # stopped by close(): what it held is cancelled
+            for fut, _, _ in held:
+                fut.cancel()
+            return
+        indices = [index for _, index, _ in held]
+        error = RuntimeError(f"preprocessing worker process {worker.proc.pid} exited (code {worker.proc.poll()}) while "
+                             f"preparing input #{indices[0] if indices else '?'} (inputs it held: {indices}); the "
+                             f"other workers go on. A crash of an image decoder on that input is the likely cause")
+        logger.error("%s", error)
+        for fut, _, _ in held:
+            try:
+                fut.set_exception(error)
+            except concurrent.futures.InvalidStateError:
+                pass  # cancelled: the consumer stopped waiting for it
+
+
+class _Release:
+    """Gives one segment back to its worker, once (later calls do nothing)."""
+
+    def __init__(self, channel: Channel, seg_id: int):
+        self._channel, self._seg_id = channel, seg_id
+
+    def __call__(self) -> None:
+        channel, self._channel = self._channel, None
+        if channel is None:
+            return
+        try:
+            channel.send(("release", self._seg_id))
+        except OSError:
+            pass  # the worker is gone, and its segments with it
