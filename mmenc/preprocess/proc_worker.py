@@ -14,6 +14,7 @@ Tasks run one at a time, in the order they came; a reader thread takes releases 
 segment goes back to the pool while the next image decodes. The worker exits when told, or when the
 parent's end of the socket closes (the parent is gone): it never outlives the parent.
 """
+import os
 import pickle
 import queue
 import signal
@@ -102,8 +103,9 @@ def main(argv: list[str]) -> None:
         serve(channel)
     except OSError:  # the parent is gone mid-send: nothing left to answer
         pass
-    finally:
-        channel.close()
+    channel.close()
+    sys.stderr.flush()
+    os._exit(0)  # skip the interpreter's teardown (torch's takes seconds): nothing of ours is left to flush
 
 
 if __name__ == "__main__":

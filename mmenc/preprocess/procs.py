@@ -31,6 +31,7 @@ import selectors
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from PIL import Image
@@ -70,6 +71,7 @@ class ProcessWorkers:
         self._lock = threading.Lock()
         self._seq = itertools.count()
         self._closed = False
+        self._lent = 0  # segments handed out in a Ready and not released yet
         env = dict(os.environ)
         root = str(pathlib.Path(mmenc.__file__).resolve().parent.parent)  # the workers import this mmenc
         env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -92,6 +94,12 @@ class ProcessWorkers:
     @property
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self._workers]
+
+    @property
+    def lent(self) -> int:
+        """Shared segments handed out (Ready.pixels) and not released yet: 0 once a consumer is done."""
+        with self._lock:
+            return self._lent
 
     def submit(self, index: int, item: Any) -> concurrent.futures.Future:
         """Prepare `item` (a path or encoded bytes) in a worker -> Future of Ready or LoadFailure."""
@@ -173,7 +181,9 @@ class ProcessWorkers:
             fut, index, item = worker.inflight.pop(seq, (None, -1, None))
         if kind == "ready":
             seg_id, pixels = tensors[0]
-            release = _Release(worker.channel, seg_id)
+            with self._lock:
+                self._lent += 1
+            release = _Release(worker.channel, seg_id, self._returned)
             if header[3]:  # encoded bytes for nvJPEG: small, copied out now (the decoder reads them later)
                 pixels = pixels.clone()
                 release()
@@ -192,6 +202,10 @@ class ProcessWorkers:
             if isinstance(result, Ready) and result.release is not None:
                 result.release()
 
+    def _returned(self) -> None:
+        with self._lock:
+            self._lent -= 1
+
     def _lost(self, worker: _Worker) -> None:
         with self._lock:
             worker.alive = False
@@ -203,7 +217,11 @@ class ProcessWorkers:
                 fut.cancel()
             return
         indices = [index for _, index, _ in held]
-        error = RuntimeError(f"preprocessing worker process {worker.proc.pid} exited (code {worker.proc.poll()}) while "
+        try:
+            code = worker.proc.wait(timeout=5.0)  # its socket closed as it died: the exit status follows
+        except subprocess.TimeoutExpired:
+            code = None
+        error = RuntimeError(f"preprocessing worker process {worker.proc.pid} exited (code {code}) while "
                              f"preparing input #{indices[0] if indices else '?'} (inputs it held: {indices}); the "
                              f"other workers go on. A crash of an image decoder on that input is the likely cause")
         logger.error("%s", error)
@@ -217,13 +235,14 @@ class ProcessWorkers:
 class _Release:
     """Gives one segment back to its worker, once (later calls do nothing)."""
 
-    def __init__(self, channel: Channel, seg_id: int):
-        self._channel, self._seg_id = channel, seg_id
+    def __init__(self, channel: Channel, seg_id: int, on_release: Callable[[], None]):
+        self._channel, self._seg_id, self._on_release = channel, seg_id, on_release
 
     def __call__(self) -> None:
         channel, self._channel = self._channel, None
         if channel is None:
             return
+        self._on_release()
         try:
             channel.send(("release", self._seg_id))
         except OSError:
