@@ -1,7 +1,7 @@
 """Preprocessor(worker_kind="process"): paths and bytes decoded in worker processes give bitwise the
 thread mode's pixels, its order and its failure messages; early stops, errors and close() leave no
 process and no shared segment behind; a dead worker fails the inputs it held; the Encoder in process
-mode gives the default's embeddings. (Each Preprocessor here starts its own processes: a few seconds.)"""
+mode (and `mmenc encode --preprocess-worker-kind process`) gives the default's embeddings. (Each Preprocessor here starts its own processes: a few seconds.)"""
 import io
 import os
 import signal
@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from safetensors.torch import load_file
 
+from mmenc.cli.main import main
 from mmenc.engine.encoder import Encoder
 from mmenc.preprocess import get_processor
 from mmenc.preprocess.pipeline import PROCESS_MIN_WORKERS, Preprocessor
@@ -217,3 +219,38 @@ def test_encoder_in_process_mode_equals_default(tmp_path):
     assert [i for i, _ in got_iter] == list(range(len(items)))
     assert got_iter[2][1] == ref_iter[2][1]  # the same LoadFailure
     assert all(torch.equal(a[1], b[1]) for a, b in zip(got_iter, ref_iter) if isinstance(a[1], torch.Tensor))
+    # the CLI flag: mmenc encode --preprocess-worker-kind process writes the default's embeddings
+    paths = [(i, item) for i, item in enumerate(items) if isinstance(item, os.PathLike)]
+    out = tmp_path / "emb.safetensors"
+    assert main(["encode", *[str(p) for _, p in paths], "--model", folder, "--device", "cpu", "--output", str(out),
+                 "--preprocess-worker-kind", "process", "--quiet"]) == 0
+    written = load_file(str(out))
+    for i, path in paths:
+        assert torch.equal(written[str(path)], ref[i]), f"{path}: differs from the default Encoder's embedding"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("resize", ["device", "cpu"])
+def test_process_mode_on_cuda_bitwise_equals_thread_mode(tmp_path, resize):
+    """The CUDA path: decoded (or CPU-resized) images cross from the workers' segments through pinned
+    memory; with torchvision installed its decoder runs in the workers (decode="auto")."""
+    items, _ = _mixed(tmp_path)
+    proc = get_processor("qwen2_5_vl")
+    before = _shm()
+    with Preprocessor(proc, device="cuda", workers=2, max_pixels=200 * 200, resize=resize,
+                      worker_kind="thread") as pre:
+        ref = pre.run(items, errors="skip")
+        ref_chunks = list(pre.iter_chunks(items, max_batch_patches=64, errors="skip"))
+    with Preprocessor(proc, device="cuda", workers=2, max_pixels=200 * 200, resize=resize,
+                      worker_kind="process") as pre:
+        got = pre.run(items, errors="skip")
+        chunks = list(pre.iter_chunks(items, max_batch_patches=64, errors="skip"))
+        procs = pre._procs
+        assert procs.lent == 0
+    print(f"decode={pre.decode} resize={pre.resize}: process mode equals thread mode on CUDA")
+    assert _gone(procs.pids) and _shm() == before
+    assert got.failures == ref.failures and torch.equal(got.grid_thw, ref.grid_thw)
+    assert torch.equal(got.pixel_values, ref.pixel_values)
+    assert [c.indices for c in chunks] == [c.indices for c in ref_chunks]
+    assert all(torch.equal(a.pixel_values, b.pixel_values) for a, b in zip(chunks, ref_chunks))

@@ -5,10 +5,14 @@
     for chunk in pre.iter_chunks(images, max_batch_patches=1 << 16):   # streaming, bounded memory
         tower(chunk.pixel_values, chunk.grid_thw)          # chunk.indices: their input positions
 
-Per image, in a thread pool (the decoders and torch's resize release the GIL): load/decode
-(torchvision's libjpeg-turbo for plain JPEGs when it imports, else PIL's `load_image`),
-`processor.plan` (size rules; a bad size fails that image only), the bicubic resize on the CPU if
-it runs there. Per chunk, in the calling thread: for a CUDA device each uint8 image is copied by
+Per image, in a worker (mmenc.preprocess.prepare.ImageWork.prepare): load/decode (torchvision's
+libjpeg-turbo for plain JPEGs when it imports, else PIL's `load_image`), `processor.plan` (size
+rules; a bad size fails that image only), the bicubic resize on the CPU if it runs there. Workers
+(`worker_kind`): "thread", a thread pool (the decoders and torch's resize release the GIL, the rest
+of the work holds it); "process", worker processes for paths and bytes (mmenc.preprocess.procs:
+the calling thread, which launches the tower, then shares the GIL with no decoder; results cross
+in shared memory, PIL images and arrays stay in threads); "auto": "process" on CUDA with at least
+PROCESS_MIN_WORKERS workers, else "thread". Per chunk, in the calling thread: for a CUDA device each uint8 image is copied by
 numpy into pinned memory in its decoded [H, W, C] layout (no transpose) and crosses by one
 non-blocking copy (a quarter of the bytes float32 would take; the workers make no CUDA call, since
 one from another thread during a CUDA graph capture breaks the capture), the resize runs there, and
@@ -81,7 +85,8 @@ class Chunk(NamedTuple):
 
 class Preprocessor:
     """Runs a processor (`plan`, `resize_one`, `patchify`, `normalize`, ...: QwenVLProcessor, KimiProcessor)
-    over many images in parallel. See the module docstring; close() (or `with`) stops the threads."""
+    over many images in parallel. See the module docstring; close() (or `with`) stops the worker
+    threads and processes."""
 
     def __init__(self, processor: Any, *, device: str | torch.device | None = None, workers: int | None = None,
                  resize: Literal["auto", "cpu", "device"] = "auto", decode: Literal["auto", "cpu", "gpu"] = "auto",
@@ -260,7 +265,7 @@ class Preprocessor:
     def _submit(self, index: int, item: Any) -> Future:
         if self.workers == 0:
             fut: Future = Future()
-            fut.set_result(self.work.prepare(index, item))
+            fut.set_result(self._prepare(index, item))
             return fut
         if self.worker_kind == "process" and runs_in_process(item):
             with self._pool_lock:
@@ -268,7 +273,12 @@ class Preprocessor:
                     self._procs = ProcessWorkers(self.work, self.workers)
                 procs = self._procs
             return procs.submit(index, item)
-        return self._threads().submit(self.work.prepare, index, item)
+        return self._threads().submit(self._prepare, index, item)
+
+    def _prepare(self, index: int, item: Any) -> Ready | LoadFailure:
+        """One image in a worker thread (or the calling thread with workers=0); a method, so that
+        benchmarks can time it (benchmarks/e2e_profile.py, preprocess_cpu.py)."""
+        return self.work.prepare(index, item)
 
     def _threads(self) -> ThreadPoolExecutor:
         with self._pool_lock:

@@ -80,13 +80,20 @@ class ProcessWorkers:
             for _ in range(n):
                 ours, theirs = socket_pair()
                 with theirs:
-                    proc = subprocess.Popen([sys.executable, "-m", "mmenc.preprocess.proc_worker", str(theirs.fileno())],
-                                            pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
+                    try:
+                        proc = subprocess.Popen([sys.executable, "-m", "mmenc.preprocess.proc_worker",
+                                                 str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env,
+                                                stdin=subprocess.DEVNULL)
+                    except BaseException:
+                        ours.close()
+                        raise
                 worker = _Worker(proc, Channel(ours))
                 self._workers.append(worker)
                 worker.channel.send(("init", work))
-        except BaseException:
+        except BaseException:  # e.g. a processor that does not pickle: stop what started, then raise
             self._stop_all()
+            for w in self._workers:
+                w.channel.close()
             raise
         self._receiver = threading.Thread(target=self._receive, name="mmenc-preprocess-receiver", daemon=True)
         self._receiver.start()
