@@ -110,10 +110,11 @@ def test_pil_limit_of_the_parent_holds_in_the_workers(tmp_path, monkeypatch):
     path = tmp_path / "big.png"
     Image.fromarray(np.zeros((300, 300, 3), np.uint8)).save(path)
     proc = get_processor("qwen2_vl")
-    with Preprocessor(proc, workers=1, worker_kind="process") as pre:
+    with Preprocessor(proc, workers=3, worker_kind="process") as pre:
         assert pre.run([path], errors="skip").failures == []
         monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 200 * 200)
         failures = pre.run([path], errors="skip").failures
+        assert len(pre._procs.pids) == 1, "one image at a time needs one worker process (they start as needed)"
     with Preprocessor(proc, workers=1, worker_kind="thread") as pre:
         assert pre.run([path], errors="skip").failures == failures
     assert len(failures) == 1 and "decompression bomb" in failures[0].message

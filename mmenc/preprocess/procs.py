@@ -18,8 +18,9 @@ of the segment) and `Ready.release()` gives the segment back once the calling th
 (into pinned memory on CUDA). Segments are torch's file-descriptor shared memory, unlinked from
 /dev/shm as soon as created: nothing is left behind, even if a process is killed.
 
-Inputs are dispatched to the worker with the fewest in flight; one receiver thread turns the
-answers into the futures' results. A worker that dies fails the inputs it held (RuntimeError naming
+Workers start as needed (a new one while every running one is busy, up to n), and inputs go to
+the worker with the fewest in flight; one receiver thread turns the answers into the futures'
+results. A worker that dies fails the inputs it held (RuntimeError naming
 them) and takes no more; the others go on.
 """
 import concurrent.futures
@@ -27,7 +28,9 @@ import dataclasses
 import itertools
 import os
 import pathlib
+import queue
 import selectors
+import socket
 import subprocess
 import sys
 import threading
@@ -36,7 +39,6 @@ from typing import Any
 
 from PIL import Image
 
-import mmenc
 from mmenc.logger import init_logger
 from mmenc.preprocess.prepare import ImageWork, Ready
 from mmenc.shm import Channel, socket_pair
@@ -67,34 +69,20 @@ class ProcessWorkers:
     def __init__(self, work: ImageWork, n: int, *, stop_timeout_s: float = 10.0):
         if n < 1:
             raise ValueError(f"n={n} worker processes; expected >= 1")
-        self.stop_timeout_s = stop_timeout_s
+        self.n, self.stop_timeout_s = n, stop_timeout_s
+        self._work = work
         self._lock = threading.Lock()
         self._seq = itertools.count()
         self._closed = False
+        self._lost_one = False  # a worker died: start no more
         self._lent = 0  # segments handed out in a Ready and not released yet
-        env = dict(os.environ)
-        root = str(pathlib.Path(mmenc.__file__).resolve().parent.parent)  # the workers import this mmenc
-        env["PYTHONPATH"] = os.pathsep.join([root] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        self._env = dict(os.environ)
+        root = str(pathlib.Path(__file__).resolve().parents[2])  # the folder holding this mmenc: workers import it
+        self._env["PYTHONPATH"] = os.pathsep.join([root] + ([self._env["PYTHONPATH"]] if self._env.get("PYTHONPATH")
+                                                            else []))
         self._workers: list[_Worker] = []
-        try:
-            for _ in range(n):
-                ours, theirs = socket_pair()
-                with theirs:
-                    try:
-                        proc = subprocess.Popen([sys.executable, "-m", "mmenc.preprocess.proc_worker",
-                                                 str(theirs.fileno())], pass_fds=[theirs.fileno()], env=env,
-                                                stdin=subprocess.DEVNULL)
-                    except BaseException:
-                        ours.close()
-                        raise
-                worker = _Worker(proc, Channel(ours))
-                self._workers.append(worker)
-                worker.channel.send(("init", work))
-        except BaseException:  # e.g. a processor that does not pickle: stop what started, then raise
-            self._stop_all()
-            for w in self._workers:
-                w.channel.close()
-            raise
+        self._started: queue.SimpleQueue = queue.SimpleQueue()  # new workers for the receiver to watch
+        self._wake_r, self._wake_w = socket.socketpair()
         self._receiver = threading.Thread(target=self._receive, name="mmenc-preprocess-receiver", daemon=True)
         self._receiver.start()
 
@@ -117,10 +105,14 @@ class ProcessWorkers:
             if self._closed:
                 raise RuntimeError("ProcessWorkers is closed; create a new Preprocessor")
             alive = [w for w in self._workers if w.alive]
-            if not alive:
+            if len(self._workers) < self.n and not self._lost_one and all(w.inflight for w in alive):
+                worker = self._start_one()  # started as needed: a small call starts few processes
+            elif not alive:
                 raise RuntimeError(f"all {len(self._workers)} preprocessing worker processes have exited (see the "
-                                   f"errors above); use Preprocessor(worker_kind='thread') or a new Preprocessor")
-            worker = min(alive, key=lambda w: len(w.inflight))
+                                   f"errors above); use Preprocessor(worker_kind='thread'), or close() the "
+                                   f"Preprocessor to start new ones")
+            else:
+                worker = min(alive, key=lambda w: len(w.inflight))
             seq = next(self._seq)
             worker.inflight[seq] = (fut, index, item)
         try:
@@ -140,14 +132,46 @@ class ProcessWorkers:
                 return
             self._closed = True
         self._stop_all()
+        self._wake()
         self._receiver.join(timeout=self.stop_timeout_s)
         for w in self._workers:
             for fut, _, _ in w.inflight.values():
                 fut.cancel()
             w.inflight.clear()
             w.channel.close()
+        self._wake_r.close()
+        self._wake_w.close()
 
     # -- internals ------------------------------------------------------------------------------
+    def _start_one(self) -> _Worker:
+        """Start a worker (under self._lock) and hand it to the receiver thread."""
+        ours, theirs = socket_pair()
+        try:
+            with theirs:
+                proc = subprocess.Popen([sys.executable, "-m", "mmenc.preprocess.proc_worker", str(theirs.fileno())],
+                                        pass_fds=[theirs.fileno()], env=self._env, stdin=subprocess.DEVNULL)
+        except BaseException:
+            ours.close()
+            raise
+        worker = _Worker(proc, Channel(ours))
+        try:
+            worker.channel.send(("init", self._work))
+        except BaseException:  # e.g. a processor that does not pickle
+            proc.kill()
+            proc.wait()
+            worker.channel.close()
+            raise
+        self._workers.append(worker)
+        self._started.put(worker)
+        self._wake()
+        return worker
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"w")
+        except OSError:
+            pass  # closed: the receiver has ended
+
     def _stop_all(self) -> None:
         for w in self._workers:
             try:
@@ -164,12 +188,18 @@ class ProcessWorkers:
                 w.proc.wait()
 
     def _receive(self) -> None:
-        """One thread: every worker's answers -> its futures. Ends once every worker's socket closed."""
+        """One thread: every worker's answers -> its futures. Ends after close(), once every worker's
+        socket closed."""
         selector = selectors.DefaultSelector()
-        for w in self._workers:
-            selector.register(w.channel.sock, selectors.EVENT_READ, w)
-        while selector.get_map():
+        selector.register(self._wake_r, selectors.EVENT_READ, None)
+        while not (self._closed and len(selector.get_map()) == 1):
             for key, _ in selector.select(timeout=1.0):
+                if key.data is None:  # woken: new workers to watch, or closing
+                    self._wake_r.recv(4096)
+                    while not self._started.empty():
+                        w = self._started.get()
+                        selector.register(w.channel.sock, selectors.EVENT_READ, w)
+                    continue
                 worker: _Worker = key.data
                 try:
                     message = worker.channel.recv()
@@ -216,6 +246,7 @@ class ProcessWorkers:
     def _lost(self, worker: _Worker) -> None:
         with self._lock:
             worker.alive = False
+            self._lost_one = True
             held = [entry for _, entry in sorted(worker.inflight.items())]
             worker.inflight.clear()
             closing = self._closed
