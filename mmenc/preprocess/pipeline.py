@@ -12,11 +12,11 @@ rules; a bad size fails that image only), the bicubic resize on the CPU if it ru
 of the work holds it); "process", worker processes for paths and bytes (mmenc.preprocess.procs:
 the calling thread, which launches the tower, then shares the GIL with no decoder; results cross
 in shared memory, PIL images and arrays stay in threads); "auto": "process" on CUDA with at least
-PROCESS_MIN_WORKERS workers, else "thread". Per chunk, in the calling thread: for a CUDA device each uint8 image is copied by
-numpy into pinned memory in its decoded [H, W, C] layout (no transpose) and crosses by one
-non-blocking copy (a quarter of the bytes float32 would take; the workers make no CUDA call, since
-one from another thread during a CUDA graph capture breaks the capture), the resize runs there, and
-`processor.finish` rescales, normalizes and patchifies. No torch op runs on the host in the
+PROCESS_MIN_WORKERS workers, else "thread". Per chunk, in the calling thread: for a CUDA device
+each uint8 image is copied by numpy into pinned memory in its decoded [H, W, C] layout (no
+transpose) and crosses by one non-blocking copy (a quarter of the bytes float32 would take; the
+workers make no CUDA call, since one from another thread during a CUDA graph capture breaks the
+capture), the resize runs there, and `processor.finish` rescales, normalizes and patchifies. No torch op runs on the host in the
 calling thread (torch's intra-op threads, one per core, beside busy workers made a 26 MB
 torch.cat take 86 ms). Output order is input order.
 
@@ -57,7 +57,7 @@ PROCESS_MIN_WORKERS = 8  # worker_kind="auto": processes on CUDA from this many 
 
 
 def default_workers() -> int:
-    """Threads for decode+resize: the cores this process may run on."""
+    """Workers for decode+resize: the cores this process may run on."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
