@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU validation of the end-to-end work (issue 11) on one CUDA GPU, from the repository root, < 5 min:
 #   bash benchmarks/e2e_validate.sh [OUT]          (OUT defaults to e2e_validate/)
-# 1. the GPU tests of the preprocessing pipeline, the Encoder and the stream window (pytest -m gpu, 75 s cap);
+# 1. the GPU tests of the preprocessing pipeline (threads and worker processes), the Encoder and the stream window
+#    (pytest -m gpu, 90 s cap);
 # 2. `mmenc bench --e2e --compile --cuda-graphs` (fewer iterations, a 600-image stream; 230 s cap):
 #    encode(files) with the growing chunk schedule, "1 call", "first+rest" (the schedule before: first chunk,
 #    then max_batch_patches) vs preprocess only vs tower only vs transformers, eager rows; per workload one
@@ -13,7 +14,8 @@
 # 4. only with E2E_PROFILE=1: benchmarks/e2e_profile.py --reps 3 (per-stage preprocessing, ~45 s).
 # Knobs (environment): E2E_WORKLOADS (default "8x1036px 32x448px", the issue's two; "all": every GPU workload),
 # E2E_STREAM (stream images, default 600), E2E_ARGS (more bench flags, e.g. "--chunk-growth 4
-# --first-chunk-patches 1024 --graph-recent-calls 8 --preprocess-workers 16").
+# --first-chunk-patches 1024 --graph-recent-calls 8 --preprocess-workers 16"; threads vs worker processes:
+# E2E_ARGS="--preprocess-worker-kind thread" E2E_AB=1 E2E_AB_ARGS="--preprocess-worker-kind process").
 # Everything lands in OUT/ and OUT.tar.gz; the summary lines are printed to stdout.
 set -u
 OUT=${1:-e2e_validate}
@@ -36,7 +38,8 @@ summary() {  # summary FILE: the table, the traces, the stream
     grep -E "^(workload|[0-9a-z]+x[0-9]+px|-{10}|model=|stream|invariance|.*preprocessing share|.*encode trace)" "$1" \
         | tail -n 60
 }
-step pytest_gpu 75 python -m pytest -q -p no:cacheprovider -rfE -s -m gpu tests/test_preprocess_pipeline.py \
+step pytest_gpu 90 python -m pytest -q -p no:cacheprovider -rfE -s -m gpu tests/test_preprocess_pipeline.py \
+    tests/test_preprocess_procs.py \
     tests/test_e2e_bench.py tests/test_encoder.py tests/test_inflight.py
 grep -E "FAILED|ERROR|Error|passed|failed|vs PIL|levels" "$OUT/pytest_gpu.txt" | tail -n 30
 # shellcheck disable=SC2086  # E2E_ARGS is a list of flags

@@ -229,6 +229,7 @@ def test_e2e_bench_runs_on_cpu(folder, tmp_path, capsys):
     assert stream["tower_same_packings_s"] > 0 and stream["vs_tower_same_packings"] > 0
     assert sum(c["images"] for c in summary["encode_trace"]["calls"]) == 2
     assert data["chunk_growth"] == 2.0 and data["chunks_in_flight"] == 2
+    assert data["worker_kind"] == "thread"  # auto on a CPU device
     inv = data["invariance"]
     assert len(inv["max_abs_diff"]) == 4 and inv["max_abs_diff_overall"] < 1e-3 * max(inv["max_abs_value"], 1)
 

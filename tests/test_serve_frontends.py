@@ -144,7 +144,7 @@ def test_frontends_exit_when_the_engine_dies(q25, tmp_path):
 def test_channel_maps_a_segment_once_and_forgets_it_when_destroyed():
     import torch
 
-    from mmenc.serving.frontends.transport import Channel, SegmentPool, socket_pair
+    from mmenc.shm import Channel, SegmentPool, socket_pair
 
     a, b = socket_pair()
     sender, receiver = Channel(a), Channel(b)
@@ -174,7 +174,7 @@ def test_shared_outputs_return_a_segment_once_the_engine_and_every_front_end_let
     import torch
 
     from mmenc.serving.frontends.outputs import Holdings, SharedOutputs
-    from mmenc.serving.frontends.transport import SegmentPool
+    from mmenc.shm import SegmentPool
 
     destroyed = []
     outputs = SharedOutputs(SegmentPool(max_free_bytes=1 << 16), on_destroy=destroyed.append)

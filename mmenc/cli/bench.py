@@ -13,7 +13,8 @@ import numpy as np
 import torch
 
 from mmenc.bench.measure import WORKLOADS, format_table, matmul_tflops, measure, parse_grid_spec, random_pixels
-from mmenc.cli.common import add_encoder_args, apply_log_level, check_output_path, encoder_kwargs, write_atomically
+from mmenc.cli.common import (add_encoder_args, add_worker_kind_arg, apply_log_level, check_output_path, encoder_kwargs,
+                              write_atomically)
 from mmenc.cli.progress import Progress
 from mmenc.engine.encoder import DEFAULT_MODEL
 
@@ -48,10 +49,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--stream-images", type=int, default=None, metavar="N",
                    help="with --e2e: images in the stream case (default: 2000 on a GPU, 12 on a CPU; 0: skip)")
     p.add_argument("--preprocess-workers", type=int, default=None, metavar="N",
-                   help="with --e2e: decode/resize threads (default: one per usable core)")
+                   help="with --e2e: decode/resize workers, threads or processes (default: one per usable core)")
     p.add_argument("--preprocess-decode", choices=["auto", "cpu", "torchvision", "gpu"], default="auto",
                    help="with --e2e: how JPEGs are decoded (cpu: PIL; torchvision: its libjpeg-turbo on the CPU; "
                         "gpu: nvJPEG; auto: torchvision when it imports, else PIL; default: %(default)s)")
+    add_worker_kind_arg(p, "with --e2e: ")
     p.add_argument("--first-chunk-patches", type=int, default=None, metavar="N",
                    help="with --e2e: rows of the first tower call of each encode (default: max_batch_patches // 16)")
     p.add_argument("--chunk-growth", type=float, default=2.0, metavar="X",
@@ -79,7 +81,7 @@ def run(args) -> int:
     for spec in args.grid or []:
         workloads[spec] = parse_grid_spec(spec)
     encoder = Encoder(**encoder_kwargs(args, DEFAULT_MODEL), first_chunk_patches=args.first_chunk_patches,
-                      chunk_growth=args.chunk_growth)
+                      chunk_growth=args.chunk_growth, preprocess_worker_kind=args.preprocess_worker_kind)
     loaded = encoder.loaded
     if getattr(loaded, "graphs", None) is not None:
         if args.graph_recent_calls < 0:
@@ -183,7 +185,7 @@ def run_e2e(args, encoder, workloads: dict, hf, json_path) -> int:
     if args.preprocess_workers is not None or args.preprocess_decode != "auto":
         old = encoder.preprocessor
         encoder.preprocessor = Preprocessor(encoder.processor, device=old.device, workers=args.preprocess_workers,
-                                            decode=args.preprocess_decode)
+                                            decode=args.preprocess_decode, worker_kind=old.worker_kind)
         old.close()
     patch = getattr(encoder.processor.config, "patch_size", 14)
     gpu = device.type == "cuda"
@@ -223,6 +225,7 @@ def run_e2e(args, encoder, workloads: dict, hf, json_path) -> int:
     print(f"model={encoder.model_name} dtype={str(loaded.dtype).removeprefix('torch.')} device={device} "
           f"torch={torch.__version__} preprocess_workers={encoder.preprocessor.workers} "
           f"decode={encoder.preprocessor.decode} resize={encoder.preprocessor.resize} "
+          f"worker_kind={encoder.preprocessor.worker_kind} "
           f"hf_processor={type(hf_proc).__name__ if hf_proc is not None else None}"
           + (f" gpu={torch.cuda.get_device_name(device)}" if gpu else ""))
     print(e2e.format_rows(rows))
@@ -251,7 +254,7 @@ def run_e2e(args, encoder, workloads: dict, hf, json_path) -> int:
                    "chunk_growth": encoder.chunk_growth, "chunks_in_flight": encoder.chunks_in_flight,
                    "graph_recent_calls": getattr(getattr(loaded, "graphs", None), "recent_calls", None),
                    "preprocess_workers": encoder.preprocessor.workers, "decode": encoder.preprocessor.decode,
-                   "resize": encoder.preprocessor.resize,
+                   "resize": encoder.preprocessor.resize, "worker_kind": encoder.preprocessor.worker_kind,
                    "hf_processor": type(hf_proc).__name__ if hf_proc is not None else None,
                    "rows": [dict(vars(r), images_per_s=r.images_per_s) for r in rows], "workloads": summaries,
                    "stream": stream, "invariance": invariance}

@@ -108,6 +108,16 @@ def add_image_args(parser: argparse.ArgumentParser) -> None:
                              f"limit, {_pil_default_limit()}); raise it for trusted large images; 0: no limit")
 
 
+def add_worker_kind_arg(parser: argparse.ArgumentParser, scope: str = "") -> None:
+    """--preprocess-worker-kind: Preprocessor(worker_kind=...), Encoder(preprocess_worker_kind=...)."""
+    parser.add_argument("--preprocess-worker-kind", choices=["auto", "thread", "process"], default="auto",
+                        help=f"{scope}where images are decoded and resized: 'thread' (a thread pool in this process), "
+                             "'process' (files and bytes in worker processes, so the thread launching the tower "
+                             "does not share the GIL with the decoders; PIL images and arrays stay in threads), "
+                             "'auto' (processes on a CUDA device with 8 or more workers, else threads; "
+                             "default: %(default)s)")
+
+
 def _pil_default_limit() -> int | None:
     from PIL import Image
 

@@ -60,7 +60,8 @@ class Encoder:
                  load_format: Literal["auto", "dummy"] = "auto", tensor_parallel_size: int = 1,
                  mm_encoder_tp_mode: str = "weights", max_batch_patches: int = 1 << 16, compile: bool = False,
                  cuda_graphs: bool = False, *, worker_timeout_s: float = 600.0, strict: bool = False,
-                 preprocess_workers: int | None = None, batch_invariant: bool = False,
+                 preprocess_workers: int | None = None, preprocess_worker_kind: str = "auto",
+                 batch_invariant: bool = False,
                  first_chunk_patches: int | None = None, chunk_growth: float = 2.0):
         """model: a local Hugging Face checkpoint folder, or a built-in name (then
         load_format="dummy" is implied: random weights, no files). max_batch_patches bounds one
@@ -72,7 +73,9 @@ class Encoder:
         wait for them before they are declared hung (TimeoutError naming the rank).
         strict: non-finite (NaN/inf) embeddings raise NonFiniteOutputError instead of a warning.
         preprocess_workers: decode/resize threads of `encode`/`encode_iter` (None: one per usable
-        core; 0: in the calling thread). See mmenc.preprocess.pipeline.Preprocessor.
+        core; 0: in the calling thread). preprocess_worker_kind: "thread", "process" (paths and bytes are
+        decoded in worker processes, so the thread that launches the tower keeps the GIL) or "auto"
+        (processes on CUDA with >= 8 workers). See mmenc.preprocess.pipeline.Preprocessor.
         batch_invariant: each image's embedding is bitwise identical whatever else is in the call
         (order, chunking), at some throughput cost (MultiModalConfig.batch_invariant).
         first_chunk_patches: the first tower call of each `encode`/`encode_iter` takes at most this
@@ -109,7 +112,8 @@ class Encoder:
         self.device, self.tensor_parallel_size = self.runner.device, self.runner.tensor_parallel_size
         self.loaded = self.runner.loaded
         self.processor = self.loaded.processor
-        self.preprocessor = Preprocessor(self.processor, device=self.runner.input_device, workers=preprocess_workers)
+        self.preprocessor = Preprocessor(self.processor, device=self.runner.input_device, workers=preprocess_workers,
+                                         worker_kind=preprocess_worker_kind)
         self._lock = threading.Lock()  # one call at a time: results can never cross between threads
         self._empty: TowerOutput | None = None
 

@@ -5,14 +5,18 @@
     for chunk in pre.iter_chunks(images, max_batch_patches=1 << 16):   # streaming, bounded memory
         tower(chunk.pixel_values, chunk.grid_thw)          # chunk.indices: their input positions
 
-Per image, in a thread pool (the decoders and torch's resize release the GIL): load/decode
-(torchvision's libjpeg-turbo for plain JPEGs when it imports, else PIL's `load_image`),
-`processor.plan` (size rules; a bad size fails that image only), the bicubic resize on the CPU if
-it runs there. Per chunk, in the calling thread: for a CUDA device each uint8 image is copied by
-numpy into pinned memory in its decoded [H, W, C] layout (no transpose) and crosses by one
-non-blocking copy (a quarter of the bytes float32 would take; the workers make no CUDA call, since
-one from another thread during a CUDA graph capture breaks the capture), the resize runs there, and
-`processor.finish` rescales, normalizes and patchifies. No torch op runs on the host in the
+Per image, in a worker (mmenc.preprocess.prepare.ImageWork.prepare): load/decode (torchvision's
+libjpeg-turbo for plain JPEGs when it imports, else PIL's `load_image`), `processor.plan` (size
+rules; a bad size fails that image only), the bicubic resize on the CPU if it runs there. Workers
+(`worker_kind`): "thread", a thread pool (the decoders and torch's resize release the GIL, the rest
+of the work holds it); "process", worker processes for paths and bytes (mmenc.preprocess.procs:
+the calling thread, which launches the tower, then shares the GIL with no decoder; results cross
+in shared memory, PIL images and arrays stay in threads); "auto": "process" on CUDA with at least
+PROCESS_MIN_WORKERS workers, else "thread". Per chunk, in the calling thread: for a CUDA device
+each uint8 image is copied by numpy into pinned memory in its decoded [H, W, C] layout (no
+transpose) and crosses by one non-blocking copy (a quarter of the bytes float32 would take; the
+workers make no CUDA call, since one from another thread during a CUDA graph capture breaks the
+capture), the resize runs there, and `processor.finish` rescales, normalizes and patchifies. No torch op runs on the host in the
 calling thread (torch's intra-op threads, one per core, beside busy workers made a 26 MB
 torch.cat take 86 ms). Output order is input order.
 
@@ -30,7 +34,6 @@ With resize="cpu" the result is bitwise the processor's own `__call__` on the CP
 resize="device" likewise for the "torchvision" backend (tests/test_preprocess_pipeline.py).
 """
 import collections
-import dataclasses
 import math
 import os
 import threading
@@ -38,19 +41,23 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal, NamedTuple
 
-import numpy as np
 import torch
 
 from mmenc.preprocess import gpu_decode
 from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image
-from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError, finish_patches, input_name
+from mmenc.preprocess.plan import ImagePreprocessError, finish_patches, input_name
+from mmenc.preprocess.prepare import ImageWork, Ready
+from mmenc.preprocess.procs import ProcessWorkers, runs_in_process
 from mmenc.preprocess.schedule import ChunkSchedule
-from mmenc.preprocess.staging import chw, to_device_each
+from mmenc.preprocess.staging import to_device_each
 from mmenc.tally import Tally
 
 
+PROCESS_MIN_WORKERS = 8  # worker_kind="auto": processes on CUDA from this many workers (cores) on
+
+
 def default_workers() -> int:
-    """Threads for decode+resize: the cores this process may run on."""
+    """Workers for decode+resize: the cores this process may run on."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
@@ -76,27 +83,20 @@ class Chunk(NamedTuple):
     failures: list[LoadFailure]
 
 
-@dataclasses.dataclass
-class _Ready:
-    index: int
-    item: Any
-    plan: ImagePlan
-    # uint8 [C, h, w]: resized (resize="cpu") or as decoded (maybe a view of [h, w, C] memory); for CUDA
-    # also PIL's numpy [h, w, C] as loaded; or encoded JPEG bytes [n] (decode="gpu")
-    pixels: torch.Tensor | np.ndarray
-    encoded: bool = False
-
-
 class Preprocessor:
     """Runs a processor (`plan`, `resize_one`, `patchify`, `normalize`, ...: QwenVLProcessor, KimiProcessor)
-    over many images in parallel. See the module docstring; close() (or `with`) stops the threads."""
+    over many images in parallel. See the module docstring; close() (or `with`) stops the worker
+    threads and processes."""
 
     def __init__(self, processor: Any, *, device: str | torch.device | None = None, workers: int | None = None,
                  resize: Literal["auto", "cpu", "device"] = "auto", decode: Literal["auto", "cpu", "gpu"] = "auto",
-                 max_pixels: int | None = -1, prefetch_chunks: int = 2):
-        """workers: decode/resize threads (None: default_workers(); 0: run in the calling thread).
+                 max_pixels: int | None = -1, prefetch_chunks: int = 2,
+                 worker_kind: Literal["auto", "thread", "process"] = "auto"):
+        """workers: decode/resize workers (None: default_workers(); 0: run in the calling thread).
         max_pixels: decompression-bomb limit of `load_image`. prefetch_chunks: how many chunks
-        `iter_chunks` lets the workers prepare ahead of the one being consumed (memory bound)."""
+        `iter_chunks` lets the workers prepare ahead of the one being consumed (memory bound).
+        worker_kind: "thread" (a thread pool), "process" (worker processes for paths and bytes, see the
+        module docstring) or "auto" ("process" on CUDA with at least PROCESS_MIN_WORKERS workers)."""
         for name in ("plan", "resize_one", "patchify", "normalize", "as_pixel_values", "finish"):
             if not callable(getattr(processor, name, None)):
                 raise TypeError(f"processor {type(processor).__name__} has no {name}(); expected a "
@@ -112,8 +112,11 @@ class Preprocessor:
         self.prefetch_chunks = prefetch_chunks
         self.decode = self._choose_decode(decode)
         self.resize = self._choose_resize(resize)
-        self._patchify_in_workers = self.device.type == "cpu" and self.resize == "cpu"
+        self.worker_kind = self._choose_worker_kind(worker_kind)
+        self.work = ImageWork(processor, self.decode, self.resize, self.device.type, max_pixels)
+        self._patchify_in_workers = self.work.patchify_in_workers
         self._pool: ThreadPoolExecutor | None = None
+        self._procs: ProcessWorkers | None = None
         self._pool_lock = threading.Lock()  # callers in several threads share one pool
         self.tally = Tally()  # calling-thread seconds: worker_wait_s (blocked on the workers), stage_s
 
@@ -127,6 +130,17 @@ class Preprocessor:
         if decode == "auto":
             return "cpu" if gpu_decode.cpu_decoder_reason() else "torchvision"
         return decode
+
+    def _choose_worker_kind(self, kind: str) -> str:
+        if kind not in ("auto", "thread", "process"):
+            raise ValueError(f"worker_kind={kind!r}; expected 'auto', 'thread' or 'process'")
+        if kind == "process" and self.workers == 0:
+            raise ValueError("worker_kind='process' with workers=0 (everything in the calling thread); "
+                             "pass workers >= 1, or worker_kind='thread'")
+        if kind == "auto":
+            many = self.workers >= PROCESS_MIN_WORKERS
+            return "process" if self.device.type == "cuda" and many else "thread"
+        return kind
 
     def _choose_resize(self, resize: str) -> str:
         if resize not in ("auto", "cpu", "device"):
@@ -175,58 +189,20 @@ class Preprocessor:
             yield chunk
 
     def close(self) -> None:
+        """Stop the worker threads and processes (started again by the next call)."""
         with self._pool_lock:
             pool, self._pool = self._pool, None
+            procs, self._procs = self._procs, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        if procs is not None:
+            procs.close()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
-
-    # -- per image (worker threads) ----------------------------------------------------------
-    def _prepare(self, index: int, item: Any) -> _Ready | LoadFailure:
-        name = input_name(item, index)
-        try:
-            if self.decode == "gpu" and (ready := self._prepare_jpeg(index, item, name)) is not None:
-                return ready
-            pixels = self._decode(index, item)  # RGB uint8 [3, H, W], or numpy [H, W, 3] from PIL
-            height, width = pixels.shape[1:] if isinstance(pixels, torch.Tensor) else pixels.shape[:2]
-            plan = self.processor.plan(height, width, index=index, name=name)
-            if self.resize == "cpu" or self.device.type == "cpu":
-                pixels = torch.from_numpy(pixels.numpy().copy()) if isinstance(pixels, torch.Tensor) else chw(pixels)
-            if self.resize == "cpu":
-                pixels = self.processor.resize_one(pixels, plan).contiguous()
-            if self._patchify_in_workers:  # nothing crosses: patchify here too, in parallel
-                pixels = self.processor.patchify(pixels, plan)
-            elif isinstance(pixels, np.ndarray) and self.device.type != "cuda":  # a plain [C, H, W] tensor crosses
-                pixels = chw(pixels)
-            # for CUDA the calling thread copies it into pinned memory as it is (no transpose): no CUDA
-            # call here, as one from another thread during a (global mode) CUDA graph capture breaks it
-            return _Ready(index, item, plan, pixels)
-        except ImageLoadError as e:  # includes ImagePreprocessError
-            message = str(e) if str(e).startswith(name) else f"{name}: {e}"
-            return LoadFailure(index, name, message)
-
-    def _decode(self, index: int, item: Any) -> torch.Tensor | np.ndarray:
-        """torchvision's decoder for a plain colour JPEG (decode="torchvision": uint8 [3, H, W], a view
-        of [H, W, 3] memory), else `load_image` (RGB uint8 numpy [H, W, 3], read-only from PIL)."""
-        if self.decode == "torchvision" and (data := gpu_decode.jpeg_bytes(item)) is not None:
-            if gpu_decode.probe_jpeg(data, _pixel_limit(self.max_pixels)) is not None:
-                if (image := gpu_decode.decode_jpeg_cpu(data)) is not None:
-                    return image
-        return load_image(item, index=index, max_pixels=self.max_pixels)
-
-    def _prepare_jpeg(self, index: int, item: Any, name: str) -> _Ready | None:
-        if (data := gpu_decode.jpeg_bytes(item)) is None:
-            return None  # not encoded, or unreadable: load_image reports it
-        limit = _pixel_limit(self.max_pixels)
-        if (size := gpu_decode.probe_jpeg(data, limit)) is None:
-            return None
-        plan = self.processor.plan(size[0], size[1], index=index, name=name)
-        return _Ready(index, item, plan, torch.frombuffer(bytearray(data), dtype=torch.uint8), encoded=True)
 
     # -- ordering, chunking, staging (calling thread) ---------------------------------------------
     def _chunks(self, items: Iterable[Any], *, schedule: ChunkSchedule | None, raise_first: bool = False
@@ -236,7 +212,7 @@ class Preprocessor:
         max_rows = schedule.max_patches if schedule is not None else None
         limit = schedule.first_limit() if schedule is not None else None
         pending: collections.deque[Future] = collections.deque()
-        ready: list[_Ready] = []
+        ready: list[Ready] = []
         failures: list[LoadFailure] = []
         rows, done_rows, done = 0, 0, 0
         exhausted = False
@@ -273,9 +249,11 @@ class Preprocessor:
                     ready, failures, rows, limit = [], [], 0, schedule.next_limit(limit, rows)
             if ready or failures or schedule is None:
                 yield self._stage(ready, failures)
-        finally:
+        finally:  # also when the consumer stops early: give back what was prepared for nothing
+            _release(ready)
             for f in pending:
-                f.cancel()
+                if not f.cancel():
+                    f.add_done_callback(_release_result)
 
     def _want_more(self, n_pending: int, mean_rows: float, max_batch_patches: int | None) -> bool:
         """Submit another image? Always for run(); else keep every worker busy (2 images each) and
@@ -289,18 +267,35 @@ class Preprocessor:
             fut: Future = Future()
             fut.set_result(self._prepare(index, item))
             return fut
+        if self.worker_kind == "process" and runs_in_process(item):
+            with self._pool_lock:
+                if self._procs is None:
+                    self._procs = ProcessWorkers(self.work, self.workers)
+                procs = self._procs
+            return procs.submit(index, item)
+        return self._threads().submit(self._prepare, index, item)
+
+    def _prepare(self, index: int, item: Any) -> Ready | LoadFailure:
+        """One image in a worker thread (or the calling thread with workers=0); a method, so that
+        benchmarks can time it (benchmarks/e2e_profile.py, preprocess_cpu.py)."""
+        return self.work.prepare(index, item)
+
+    def _threads(self) -> ThreadPoolExecutor:
         with self._pool_lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="mmenc-preprocess")
-            return self._pool.submit(self._prepare, index, item)
+            return self._pool
 
-    def _stage(self, ready: list[_Ready], failures: list[LoadFailure]) -> Chunk:
+    def _stage(self, ready: list[Ready], failures: list[LoadFailure]) -> Chunk:
         """Move the chunk's uint8 images to the device (one non-blocking copy each), finish them there."""
         self.tally.add(chunks=1, images=len(ready))
         with self.tally.time("stage_s"):  # host time of the calling thread (device work is only queued)
-            return self._stage_now(ready, failures)
+            try:
+                return self._stage_now(ready, failures)
+            finally:  # every image was copied away (pinned memory, or the normalized output)
+                _release(ready)
 
-    def _stage_now(self, ready: list[_Ready], failures: list[LoadFailure]) -> Chunk:
+    def _stage_now(self, ready: list[Ready], failures: list[LoadFailure]) -> Chunk:
         failures = sorted(failures, key=lambda f: f.index)
         if self._patchify_in_workers:  # the workers normalize each image into its rows of one output
             pixel_values, grid_thw = finish_patches(self.processor, [r.pixels for r in ready], [r.plan for r in ready],
@@ -329,14 +324,15 @@ class Preprocessor:
 
     def _normalize_parts(self, jobs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """normalize each (patches, out rows) pair in the worker threads (CPU device)."""
-        if self.workers == 0 or self._pool is None:
+        if self.workers == 0:
             for part, dst in jobs:
                 self.processor.normalize(part, out=dst)
             return
-        for fut in [self._pool.submit(self.processor.normalize, part, out=dst) for part, dst in jobs]:
+        pool = self._threads()
+        for fut in [pool.submit(self.processor.normalize, part, out=dst) for part, dst in jobs]:
             fut.result()
 
-    def _prepare_cpu(self, ready: _Ready) -> torch.Tensor | LoadFailure:
+    def _prepare_cpu(self, ready: Ready) -> torch.Tensor | LoadFailure:
         name = input_name(ready.item, ready.index)
         try:
             array = load_image(ready.item, index=ready.index, max_pixels=self.max_pixels)
@@ -345,11 +341,17 @@ class Preprocessor:
         return to_device_each([array], self.device)[0]
 
 
-def _pixel_limit(max_pixels: int | None) -> int | None:
-    """The pixel limit `load_image(max_pixels=...)` applies (-1: PIL's MAX_IMAGE_PIXELS now)."""
-    from PIL import Image
+def _release(ready: list[Ready]) -> None:
+    """Give the worker processes' shared segments of `ready` back (once; thread-mode images: nothing)."""
+    for r in ready:
+        if r.release is not None:
+            release, r.release = r.release, None
+            release()
 
-    return Image.MAX_IMAGE_PIXELS if max_pixels == -1 else max_pixels
+
+def _release_result(fut: Future) -> None:
+    if not fut.cancelled() and fut.exception() is None and isinstance(fut.result(), Ready):
+        _release([fut.result()])
 
 
 def _check_errors(errors: str) -> None:

@@ -5,6 +5,8 @@ Copies on the host are numpy's, not torch's: torch's intra-op threads (one per c
 busy worker threads made a host torch.cat of 8 x 1036 px images take 86 ms on a 32-core H200 host
 (benchmarks/e2e_profile.py; docs/preprocessing.md).
 """
+from collections.abc import Callable
+
 import numpy as np
 import torch
 
@@ -19,9 +21,11 @@ def memory_order(t: torch.Tensor) -> list[int]:
     return sorted(range(t.dim()), key=lambda d: -t.stride(d))
 
 
-def pinned_copy(pixels: torch.Tensor | np.ndarray) -> torch.Tensor:
-    """A uint8 image ([C, H, W] tensor, maybe a view of [H, W, C] memory; or a numpy [H, W, C] array)
-    -> its values in new pinned host memory laid out as the source's (no transpose), as [C, H, W].
+def layout_copy(pixels: torch.Tensor | np.ndarray, alloc: Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+                ) -> torch.Tensor:
+    """An image ([C, H, W] tensor, maybe a view of [H, W, C] memory; a numpy [H, W, C] array; any
+    tensor) -> its values in new memory from `alloc(shape, dtype)` (a contiguous tensor), laid out as
+    the source's (no transpose), returned in the source's dimension order ([C, H, W] for an array).
     Copied by numpy: torch's intra-op threads (one per core) must not run beside the worker threads
     (a host torch.cat of 8 x 1036 px took 86 ms with 32 of them, benchmarks/e2e_profile.py)."""
     if isinstance(pixels, np.ndarray):
@@ -29,12 +33,20 @@ def pinned_copy(pixels: torch.Tensor | np.ndarray) -> torch.Tensor:
     else:
         order = memory_order(pixels)
         dense = pixels.permute(order)
-        if not dense.is_contiguous():  # not a permutation of dense memory: make it CHW
+        if not dense.is_contiguous():  # not a permutation of dense memory: make it contiguous
             order, dense = list(range(pixels.dim())), pixels.contiguous()
         src, back = dense.numpy(), tuple(order.index(d) for d in range(pixels.dim()))
-    out = torch.empty(src.shape, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+    out = alloc(tuple(src.shape), torch.from_numpy(np.empty(0, src.dtype)).dtype)
     np.copyto(out.numpy(), src)
     return out.permute(back)
+
+
+def pinned_copy(pixels: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """A uint8 image ([C, H, W] tensor, maybe a view of [H, W, C] memory; or a numpy [H, W, C] array)
+    -> its values in new pinned host memory laid out as the source's (no transpose), as [C, H, W]
+    (`layout_copy`)."""
+    pin = torch.cuda.is_available()
+    return layout_copy(pixels, lambda shape, dtype: torch.empty(shape, dtype=dtype, pin_memory=pin))
 
 
 def to_device_each(images: list[torch.Tensor | np.ndarray], device: torch.device) -> list[torch.Tensor]:

@@ -5,7 +5,7 @@
     EngineHub (hub.py) <--- Channel --->    EncodeService over ProcessEngineClient (remote.py)
 
 Modules: client (the EngineClient interface every tower side implements, EngineInfo, Encoded),
-transport (Channel: pickled headers + tensors in shared memory over a Unix socket), hub (engine
+mmenc.shm (Channel: pickled headers + tensors in shared memory over a Unix socket), hub (engine
 side), remote (front-end side), process (front-end entry), engine (the engine's main: socket,
 spawn, restarts, shutdown), metrics_dir (prometheus_client's multiprocess folder).
 See docs/serving.md, "Front ends"."""

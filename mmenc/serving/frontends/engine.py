@@ -1,7 +1,7 @@
 """`mmenc serve --frontends N`: this process is the engine. It binds the listening socket (a port in
 use fails here, once), loads the Encoder and runs the one Batcher and the encoder cache
 (LocalEngine), and starts N front-end processes (spawn) that serve HTTP on that socket
-(process.py) and hand it images through shared memory (hub.py, transport.py).
+(process.py) and hand it images through shared memory (hub.py, mmenc/shm.py).
 
 Life cycle: SIGTERM / SIGINT: the front ends stop accepting and drain their requests
 (shutdown_timeout_s) while the engine still answers them; then the batcher stops, the Encoder is
@@ -55,7 +55,7 @@ class _Frontends:
 
     def start(self, index: int) -> None:
         from mmenc.serving.frontends.process import frontend_main
-        from mmenc.serving.frontends.transport import Channel, socket_pair
+        from mmenc.shm import Channel, socket_pair
 
         mine, theirs = socket_pair()
         proc = self.ctx.Process(target=frontend_main, name=f"mmenc-frontend-{index}", daemon=False,
@@ -108,7 +108,7 @@ def serve_with_frontends(settings: ServeSettings, make_encoder: Callable[[], obj
     with MetricsDir() as metrics_dir:  # before anything here imports prometheus_client
         from mmenc.serving.frontends.hub import EngineHub
         from mmenc.serving.frontends.outputs import SharedOutputs
-        from mmenc.serving.frontends.transport import SegmentPool, raise_fd_limit
+        from mmenc.shm import SegmentPool, raise_fd_limit
         from mmenc.serving.local import LocalEngine
         from mmenc.serving.metrics import ServeMetrics
         from mmenc.serving.uvicorn_run import exit_while_loading

@@ -19,7 +19,7 @@ from mmenc.logger import init_logger
 from mmenc.serving.batcher import Job
 from mmenc.serving.frontends.client import Encoded, describe
 from mmenc.serving.frontends.outputs import Holdings, SharedOutputs
-from mmenc.serving.frontends.transport import Channel, Segment
+from mmenc.shm import Channel, Segment
 from mmenc.serving.local import LocalEngine
 
 logger = init_logger(__name__)

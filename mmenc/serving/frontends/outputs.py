@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from mmenc.serving.frontends.transport import Segment, SegmentPool
+from mmenc.shm import Segment, SegmentPool
 
 
 class SharedOutputs:

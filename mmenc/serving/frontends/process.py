@@ -27,7 +27,7 @@ def frontend_main(settings: ServeSettings, listener: socket.socket, engine_sock:
 
     from mmenc.serving.app import create_app
     from mmenc.serving.frontends.remote import ProcessEngineClient
-    from mmenc.serving.frontends.transport import Channel, raise_fd_limit
+    from mmenc.shm import Channel, raise_fd_limit
     from mmenc.serving.metrics import ServeMetrics
     from mmenc.serving.uvicorn_run import run_draining, uvicorn_config
     from mmenc.serving.service import Admission, EncodeService

@@ -13,7 +13,7 @@ from mmenc.logger import init_logger
 from mmenc.serving.batcher import Job
 from mmenc.serving.formats import EncodedImage
 from mmenc.serving.frontends.client import EngineClient, Encoded, RemoteError, settle
-from mmenc.serving.frontends.transport import Channel, Segment, SegmentPool
+from mmenc.shm import Channel, Segment, SegmentPool
 
 logger = init_logger(__name__)
 

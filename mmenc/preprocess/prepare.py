@@ -1,0 +1,97 @@
+"""One image's share of the pipeline, wherever it runs: read/decode, `processor.plan`, the CPU resize
+(resize="cpu") and, for a CPU device, patchify. `ImageWork.prepare(index, item)` is what a worker
+thread of `Preprocessor` runs, and what a worker process runs (mmenc.preprocess.procs), so both
+give the same pixels and the same failure messages. An ImageWork pickles (its processor is plain
+data), which is how a worker process gets it.
+"""
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from mmenc.preprocess import gpu_decode
+from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image
+from mmenc.preprocess.plan import ImagePlan, input_name
+from mmenc.preprocess.staging import chw
+
+
+@dataclasses.dataclass
+class Ready:
+    """A prepared image. pixels: uint8 [C, h, w], resized (resize="cpu") or as decoded (maybe a view
+    of [h, w, C] memory); for CUDA also PIL's numpy [h, w, C] as loaded; on a CPU device its patches
+    [rows, ...]; or encoded JPEG bytes [n] (encoded, decode="gpu"). release: called once the pixels
+    were copied away (a worker process's shared segment goes back to it); None for memory of ours."""
+
+    index: int
+    item: Any
+    plan: ImagePlan
+    pixels: torch.Tensor | np.ndarray
+    encoded: bool = False
+    release: Callable[[], None] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageWork:
+    """What a worker does to one image. decode: "cpu" | "torchvision" | "gpu" and resize: "cpu" |
+    "device" as Preprocessor chose them; device_type: the tower's input device type; max_pixels:
+    `load_image`'s decompression-bomb limit (-1: PIL's Image.MAX_IMAGE_PIXELS at call time)."""
+
+    processor: Any
+    decode: str
+    resize: str
+    device_type: str
+    max_pixels: int | None
+
+    @property
+    def patchify_in_workers(self) -> bool:
+        """On a CPU device nothing crosses: the workers patchify too, in parallel."""
+        return self.device_type == "cpu" and self.resize == "cpu"
+
+    def prepare(self, index: int, item: Any) -> Ready | LoadFailure:
+        name = input_name(item, index)
+        try:
+            if self.decode == "gpu" and (ready := self._prepare_jpeg(index, item, name)) is not None:
+                return ready
+            pixels = self._decode(index, item)  # RGB uint8 [3, H, W], or numpy [H, W, 3] from PIL
+            height, width = pixels.shape[1:] if isinstance(pixels, torch.Tensor) else pixels.shape[:2]
+            plan = self.processor.plan(height, width, index=index, name=name)
+            if self.resize == "cpu" or self.device_type == "cpu":
+                pixels = torch.from_numpy(pixels.numpy().copy()) if isinstance(pixels, torch.Tensor) else chw(pixels)
+            if self.resize == "cpu":
+                pixels = self.processor.resize_one(pixels, plan).contiguous()
+            if self.patchify_in_workers:
+                pixels = self.processor.patchify(pixels, plan)
+            elif isinstance(pixels, np.ndarray) and self.device_type != "cuda":  # a plain [C, H, W] tensor crosses
+                pixels = chw(pixels)
+            # for CUDA the calling thread copies it into pinned memory as it is (no transpose): no CUDA
+            # call here, as one from another thread during a (global mode) CUDA graph capture breaks it
+            return Ready(index, item, plan, pixels)
+        except ImageLoadError as e:  # includes ImagePreprocessError
+            message = str(e) if str(e).startswith(name) else f"{name}: {e}"
+            return LoadFailure(index, name, message)
+
+    def _decode(self, index: int, item: Any) -> torch.Tensor | np.ndarray:
+        """torchvision's decoder for a plain colour JPEG (decode="torchvision": uint8 [3, H, W], a view
+        of [H, W, 3] memory), else `load_image` (RGB uint8 numpy [H, W, 3], read-only from PIL)."""
+        if self.decode == "torchvision" and (data := gpu_decode.jpeg_bytes(item)) is not None:
+            if gpu_decode.probe_jpeg(data, pixel_limit(self.max_pixels)) is not None:
+                if (image := gpu_decode.decode_jpeg_cpu(data)) is not None:
+                    return image
+        return load_image(item, index=index, max_pixels=self.max_pixels)
+
+    def _prepare_jpeg(self, index: int, item: Any, name: str) -> Ready | None:
+        if (data := gpu_decode.jpeg_bytes(item)) is None:
+            return None  # not encoded, or unreadable: load_image reports it
+        if (size := gpu_decode.probe_jpeg(data, pixel_limit(self.max_pixels))) is None:
+            return None
+        plan = self.processor.plan(size[0], size[1], index=index, name=name)
+        return Ready(index, item, plan, torch.frombuffer(bytearray(data), dtype=torch.uint8), encoded=True)
+
+
+def pixel_limit(max_pixels: int | None) -> int | None:
+    """The pixel limit `load_image(max_pixels=...)` applies (-1: PIL's MAX_IMAGE_PIXELS now)."""
+    from PIL import Image
+
+    return Image.MAX_IMAGE_PIXELS if max_pixels == -1 else max_pixels
