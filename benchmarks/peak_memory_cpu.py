@@ -17,15 +17,20 @@ forward are not counted.
 
 --compile runs the blocks through torch.compile (inductor's CPU code: its buffer frees and reuse come
 from the same scheduler as on a GPU; its fusions can differ). A model, not a GPU measurement: the
-GPU's attention kernels and inductor's CUDA fusions may allocate differently.
+GPU's attention kernels and inductor's CUDA fusions may allocate differently. Eager rms_norm allocates
+only its output, as the GPU's fused kernel (mmenc.bench.alloc_sim.gpu_like_norms; --cpu-norms: torch's
+CPU composite with its float32 temporaries, the modelling before). Compiled, cats lower as on a GPU
+(inductor's pointwise cat, fused into its consumer: the rotary's rotate-half is no float32 buffer; its CPU
+lowering always realizes a cat); --cpu-norms keeps the CPU lowering too.
 """
 import argparse
+import contextlib
 import json
 import sys
 
 import torch
 
-from mmenc.bench.alloc_sim import CachingAllocatorModel, extrapolate, trace
+from mmenc.bench.alloc_sim import CachingAllocatorModel, extrapolate, gpu_like_norms, trace
 from mmenc.bench.measure import parse_grid_spec
 from mmenc.config import MultiModalConfig
 from mmenc.layers.row_blocks import MAX_INTERMEDIATE_BYTES, set_max_intermediate_bytes
@@ -71,6 +76,9 @@ def main(argv=None) -> int:
     p.add_argument("--max-intermediate-bytes", type=int, default=MAX_INTERMEDIATE_BYTES,
                    help="row-block budget at the full workload (mmenc.layers.row_blocks; 0: never split; "
                         "default: %(default)s)")
+    p.add_argument("--cpu-norms", action="store_true",
+                   help="keep torch's CPU rms_norm (float32 temporaries the GPU's fused kernel does not make); "
+                        "default: eager rms_norm allocates only its output, as on a GPU (alloc_sim.gpu_like_norms)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     dtype = getattr(torch, args.dtype)
@@ -78,14 +86,18 @@ def main(argv=None) -> int:
     tower, config = build(args.model, args.depth, dtype, mm)
     if args.compile:
         from mmenc.engine.compile import compile_tower
+        if not args.cpu_norms:  # as on a GPU: inductor's CPU lowering realizes every cat (ConcatKernel)
+            torch._inductor.config.force_pointwise_cat = True
         compile_tower(tower, mm)
     n_full = sum(t * h * w for t, h, w in parse_grid_spec(args.grid))
     budget = args.max_intermediate_bytes or None
-    small, n_small = forward_trace(tower, config, args.small, dtype, budget, n_full)
-    large, n_large = forward_trace(tower, config, args.large, dtype, budget, n_full)
+    with contextlib.nullcontext() if args.cpu_norms else gpu_like_norms():
+        small, n_small = forward_trace(tower, config, args.small, dtype, budget, n_full)
+        large, n_large = forward_trace(tower, config, args.large, dtype, budget, n_full)
     model = CachingAllocatorModel().replay(extrapolate(small, large, n_small, n_large, n_full))
     unit = n_full * config.hidden_size * dtype.itemsize  # one residual [patches, hidden] tensor
     row = {"model": args.model, "grid": args.grid, "patches": n_full, "depth": args.depth, "compile": args.compile,
+           "gpu_like_norms": not args.cpu_norms,
            "max_intermediate_bytes": budget,
            "dtype": args.dtype, "live_gib": model.peak_live / 2**30, "pool_gib": model.reserved / 2**30,
            "residual_gib": unit / 2**30, "segments_mib": [round(sum(b.size for b in s) / 2**20) for s in model.segments]}

@@ -41,3 +41,25 @@ def test_trace_of_a_forward():
     sizes = [n for _, n in seq]
     assert MIB in sizes and -MIB in sizes, f"the 1 MiB temporary x * 2 and its free: {sizes}"
     assert out.shape == (1024,)
+
+
+def test_gpu_like_norms_allocate_only_the_output():
+    """Under gpu_like_norms an eager rms_norm gives torch's values and allocates only its output (plus
+    small-pool chunks), as the GPU's fused kernel; torch's CPU composite makes float32 [rows, hidden]
+    temporaries (what the modelled pools used to count). F.rms_norm is restored afterwards."""
+    from torch.nn import functional as F
+
+    from mmenc.bench.alloc_sim import SMALL, gpu_like_norms
+
+    original = F.rms_norm
+    x, w = torch.randn(4096, 512, dtype=torch.bfloat16), torch.rand(512, dtype=torch.bfloat16)
+    want = F.rms_norm(x, (512,), w, 1e-6)
+    cpu_seq, _ = trace(lambda: F.rms_norm(x, (512,), w, 1e-6))
+    with gpu_like_norms():
+        seq, got = trace(lambda: F.rms_norm(x, (512,), w, 1e-6))
+    assert F.rms_norm is original
+    assert torch.equal(got, want)
+    out_bytes = x.numel() * x.element_size()
+    large = [n for _, n in seq if n > SMALL]
+    assert large == [out_bytes], f"large allocations {large}; expected only the output ({out_bytes} bytes)"
+    assert max(n for _, n in cpu_seq) > out_bytes, "torch's CPU rms_norm no longer makes float32 temporaries?"

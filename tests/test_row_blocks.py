@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mmenc.engine.runner import build_tower, run_tower
-from mmenc.layers.row_blocks import MAX_INTERMEDIATE_BYTES, num_row_blocks, set_max_intermediate_bytes
+from mmenc.layers.row_blocks import MAX_INTERMEDIATE_BYTES, map_rows, num_row_blocks, set_max_intermediate_bytes
 from mmenc.layers.vision_blocks import VisionBlock
 from mmenc.testing import checkpoints as ck
 from mmenc.testing.compare import assert_close
@@ -27,12 +27,55 @@ def test_block_count_rule():
         set_max_intermediate_bytes(torch.nn.Linear(2, 2), -5)
 
 
-def test_default_budget_leaves_the_published_workloads_whole():
-    """The default splits InternViT-6B's MLP (57,400 tokens x 12,800 wide) but not Qwen2.5-VL-7B's on
-    8 x 1036 px (43,808 tokens, gate_up 6,840 wide) nor Llama 4's on 13x24x24*8 (60,008 tokens x 5,632)."""
-    assert num_row_blocks(57_400, 2 * 12_800 * 2, MAX_INTERMEDIATE_BYTES) == 2
-    assert num_row_blocks(43_808, 2 * 6_840 * 2, MAX_INTERMEDIATE_BYTES) == 1
-    assert num_row_blocks(60_008, 2 * 5_632 * 2, MAX_INTERMEDIATE_BYTES) == 1
+def test_default_budget_splits_the_widest_calls_only():
+    """512 MiB: splits every MLP of the tower workloads whose hidden activations would pass it (they set a
+    CUDA-graph pool's size, mmenc.layers.row_blocks) -- InternViT-6B (57,400 tokens x 12,800 wide) in 6,
+    Qwen2.5-VL-7B on 8 x 1036 px (43,808 x gate_up 6,840) in 3, HunyuanOCR on 8 pages (43,648 x 4,304) in
+    2 -- and leaves a call of a few thousand tokens whole (a server's: Qwen2.5-VL at 8,192 tokens)."""
+    assert MAX_INTERMEDIATE_BYTES == 512 << 20
+    assert num_row_blocks(57_400, 2 * 12_800 * 2, MAX_INTERMEDIATE_BYTES) == 6
+    assert num_row_blocks(43_808, 2 * 6_840 * 2, MAX_INTERMEDIATE_BYTES) == 3
+    assert num_row_blocks(43_648, 2 * 4_304 * 2, MAX_INTERMEDIATE_BYTES) == 2
+    assert num_row_blocks(8_192, 2 * 6_840 * 2, MAX_INTERMEDIATE_BYTES) == 1
+
+
+def _row_mlp(width_in=24, hidden=160, width_out=40):
+    torch.manual_seed(1)
+    fc1, fc2 = torch.nn.Linear(width_in, hidden), torch.nn.Linear(hidden, width_out)
+    return lambda x: fc2(torch.nn.functional.gelu(fc1(x)))
+
+
+def test_map_rows_equals_whole():
+    """map_rows over row blocks equals the whole computation (float32, to rounding), keeps the output's
+    shape and dtype, and leaves the call alone (the very tensor fn returns) under the budget or with None."""
+    fn = _row_mlp()
+    x = torch.randn(101, 24)
+    with torch.inference_mode():
+        whole = fn(x)
+        per_row = 2 * 160 * 4
+        for budget in (per_row * 30, per_row, 1):  # 4 blocks; one row each; one row each (never more than rows)
+            blocks = num_row_blocks(101, per_row, budget)
+            got = map_rows(fn, x, per_row, budget)
+            assert blocks > 1 and got.shape == whole.shape and got.dtype == whole.dtype
+            err = assert_close(got, whole, f"map_rows in {blocks} blocks", SPLIT_TOL)
+            print(f"map_rows in {blocks} blocks vs whole: relative error {err:.1e}")
+        sentinel = torch.zeros(3, 5)
+        assert map_rows(lambda _: sentinel, x, per_row, None) is sentinel
+        assert map_rows(lambda _: sentinel, x, per_row, per_row * 101) is sentinel
+    with pytest.raises(ValueError, match="max_intermediate_bytes=0"):
+        map_rows(fn, x, per_row, 0)
+
+
+def test_pixtral_projector_takes_the_budget():
+    """The Pixtral tower's projector (linear_1 -> act -> linear_2) is a budgeted module: set_max_intermediate_bytes
+    reaches it, and past the budget it runs over row blocks (see test_tower_split_matches_transformers)."""
+    from mmenc.models.pixtral import PixtralVisionConfig, PixtralVisionTower
+
+    tower = PixtralVisionTower(PixtralVisionConfig(depth=1, hidden_size=32, num_heads=2, intermediate_size=64,
+                                                   out_hidden_size=48, patch_size=4, image_size=64), device="meta")
+    assert tower.max_intermediate_bytes == MAX_INTERMEDIATE_BYTES
+    assert set_max_intermediate_bytes(tower, 1000) == 2  # the block and the tower's projector
+    assert tower.max_intermediate_bytes == 1000
 
 
 def _block(mlp: str, **kw) -> VisionBlock:
@@ -92,9 +135,11 @@ def test_block_split_compiles_fullgraph_dynamic():
 
 
 @pytest.mark.parametrize("arch", ["Ovis2ForConditionalGeneration", "InternVLForConditionalGeneration",
-                                  "Qwen2_5_VLForConditionalGeneration"])
+                                  "Qwen2_5_VLForConditionalGeneration", "LlavaForConditionalGeneration",
+                                  "Mistral3ForConditionalGeneration"])
 def test_tower_split_matches_transformers(arch, tmp_path):
-    """A tiny checkpoint with every row-block budget in the tower forced tiny (Ovis2: its head too):
+    """A tiny checkpoint with every row-block budget in the tower forced tiny (Ovis2: its head too; Pixtral,
+Llava and Mistral3: its projector too):
     equal to the unsplit tower and to transformers."""
     case = ck.FAMILIES[arch]
     try:
@@ -115,7 +160,7 @@ def test_tower_split_matches_transformers(arch, tmp_path):
 
 
 @pytest.mark.parametrize("arch", ["InternVLForConditionalGeneration", "Ovis2ForConditionalGeneration",
-                                  "Qwen2_5_VLForConditionalGeneration"])
+                                  "Qwen2_5_VLForConditionalGeneration", "LlavaForConditionalGeneration"])
 def test_split_keeps_batch_invariance(arch, tmp_path):
     """batch_invariant=True with a budget that splits differently per call size: the watched image's
     embedding is still bitwise the same alone and in mixed calls."""

@@ -15,9 +15,11 @@ Small requests (<= 1 MiB, their own pool) are counted in peak_live only. A model
 also rounds small segments and keeps per-stream pools (one stream here).
 """
 import bisect
+import contextlib
 import dataclasses
 
 import torch
+import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 MIB = 1 << 20
@@ -26,6 +28,33 @@ MIN_LARGE_ALLOC = 10 * MIB  # a new segment for a smaller request is LARGE_BUFFE
 LARGE_BUFFER = 20 * MIB
 ROUND_SEGMENT = 2 * MIB
 MIN_BLOCK = 512
+NORM_CHUNKS = 256  # row chunks of gpu_like_norms: a fixed count, so traces at two token counts pair up
+
+
+@contextlib.contextmanager
+def gpu_like_norms():
+    """Within: eager F.rms_norm allocates only its output, as the GPU's fused kernel does. torch's CPU
+    rms_norm is a float32 composite (two [rows, hidden] float32 temporaries), which put segments into a
+    modelled pool that the GPU never makes (HunyuanOCR's merger norm: two 192 MiB ones on 8 pages). Rows
+    are normalised in NORM_CHUNKS chunks, each a small-pool temporary; compiled code is left alone."""
+    original = F.rms_norm
+
+    def rms_norm(x, normalized_shape, weight=None, eps=None):
+        rows = x.numel() // max(x.shape[-1], 1) if x.dim() else 0
+        if torch.compiler.is_compiling() or x.dim() < 2 or rows < NORM_CHUNKS:
+            return original(x, normalized_shape, weight, eps)
+        out = torch.empty_like(x)
+        src, dst = x.reshape(rows, x.shape[-1]), out.view(rows, x.shape[-1])
+        for i in range(NORM_CHUNKS):
+            a, b = i * rows // NORM_CHUNKS, (i + 1) * rows // NORM_CHUNKS
+            dst[a:b] = original(src[a:b], normalized_shape, weight, eps)
+        return out
+
+    F.rms_norm = rms_norm
+    try:
+        yield
+    finally:
+        F.rms_norm = original
 
 
 def trace(fn) -> tuple[list[tuple[int, int]], object]:

@@ -35,6 +35,15 @@ def check_timeout(name: str, value) -> None:
         raise ValueError(f"{name}={value!r} must be a positive, finite number of seconds, e.g. 600")
 
 
+def all_finite(embeddings: torch.Tensor) -> torch.Tensor:
+    """A 0-dim flag on embeddings' device: False if any element may be NaN or infinite. One sum (float32
+    accumulation), not torch.isfinite(x).all(), whose bool tensor as large as the embeddings (Pixtral-Large,
+    8 images: 0.22 GiB) would add to the call's peak memory. A NaN or an infinity always makes the sum
+    non-finite; a sum of finite values past float32's range also does (check_finite then finds no bad row)."""
+    wide = embeddings.dtype if embeddings.dtype in (torch.float32, torch.float64) else torch.float32
+    return torch.isfinite(embeddings.sum(dtype=wide))
+
+
 class FiniteFlag:
     """Whether a tensor is all finite, computed on its device without making the host wait.
 
@@ -45,7 +54,7 @@ class FiniteFlag:
     the host prepares the call after it. Elsewhere the flag is read when asked (the CPU computed it)."""
 
     def __init__(self, embeddings: torch.Tensor):
-        flag = torch.isfinite(embeddings).all()
+        flag = all_finite(embeddings)
         self._event = None
         if flag.device.type == "cuda":
             host = torch.empty((), dtype=torch.bool, pin_memory=True)
@@ -80,10 +89,12 @@ def check_finite(embeddings: torch.Tensor, tokens: list[int], strict: bool, *, f
     """Warn (strict: raise NonFiniteOutputError) naming the images whose rows of `embeddings`
     [sum(tokens), out_hidden] hold NaN or infinity. One reduction when all is finite (or none: `flag`
     from finite_flag, read here). indices: how to name the images (default 0..N-1)."""
-    if embeddings.numel() == 0 or (flag.value() if flag is not None else bool(torch.isfinite(embeddings).all())):
+    if embeddings.numel() == 0 or (flag.value() if flag is not None else bool(all_finite(embeddings))):
         return
     bad_rows = ~torch.isfinite(embeddings).all(dim=-1)
     bad = [i for i, rows in enumerate(bad_rows.split(tokens)) if bool(rows.any())]
+    if not bad:  # every value finite; only their sum left float32's range
+        return
     if indices is not None:
         bad = [indices[i] for i in bad]
     shown = ", ".join(map(str, bad[:20])) + (" ..." if len(bad) > 20 else "")

@@ -7,11 +7,18 @@ pool keeps a segment of that size for the whole capture. Every op in such a comp
 independently (linears, norms, activations, softmax), so running it block by block gives the same
 rows; only the matmuls' kernels may change with the row count (float rounding, not bitwise).
 
-`MAX_INTERMEDIATE_BYTES` is the default budget: below it (every workload of docs/towers.md except
-InternViT-6B's MLP and Ovis2's head; the next largest, Llama 4's MLP on 13x24x24*8, needs 1.26 GiB)
-nothing is split and the computation is unchanged. A module that
-splits takes its budget as the attribute `max_intermediate_bytes` (None: never split);
-`set_max_intermediate_bytes(module, n)` sets it on every such submodule.
+`MAX_INTERMEDIATE_BYTES` is the default budget, 512 MiB. Why that low: a CUDA graph's memory pool
+keeps the capture's largest intermediates for the graph's life, and a pool reuses only the blocks it
+already holds, so an intermediate wider than everything before it costs a segment of its own (its
+whole size, on top of the pool). Below 512 MiB an MLP block's hidden activations fit the segments the
+attention left free (its qkv output, 3 x [tokens, hidden]): HunyuanOCR on 8 pages (43,648 tokens, MLP
+4,304 wide) keeps a 0.79 GiB pool instead of 1.14 (mmenc.bench.alloc_sim), Pixtral-Large's projector
+(2 x [tokens, 12,288] alive) stops adding a second 0.45 GiB segment. Blocks stay large enough for full
+GEMM efficiency (>= 512 MiB / bytes per row: 8,192 rows for Pixtral-Large's 16,384-wide gate_up); calls
+under the budget (every call of a few thousand tokens, e.g. a server's) are unchanged.
+A module that splits takes its budget as the attribute `max_intermediate_bytes` (None: never split);
+`set_max_intermediate_bytes(module, n)` sets it on every such submodule. `map_rows` runs any row-wise
+function (a projector: linear -> act -> linear) over row blocks into one output.
 
 The block count is a Python int derived from the (possibly symbolic) row count: torch.compile guards
 on it (a new count recompiles, a new row count with the same count does not: `split_rows`); no host
@@ -20,7 +27,7 @@ sync, so the blocks capture in CUDA graphs.
 import torch
 import torch.nn as nn
 
-MAX_INTERMEDIATE_BYTES = 3 << 29  # 1.5 GiB of intermediates alive at once, per call or per block
+MAX_INTERMEDIATE_BYTES = 1 << 29  # 512 MiB of intermediates alive at once, per call or per block
 
 
 def num_row_blocks(rows: int, bytes_per_row: int, budget: int | None) -> int:
@@ -60,3 +67,22 @@ def flat_rows(x: torch.Tensor) -> torch.Tensor:
     """x [..., features] as a [rows, features] view (never a copy: writes to its rows reach x; a layout
     that cannot be viewed so raises)."""
     return x.view(-1, x.shape[-1])
+
+
+def map_rows(fn, x: torch.Tensor, bytes_per_row: int, budget: int | None) -> torch.Tensor:
+    """fn(x) for a row-wise fn (row i of the result depends on row i of x only), x [rows, features] ->
+    [rows, out_features]: whole when rows * bytes_per_row (fn's intermediates alive at once, its output
+    included) fits `budget`, else over row blocks, each block's result copied into its rows of one output.
+    Alive at once then: the output and one block's intermediates (not all rows' intermediates)."""
+    blocks = num_row_blocks(x.shape[0], bytes_per_row, budget)
+    if blocks == 1:
+        return fn(x)
+    parts = split_rows(x, blocks)
+    first = fn(parts[0])
+    out = first.new_empty(x.shape[0], *first.shape[1:])
+    dst = split_rows(out, blocks)
+    dst[0].copy_(first)
+    del first
+    for rows, into in zip(parts[1:], dst[1:]):
+        into.copy_(fn(rows))
+    return out

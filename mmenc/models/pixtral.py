@@ -33,6 +33,7 @@ from mmenc.layers.norm import RMSNorm
 from mmenc.layers.plan import PackPlan, frame_plan
 from mmenc.layers.merge import merge_block_order
 from mmenc.layers.rotary import VisionRotary2D
+from mmenc.layers.row_blocks import MAX_INTERMEDIATE_BYTES, map_rows
 from mmenc.layers.vision_blocks import PatchEmbed, VisionBlock
 from mmenc.layers.weights import WeightMap
 from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
@@ -174,6 +175,7 @@ class PixtralVisionTower(VisionTower):
         self.linear_1 = ColumnParallelLinear(dim, out, bias=config.projector_bias, prefix="linear_1", **dd)
         self.act = get_act_fn(config.projector_act)
         self.linear_2 = RowParallelLinear(out, out, bias=config.projector_bias, prefix="linear_2", **dd)
+        self.max_intermediate_bytes = MAX_INTERMEDIATE_BYTES  # the projector's row blocks (mmenc.layers.row_blocks)
 
     def make_plan(self, grid: Grid, device) -> PackPlan:
         plan = frame_plan(grid, device, self.rotary)  # one segment per frame; rotary in merge-block order
@@ -192,7 +194,14 @@ class PixtralVisionTower(VisionTower):
             x = block(x, plan.cu_seqlens, plan.max_seqlen, rotary)
         if self.config.projector == "mistral3":
             x = self.patch_merger.merging_layer(self.norm(x).reshape(-1, self.merge ** 2 * x.shape[-1]))
-        return TowerOutput(self.linear_2(self.act(self.linear_1(x))))  # [T / m^2, out_hidden]
+        # the projector over row blocks past the budget (Pixtral-Large: 12,288 wide), each block's two alive at once
+        # (linear_1's or the activation's, then linear_2's) and the rows of the output they are copied into
+        width = (self.linear_1.weight.shape[0] + 2 * self.config.out_hidden_size) * x.element_size()
+        return TowerOutput(map_rows(self.project, x, width, self.max_intermediate_bytes))  # [T / m^2, out_hidden]
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        """The projector's MLP: x [rows, D] -> [rows, out_hidden]."""
+        return self.linear_2(self.act(self.linear_1(x)))
 
 
 # Published sizes (the checkpoints' config.json): Pixtral-12B (mistral-community/pixtral-12b, Llava

@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 import torch
 
+from mmenc.engine.checks import all_finite
 from mmenc.logger import init_logger
 from mmenc.serving.formats import EncodedImage
 from mmenc.serving.metrics import ServeMetrics
@@ -233,7 +234,7 @@ class Batcher:
         out = self._encode_pixels(pixel_values, grid, return_extras=True)
         slot.hidden = out.embeddings.shape[1]
         full = _full(out)
-        slot.finite = torch.isfinite(out.embeddings).all() if self._check_finite is not None else None
+        slot.finite = all_finite(out.embeddings) if self._check_finite is not None else None
         if full.device.type == "cpu":
             slot.output = full
             return
