@@ -101,23 +101,24 @@ if [ -n "${ONLY:-}" ]; then
     --max-intermediate-bytes 0
   bench internvl_whole 90 OpenGVLab/InternVL3-78B-hf eager --grid '7x32x32*8' --warmup 1 --iters 4 \
     --max-intermediate-bytes 0
-  # 7. peak memory of GLM-OCR, HunyuanOCR and Pixtral-Large under the 512 MiB row-block budget (docs/towers.md,
-  # "Graph pools under transformers' peak"): the compiled + graphs rows above, these eager ones, and the same
-  # towers with the old 1.5 GiB budget (*_b15: the speed A/B in one session), plus Qwen2.5-VL-7B's two workloads
-  # both ways (its MLP now splits in 3 / 2 blocks there). Two calls, each under 600 s:
-  #   ONLY="glm_ocr_compiled hunyuan_vl_compiled pixtral_compiled glm_ocr_eager hunyuan_vl_eager pixtral_eager" \
-  #     BUDGET_S=560 bash benchmarks/towers_gpu.sh OUT
-  #   ONLY="glm_ocr_b15_compiled hunyuan_vl_b15_compiled pixtral_b15_compiled qwen25_compiled qwen25_b15_compiled" \
-  #     BUDGET_S=560 bash benchmarks/towers_gpu.sh OUT2
-  bench glm_ocr 45 zai-org/GLM-OCR eager --workload 8xpage-p14
-  bench pixtral 45 mistralai/Pixtral-Large-Instruct-2411 eager --workload 8xmixed-aspect
-  bench glm_ocr_b15 75 zai-org/GLM-OCR compiled --workload 8xpage-p14 --max-intermediate-bytes 1610612736
-  bench hunyuan_vl_b15 60 tencent/HunyuanOCR compiled --workload 8xpage-p16 --max-intermediate-bytes 1610612736
-  bench pixtral_b15 75 mistralai/Pixtral-Large-Instruct-2411 compiled --workload 8xmixed-aspect \
-    --max-intermediate-bytes 1610612736
+  # 7. peak memory of GLM-OCR, HunyuanOCR and Pixtral-Large under the low 512 MiB row-block budget
+  # (mmenc.layers.row_blocks.LOW_INTERMEDIATE_BYTES; docs/towers.md, "Graph pools under transformers' peak"), beside
+  # the default 1.5 GiB rows above (the speed A/B in one session), plus Qwen2.5-VL-7B's two workloads both ways (its
+  # MLP splits in 3 / 2 blocks under 512 MiB). Two calls, each under 600 s:
+  #   ONLY="glm_ocr_compiled hunyuan_vl_compiled pixtral_compiled glm_ocr_b512_compiled hunyuan_vl_b512_compiled \
+  #     pixtral_b512_compiled" BUDGET_S=560 bash benchmarks/towers_gpu.sh OUT
+  #   ONLY="glm_ocr_b512_eager pixtral_b512_eager qwen25_compiled qwen25_b512_compiled" BUDGET_S=560 \
+  #     bash benchmarks/towers_gpu.sh OUT2
+  low=536870912
+  bench glm_ocr_b512 75 zai-org/GLM-OCR compiled --workload 8xpage-p14 --max-intermediate-bytes $low
+  bench hunyuan_vl_b512 60 tencent/HunyuanOCR compiled --workload 8xpage-p16 --max-intermediate-bytes $low
+  bench pixtral_b512 75 mistralai/Pixtral-Large-Instruct-2411 compiled --workload 8xmixed-aspect \
+    --max-intermediate-bytes $low
+  bench glm_ocr_b512 45 zai-org/GLM-OCR eager --workload 8xpage-p14 --max-intermediate-bytes $low
+  bench pixtral_b512 45 mistralai/Pixtral-Large-Instruct-2411 eager --workload 8xmixed-aspect --max-intermediate-bytes $low
   bench qwen25 90 Qwen/Qwen2.5-VL-7B-Instruct compiled --workload 8x1036px --workload 32x448px
-  bench qwen25_b15 90 Qwen/Qwen2.5-VL-7B-Instruct compiled --workload 8x1036px --workload 32x448px \
-    --max-intermediate-bytes 1610612736
+  bench qwen25_b512 90 Qwen/Qwen2.5-VL-7B-Instruct compiled --workload 8x1036px --workload 32x448px \
+    --max-intermediate-bytes $low
 fi
 
 for f in "$out"/parity_*.log "$out"/graphs.log; do [ -f "$f" ] && { echo "$(basename "$f"):"; grep -E "passed|failed|error|skipped" "$f" | tail -n 12; }; done

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from mmenc.cli.main import main
 from mmenc.engine.encoder import Encoder
 from mmenc.preprocess import get_processor
-from mmenc.preprocess.pipeline import PROCESS_MIN_WORKERS, Preprocessor
+from mmenc.preprocess.pipeline import Preprocessor
 from mmenc.preprocess.plan import ImagePreprocessError
 from mmenc.preprocess.prepare import ImageWork
 from mmenc.preprocess.procs import ProcessWorkers
@@ -196,7 +196,7 @@ def test_worker_kind_is_checked_and_auto_keeps_threads_on_cpu():
         Preprocessor(proc, worker_kind="fork")
     with pytest.raises(ValueError, match="worker_kind='process' with workers=0"):
         Preprocessor(proc, workers=0, worker_kind="process")
-    assert Preprocessor(proc, workers=PROCESS_MIN_WORKERS).worker_kind == "thread"  # CPU device
+    assert Preprocessor(proc, workers=8).worker_kind == "thread"
 
 
 def test_encoder_in_process_mode_equals_default(tmp_path):

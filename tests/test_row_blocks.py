@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mmenc.engine.runner import build_tower, run_tower
-from mmenc.layers.row_blocks import MAX_INTERMEDIATE_BYTES, map_rows, num_row_blocks, set_max_intermediate_bytes
+from mmenc.layers.row_blocks import LOW_INTERMEDIATE_BYTES, MAX_INTERMEDIATE_BYTES, map_rows, num_row_blocks, set_max_intermediate_bytes
 from mmenc.layers.vision_blocks import VisionBlock
 from mmenc.testing import checkpoints as ck
 from mmenc.testing.compare import assert_close
@@ -27,16 +27,18 @@ def test_block_count_rule():
         set_max_intermediate_bytes(torch.nn.Linear(2, 2), -5)
 
 
-def test_default_budget_splits_the_widest_calls_only():
-    """512 MiB: splits every MLP of the tower workloads whose hidden activations would pass it (they set a
-    CUDA-graph pool's size, mmenc.layers.row_blocks) -- InternViT-6B (57,400 tokens x 12,800 wide) in 6,
-    Qwen2.5-VL-7B on 8 x 1036 px (43,808 x gate_up 6,840) in 3, HunyuanOCR on 8 pages (43,648 x 4,304) in
-    2 -- and leaves a call of a few thousand tokens whole (a server's: Qwen2.5-VL at 8,192 tokens)."""
-    assert MAX_INTERMEDIATE_BYTES == 512 << 20
-    assert num_row_blocks(57_400, 2 * 12_800 * 2, MAX_INTERMEDIATE_BYTES) == 6
-    assert num_row_blocks(43_808, 2 * 6_840 * 2, MAX_INTERMEDIATE_BYTES) == 3
-    assert num_row_blocks(43_648, 2 * 4_304 * 2, MAX_INTERMEDIATE_BYTES) == 2
-    assert num_row_blocks(8_192, 2 * 6_840 * 2, MAX_INTERMEDIATE_BYTES) == 1
+def test_budgets_split_the_widest_calls_only():
+    """The default 1.5 GiB splits only the widest MLPs (InternViT-6B: 57,400 tokens x 12,800 wide, in 2);
+    the low 512 MiB budget (modelled for CUDA-graph pools, mmenc.layers.row_blocks) splits InternViT-6B in
+    6, Qwen2.5-VL-7B on 8 x 1036 px (43,808 x gate_up 6,840) in 3, HunyuanOCR on 8 pages (43,648 x 4,304)
+    in 2, and leaves a call of a few thousand tokens whole (a server's: Qwen2.5-VL at 8,192 tokens)."""
+    assert MAX_INTERMEDIATE_BYTES == 3 << 29 and LOW_INTERMEDIATE_BYTES == 512 << 20
+    assert num_row_blocks(57_400, 2 * 12_800 * 2, MAX_INTERMEDIATE_BYTES) == 2
+    assert num_row_blocks(43_808, 2 * 6_840 * 2, MAX_INTERMEDIATE_BYTES) == 1
+    assert num_row_blocks(57_400, 2 * 12_800 * 2, LOW_INTERMEDIATE_BYTES) == 6
+    assert num_row_blocks(43_808, 2 * 6_840 * 2, LOW_INTERMEDIATE_BYTES) == 3
+    assert num_row_blocks(43_648, 2 * 4_304 * 2, LOW_INTERMEDIATE_BYTES) == 2
+    assert num_row_blocks(8_192, 2 * 6_840 * 2, LOW_INTERMEDIATE_BYTES) == 1
 
 
 def _row_mlp(width_in=24, hidden=160, width_out=40):

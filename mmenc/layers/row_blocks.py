@@ -7,15 +7,16 @@ pool keeps a segment of that size for the whole capture. Every op in such a comp
 independently (linears, norms, activations, softmax), so running it block by block gives the same
 rows; only the matmuls' kernels may change with the row count (float rounding, not bitwise).
 
-`MAX_INTERMEDIATE_BYTES` is the default budget, 512 MiB. Why that low: a CUDA graph's memory pool
-keeps the capture's largest intermediates for the graph's life, and a pool reuses only the blocks it
-already holds, so an intermediate wider than everything before it costs a segment of its own (its
-whole size, on top of the pool). Below 512 MiB an MLP block's hidden activations fit the segments the
-attention left free (its qkv output, 3 x [tokens, hidden]): HunyuanOCR on 8 pages (43,648 tokens, MLP
-4,304 wide) keeps a 0.79 GiB pool instead of 1.14 (mmenc.bench.alloc_sim), Pixtral-Large's projector
-(2 x [tokens, 12,288] alive) stops adding a second 0.45 GiB segment. Blocks stay large enough for full
-GEMM efficiency (>= 512 MiB / bytes per row: 8,192 rows for Pixtral-Large's 16,384-wide gate_up); calls
-under the budget (every call of a few thousand tokens, e.g. a server's) are unchanged.
+`MAX_INTERMEDIATE_BYTES` is the default budget, 1.5 GiB: below it (every workload of docs/towers.md
+except the widest) nothing splits. A lower budget, 512 MiB (`LOW_INTERMEDIATE_BYTES`), is modelled to
+keep the CUDA-graph pools of GLM-OCR, HunyuanOCR and Pixtral-Large under transformers' peak: a graph's
+pool keeps the capture's largest intermediates for the graph's life and reuses only the blocks it
+already holds, so an intermediate wider than everything before it costs a segment of its own; below
+512 MiB an MLP block's hidden activations fit the segments the attention left free (HunyuanOCR on 8
+pages: a 0.79 GiB pool instead of 1.14, mmenc.bench.alloc_sim). It also splits wider calls that need
+no split (InternViT-6B's MLP in 6 blocks, Qwen2.5-VL-7B's 8 x 1036 px in 3), whose speed is not yet
+measured, so it is not the default: `mmenc bench --max-intermediate-bytes 536870912` and
+benchmarks/towers_gpu.sh step 7 measure it beside the default (docs/towers.md).
 A module that splits takes its budget as the attribute `max_intermediate_bytes` (None: never split);
 `set_max_intermediate_bytes(module, n)` sets it on every such submodule. `map_rows` runs any row-wise
 function (a projector: linear -> act -> linear) over row blocks into one output.
@@ -27,7 +28,8 @@ sync, so the blocks capture in CUDA graphs.
 import torch
 import torch.nn as nn
 
-MAX_INTERMEDIATE_BYTES = 1 << 29  # 512 MiB of intermediates alive at once, per call or per block
+MAX_INTERMEDIATE_BYTES = 3 << 29  # 1.5 GiB of intermediates alive at once, per call or per block
+LOW_INTERMEDIATE_BYTES = 1 << 29  # 512 MiB: modelled to keep graph pools small; unmeasured on a GPU (above)
 
 
 def num_row_blocks(rows: int, bytes_per_row: int, budget: int | None) -> int:
