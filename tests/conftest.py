@@ -1,4 +1,5 @@
-"""Shared fixtures: platform replacement that is always undone, and log capture for mmenc's logger."""
+"""Shared fixtures: platform replacement that is always undone, log capture for mmenc's logger, and
+the serve and Ray tests' tiny Qwen2.5-VL checkpoint with its CPU Encoder (one of each per module)."""
 import logging
 
 import pytest
@@ -66,3 +67,19 @@ def mmenc_caplog(caplog, monkeypatch):
     caplog.set_level(logging.INFO, logger="mmenc")
     yield caplog
     seen.update(saved)
+
+
+@pytest.fixture(scope="module")
+def q25(tmp_path_factory):
+    """A tiny random-weight Qwen2.5-VL checkpoint folder (mmenc.testing.checkpoints), one per test module."""
+    from mmenc.testing.checkpoints import save_qwen2_5_vl
+
+    return str(save_qwen2_5_vl(tmp_path_factory.mktemp("q25"))[0])
+
+
+@pytest.fixture(scope="module")
+def reference(q25):
+    """Encoder.encode on the CPU over `q25`: what served answers are compared with."""
+    from mmenc.engine.encoder import Encoder
+
+    return Encoder(q25, device="cpu")

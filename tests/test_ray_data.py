@@ -14,7 +14,6 @@ from serve_client import png, rel_err  # noqa: E402
 
 from mmenc.engine.encoder import Encoder  # noqa: E402
 from mmenc.ray.data import OfflineSettings, read_shards, run_job  # noqa: E402
-from mmenc.testing.checkpoints import save_qwen2_5_vl  # noqa: E402
 
 IMAGES = 240
 BAD = {"bad-not-an-image.png": b"this is text", "bad-truncated.png": None, "bad-empty.jpg": b""}
@@ -31,11 +30,6 @@ def ray_local():
         yield
     finally:
         ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def q25(tmp_path_factory):
-    return str(save_qwen2_5_vl(tmp_path_factory.mktemp("ray_data_q25"))[0])
 
 
 @pytest.fixture(scope="module")

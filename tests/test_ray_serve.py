@@ -24,24 +24,12 @@ from test_serve import (  # noqa: E402, F401  the contract tests, run here again
     test_sixteen_concurrent_clients_get_their_own_answers,
 )
 
-from mmenc.engine.encoder import Encoder  # noqa: E402
 from mmenc.ray.serve import RayServeSettings, deployment, parse_autoscale  # noqa: E402
 from mmenc.serving.settings import ServeSettings  # noqa: E402
-from mmenc.testing.checkpoints import save_qwen2_5_vl  # noqa: E402
 
 KEY = test_serve.KEY
 APP = "mmenc-test"
 PROXY_TIMEOUT_S = 30.0
-
-
-@pytest.fixture(scope="module")
-def q25(tmp_path_factory):
-    return str(save_qwen2_5_vl(tmp_path_factory.mktemp("ray_q25"))[0])
-
-
-@pytest.fixture(scope="module")
-def reference(q25):
-    return Encoder(q25, device="cpu")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from mmenc.testing.checkpoints import save_qwen2_5_vl, save_qwen3_vl  # noqa: E402
+from mmenc.testing.checkpoints import save_qwen3_vl  # noqa: E402
 from serve_client import (  # noqa: E402
     data_url,
     decode_item,
@@ -32,16 +32,6 @@ from mmenc.serving.settings import ServeSettings  # noqa: E402
 
 KEY = "test-key"
 SIZES = [(56, 84), (112, 56), (60, 61)]
-
-
-@pytest.fixture(scope="module")
-def q25(tmp_path_factory):
-    return str(save_qwen2_5_vl(tmp_path_factory.mktemp("serve_q25"))[0])
-
-
-@pytest.fixture(scope="module")
-def reference(q25):
-    return Encoder(q25, device="cpu")
 
 
 @pytest.fixture(scope="module", params=[0, 2], ids=["one-process", "frontends-2"])

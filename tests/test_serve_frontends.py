@@ -13,7 +13,6 @@ import pytest
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-from mmenc.testing.checkpoints import save_qwen2_5_vl  # noqa: E402
 from serve_client import (  # noqa: E402
     child_pids,
     cli_server,
@@ -46,11 +45,6 @@ if __name__ == "__main__":  # the front ends are spawned: they import this file 
                              max_images_per_request=4, cache_bytes=0, preprocess_threads=1, shutdown_timeout_s=20)
     sys.exit(serve(settings, make_encoder))
 """
-
-
-@pytest.fixture(scope="module")
-def q25(tmp_path_factory):
-    return str(save_qwen2_5_vl(tmp_path_factory.mktemp("fe_q25"))[0])
 
 
 def _frontends(engine_pid: int) -> list[int]:
