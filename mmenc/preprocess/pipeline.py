@@ -16,9 +16,9 @@ not yet run on a GPU; docs/preprocessing.md). Per chunk, in the calling thread: 
 each uint8 image is copied by numpy into pinned memory in its decoded [H, W, C] layout (no
 transpose) and crosses by one non-blocking copy (a quarter of the bytes float32 would take; the
 workers make no CUDA call, since one from another thread during a CUDA graph capture breaks the
-capture), the resize runs there, and `processor.finish` rescales, normalizes and patchifies. No torch op runs on the host in the
-calling thread (torch's intra-op threads, one per core, beside busy workers made a 26 MB
-torch.cat take 86 ms). Output order is input order.
+capture), the resize runs there, and `processor.finish` rescales, normalizes and patchifies. No
+torch op runs on the host in the calling thread (torch's intra-op threads, one per core, beside
+busy workers made a 26 MB torch.cat take 86 ms). Output order is input order.
 
 Where the work runs (`resize`, `decode`; "auto" picks):
   resize="cpu": in the workers. resize="device": on `device` with `resize_uint8_exact` (the CPU
@@ -51,9 +51,6 @@ from mmenc.preprocess.procs import ProcessWorkers, runs_in_process
 from mmenc.preprocess.schedule import ChunkSchedule
 from mmenc.preprocess.staging import to_device_each
 from mmenc.tally import Tally
-
-
-
 
 
 def default_workers() -> int:
