@@ -109,6 +109,7 @@ if [ -n "${ONLY:-}" ]; then
   #     pixtral_b512_compiled" BUDGET_S=560 bash benchmarks/towers_gpu.sh OUT
   #   ONLY="glm_ocr_b512_eager pixtral_b512_eager qwen25_compiled qwen25_b512_compiled" BUDGET_S=560 \
   #     bash benchmarks/towers_gpu.sh OUT2
+  # and InternViT-6B (6 MLP blocks under 512 MiB instead of 2): ONLY="internvl_compiled internvl_b512_compiled"
   low=536870912
   bench glm_ocr_b512 75 zai-org/GLM-OCR compiled --workload 8xpage-p14 --max-intermediate-bytes $low
   bench hunyuan_vl_b512 60 tencent/HunyuanOCR compiled --workload 8xpage-p16 --max-intermediate-bytes $low
@@ -116,6 +117,8 @@ if [ -n "${ONLY:-}" ]; then
     --max-intermediate-bytes $low
   bench glm_ocr_b512 45 zai-org/GLM-OCR eager --workload 8xpage-p14 --max-intermediate-bytes $low
   bench pixtral_b512 45 mistralai/Pixtral-Large-Instruct-2411 eager --workload 8xmixed-aspect --max-intermediate-bytes $low
+  bench internvl_b512 150 OpenGVLab/InternVL3-78B-hf compiled --grid '7x32x32*8' --warmup 1 --iters 4 \
+    --max-intermediate-bytes $low
   bench qwen25 90 Qwen/Qwen2.5-VL-7B-Instruct compiled --workload 8x1036px --workload 32x448px
   bench qwen25_b512 90 Qwen/Qwen2.5-VL-7B-Instruct compiled --workload 8x1036px --workload 32x448px \
     --max-intermediate-bytes $low

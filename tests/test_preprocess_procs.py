@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from mmenc.cli.main import main
 from mmenc.engine.encoder import Encoder
 from mmenc.preprocess import get_processor
-from mmenc.preprocess.pipeline import Preprocessor
+from mmenc.preprocess.pipeline import PROCESS_MIN_WORKERS, Preprocessor
 from mmenc.preprocess.plan import ImagePreprocessError
 from mmenc.preprocess.prepare import ImageWork
 from mmenc.preprocess.procs import ProcessWorkers
@@ -190,13 +190,18 @@ def test_a_dead_worker_fails_the_inputs_it_held(tmp_path):
     assert workers.lent == 0
 
 
-def test_worker_kind_is_checked_and_auto_keeps_threads_on_cpu():
+def test_worker_kind_is_checked_and_auto_picks_processes_only_for_cuda_with_enough_workers():
     proc = get_processor("qwen2_vl")
     with pytest.raises(ValueError, match="worker_kind='fork'; expected 'auto', 'thread' or 'process'"):
         Preprocessor(proc, worker_kind="fork")
     with pytest.raises(ValueError, match="worker_kind='process' with workers=0"):
         Preprocessor(proc, workers=0, worker_kind="process")
-    assert Preprocessor(proc, workers=8).worker_kind == "thread"
+    assert Preprocessor(proc, workers=8).worker_kind == "thread"  # a CPU device: the caller launches nothing
+    # Choosing starts nothing (processes start on first use), so a CUDA device needs no GPU here.
+    few, many = PROCESS_MIN_WORKERS - 1, PROCESS_MIN_WORKERS
+    assert Preprocessor(proc, device="cuda", workers=few).worker_kind == "thread"
+    assert Preprocessor(proc, device="cuda", workers=many).worker_kind == "process"
+    assert Preprocessor(proc, device="cuda", workers=many, worker_kind="thread").worker_kind == "thread"
 
 
 def test_encoder_in_process_mode_equals_default(tmp_path):

@@ -114,7 +114,8 @@ def add_worker_kind_arg(parser: argparse.ArgumentParser, scope: str = "") -> Non
                         help=f"{scope}where images are decoded and resized: 'thread' (a thread pool in this process), "
                              "'process' (files and bytes in worker processes, so the thread launching the tower "
                              "does not share the GIL with the decoders; PIL images and arrays stay in threads), "
-                             "'auto' (threads, until processes are measured on a GPU; default: %(default)s)")
+                             "'auto' (processes on a CUDA device with 8 or more workers, else threads; "
+                             "default: %(default)s)")
 
 
 def _pil_default_limit() -> int | None:

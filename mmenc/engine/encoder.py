@@ -75,7 +75,7 @@ class Encoder:
         preprocess_workers: decode/resize threads of `encode`/`encode_iter` (None: one per usable
         core; 0: in the calling thread). preprocess_worker_kind: "thread", "process" (paths and bytes are
         decoded in worker processes, so the thread that launches the tower keeps the GIL) or "auto"
-        (threads, until processes are measured on a GPU). See mmenc.preprocess.pipeline.Preprocessor.
+        (processes on CUDA with 8 or more workers, else threads). See mmenc.preprocess.pipeline.Preprocessor.
         batch_invariant: each image's embedding is bitwise identical whatever else is in the call
         (order, chunking), at some throughput cost (MultiModalConfig.batch_invariant).
         first_chunk_patches: the first tower call of each `encode`/`encode_iter` takes at most this

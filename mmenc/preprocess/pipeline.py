@@ -11,8 +11,8 @@ rules; a bad size fails that image only), the bicubic resize on the CPU if it ru
 (`worker_kind`): "thread", a thread pool (the decoders and torch's resize release the GIL, the rest
 of the work holds it); "process", worker processes for paths and bytes (mmenc.preprocess.procs:
 the calling thread, which launches the tower, then shares the GIL with no decoder; results cross
-in shared memory, PIL images and arrays stay in threads); "auto": "thread" for now (processes have
-not yet run on a GPU; docs/preprocessing.md). Per chunk, in the calling thread: for a CUDA device
+in shared memory, PIL images and arrays stay in threads); "auto": processes on a CUDA device with at
+least PROCESS_MIN_WORKERS workers (measured faster there, docs/preprocessing.md), else threads. Per chunk, in the calling thread: for a CUDA device
 each uint8 image is copied by numpy into pinned memory in its decoded [H, W, C] layout (no
 transpose) and crosses by one non-blocking copy (a quarter of the bytes float32 would take; the
 workers make no CUDA call, since one from another thread during a CUDA graph capture breaks the
@@ -52,6 +52,10 @@ from mmenc.preprocess.schedule import ChunkSchedule
 from mmenc.preprocess.staging import to_device_each
 from mmenc.tally import Tally
 
+# worker_kind="auto" picks processes on a CUDA device from this many workers: there the calling thread
+# launches the tower, and with 16 worker threads it shared the GIL with them (H200, 16 workers, run 14b:
+# 32 x 448 px encode at 90% of the tower alone with processes, 81% with threads; docs/preprocessing.md).
+PROCESS_MIN_WORKERS = 8
 
 def default_workers() -> int:
     """Workers for decode+resize: the cores this process may run on."""
@@ -93,7 +97,8 @@ class Preprocessor:
         max_pixels: decompression-bomb limit of `load_image`. prefetch_chunks: how many chunks
         `iter_chunks` lets the workers prepare ahead of the one being consumed (memory bound).
         worker_kind: "thread" (a thread pool), "process" (worker processes for paths and bytes, see the
-        module docstring) or "auto" (threads, until processes are measured on a GPU)."""
+        module docstring) or "auto" (processes on a CUDA device with >= PROCESS_MIN_WORKERS workers, else
+        threads)."""
         for name in ("plan", "resize_one", "patchify", "normalize", "as_pixel_values", "finish"):
             if not callable(getattr(processor, name, None)):
                 raise TypeError(f"processor {type(processor).__name__} has no {name}(); expected a "
@@ -134,8 +139,8 @@ class Preprocessor:
         if kind == "process" and self.workers == 0:
             raise ValueError("worker_kind='process' with workers=0 (everything in the calling thread); "
                              "pass workers >= 1, or worker_kind='thread'")
-        if kind == "auto":  # threads until a GPU run measures processes against them (docs/preprocessing.md)
-            return "thread"
+        if kind == "auto":
+            return "process" if self.device.type == "cuda" and self.workers >= PROCESS_MIN_WORKERS else "thread"
         return kind
 
     def _choose_resize(self, resize: str) -> str:
