@@ -8,15 +8,14 @@ independently (linears, norms, activations, softmax), so running it block by blo
 rows; only the matmuls' kernels may change with the row count (float rounding, not bitwise).
 
 `MAX_INTERMEDIATE_BYTES` is the default budget, 1.5 GiB: below it (every workload of docs/towers.md
-except the widest) nothing splits. A lower budget, 512 MiB (`LOW_INTERMEDIATE_BYTES`), is modelled to
-keep the CUDA-graph pools of GLM-OCR, HunyuanOCR and Pixtral-Large under transformers' peak: a graph's
-pool keeps the capture's largest intermediates for the graph's life and reuses only the blocks it
-already holds, so an intermediate wider than everything before it costs a segment of its own; below
-512 MiB an MLP block's hidden activations fit the segments the attention left free (HunyuanOCR on 8
-pages: a 0.79 GiB pool instead of 1.14, mmenc.bench.alloc_sim). It also splits wider calls that need
-no split (InternViT-6B's MLP in 6 blocks, Qwen2.5-VL-7B's 8 x 1036 px in 3), whose speed is not yet
-measured, so it is not the default: `mmenc bench --max-intermediate-bytes 536870912` and
-benchmarks/towers_gpu.sh step 7 measure it beside the default (docs/towers.md).
+except the widest) nothing splits. A lower budget, 512 MiB (`LOW_INTERMEDIATE_BYTES`), makes a CUDA
+graph's pool smaller: a pool keeps the capture's largest intermediates for the graph's life and
+reuses only the blocks it already holds, so an intermediate wider than everything before it costs a
+segment of its own; below 512 MiB an MLP block's hidden activations fit the segments the attention
+left free. Measured on an H200 (docs/towers.md, "Graph pools under transformers' peak"): HunyuanOCR
+on 8 pages 3.14 -> 2.79 GiB for 0.9% more time, so its tower uses it; elsewhere it cost 1-4% (GLM-OCR,
+Pixtral-Large, InternViT-6B) where the default already stays under transformers' peak, so it is
+not the default. `mmenc bench --max-intermediate-bytes N` sets any budget for a run.
 A module that splits takes its budget as the attribute `max_intermediate_bytes` (None: never split);
 `set_max_intermediate_bytes(module, n)` sets it on every such submodule. `map_rows` runs any row-wise
 function (a projector: linear -> act -> linear) over row blocks into one output.
@@ -29,7 +28,7 @@ import torch
 import torch.nn as nn
 
 MAX_INTERMEDIATE_BYTES = 3 << 29  # 1.5 GiB of intermediates alive at once, per call or per block
-LOW_INTERMEDIATE_BYTES = 1 << 29  # 512 MiB: modelled to keep graph pools small; unmeasured on a GPU (above)
+LOW_INTERMEDIATE_BYTES = 1 << 29  # 512 MiB: smaller graph pools for 1-4% of the time (above)
 
 
 def num_row_blocks(rows: int, bytes_per_row: int, budget: int | None) -> int:
