@@ -12,11 +12,11 @@ rules; a bad size fails that image only), the bicubic resize on the CPU if it ru
 of the work holds it); "process", worker processes for paths and bytes (mmenc.preprocess.procs:
 the calling thread, which launches the tower, then shares the GIL with no decoder; results cross
 in shared memory, PIL images and arrays stay in threads); "auto": processes on a CUDA device with at
-least PROCESS_MIN_WORKERS workers (measured faster there, docs/preprocessing.md), else threads. Per chunk, in the calling thread: for a CUDA device
-each uint8 image is copied by numpy into pinned memory in its decoded [H, W, C] layout (no
-transpose) and crosses by one non-blocking copy (a quarter of the bytes float32 would take; the
-workers make no CUDA call, since one from another thread during a CUDA graph capture breaks the
-capture), the resize runs there, and `processor.finish` rescales, normalizes and patchifies. No
+least PROCESS_MIN_WORKERS workers (measured faster there, docs/preprocessing.md), else threads.
+Per chunk, in the calling thread: for a CUDA device each uint8 image is copied by numpy into
+pinned memory in its decoded [H, W, C] layout (no transpose) and crosses by one non-blocking copy
+(a quarter of the bytes float32 would take; the workers make no CUDA call, since one from another
+thread during a CUDA graph capture breaks the capture), the resize runs there, and `processor.finish` rescales, normalizes and patchifies. No
 torch op runs on the host in the calling thread (torch's intra-op threads, one per core, beside
 busy workers made a 26 MB torch.cat take 86 ms). Output order is input order.
 
@@ -53,9 +53,10 @@ from mmenc.preprocess.staging import to_device_each
 from mmenc.tally import Tally
 
 # worker_kind="auto" picks processes on a CUDA device from this many workers: there the calling thread
-# launches the tower, and with 16 worker threads it shared the GIL with them (H200, 16 workers, run 14b:
-# 32 x 448 px encode at 90% of the tower alone with processes, 81% with threads; docs/preprocessing.md).
+# launches the tower and shares the GIL with worker threads (H200, runs 14b/14c: 32 x 448 px encode at
+# 90% of the tower alone with 8 or 16 worker processes, 81% with as many threads; docs/preprocessing.md).
 PROCESS_MIN_WORKERS = 8
+
 
 def default_workers() -> int:
     """Workers for decode+resize: the cores this process may run on."""
