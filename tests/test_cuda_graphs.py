@@ -171,6 +171,22 @@ def test_capture_policy_repeated_calls_capture_on_the_second_sighting(monkeypatc
     assert cache.unreplayed() == 0
 
 
+def test_clear_drops_graphs_and_sightings_so_packings_start_over(monkeypatch):
+    """`mmenc bench` clears the cache between workloads: after clear() a packing seen and captured
+    before runs eagerly once more, then is captured again into a new pool."""
+    cache, forwards = _fake_graph_cache(monkeypatch)
+    cache._pool = "pool of the first workload"  # what _record would have made
+    for seed in range(3):
+        _call(cache, 8, seed=seed)
+    assert dict(cache.stats) == {"eager": 1, "captures": 1, "replays": 1}, dict(cache.stats)
+    cache.clear()
+    assert cache._pool is None and not cache._graphs
+    for seed in range(3):
+        _call(cache, 8, seed=seed)
+    assert dict(cache.stats) == {"eager": 2, "captures": 2, "replays": 2}, dict(cache.stats)
+    assert forwards == [8, 8]  # the two eager sightings; captures and replays run the (fake) graph
+
+
 def test_capture_policy_stream_of_mixed_packings_does_not_capture_far_repeats(monkeypatch):
     """A stream whose packings recur only far apart (more than recent_calls calls) never captures: every
     capture there would cost a forward and a synchronisation and never be replayed."""

@@ -112,6 +112,15 @@ class CudaGraphCache:
         entry.graph.replay()
         return entry.static_out.map(torch.clone)
 
+    def clear(self) -> None:
+        """Drop every graph and sighting, and the shared pool with them (its memory goes back to the
+        allocator's cache once no graph holds it): the next calls start as a new cache would, except
+        that the capture stream is kept. For measurements that must count one workload's pool alone
+        (`mmenc bench` with several workloads)."""
+        self._graphs.clear()
+        self._seen = LRUCache(1024)
+        self._pool = None
+
     def unreplayed(self) -> int:
         """Graphs captured and never replayed so far: each cost a capture and bought nothing."""
         return self.stats["dropped_unreplayed"] + sum(g.replays == 0 for g in self._graphs.values())
