@@ -118,7 +118,7 @@ class CudaGraphCache:
         that the capture stream is kept. For measurements that must count one workload's pool alone
         (`mmenc bench` with several workloads)."""
         self._graphs.clear()
-        self._seen = LRUCache(1024)
+        self._seen.clear()
         self._pool = None
 
     def unreplayed(self) -> int:
@@ -127,12 +127,13 @@ class CudaGraphCache:
 
     def _capture(self, key: tuple, pixel_values: torch.Tensor, grid_thw: torch.Tensor, seen: list) -> _Graph | None:
         static_in = pixel_values.clone()
+        # the cached plan (built here if evicted since: no host copies inside the capture), kept by the graph
+        plan = self.tower.plan(grid_thw, static_in.device) if hasattr(self.tower, "plan") else None
         recorded = self._record(key, static_in, grid_thw)
         if recorded is None:
             seen[1] = True
             return None
         graph, static_out = recorded
-        plan = self.tower.plan(grid_thw, static_in.device) if hasattr(self.tower, "plan") else None  # the cached one
         entry = self._graphs[key] = _Graph(graph, static_in, static_out, plan)
         self.stats["captures"] += 1
         if len(self._graphs) > self.max_graphs:
@@ -160,8 +161,6 @@ class CudaGraphCache:
             with torch.cuda.stream(self._stream):
                 self.tower(static_in, grid_thw)
             current.wait_stream(self._stream)
-        if hasattr(self.tower, "plan"):
-            self.tower.plan(grid_thw, static_in.device)  # built here if evicted since: no host copies in the capture
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         self._stream.wait_stream(current)
