@@ -78,6 +78,12 @@ def q25(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def folder(q25):
+    """`q25` by the name the CLI, encoder and end-to-end test modules use."""
+    return q25
+
+
+@pytest.fixture(scope="module")
 def reference(q25):
     """Encoder.encode on the CPU over `q25`: what served answers are compared with."""
     from mmenc.engine.encoder import Encoder

@@ -5,14 +5,8 @@ import json
 import pytest
 
 import mmenc.cli.bench as bench_cli
-from mmenc.testing.checkpoints import save_qwen2_5_vl
 from mmenc.cli.main import main
 from mmenc.bench.measure import WORKLOADS
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return str(save_qwen2_5_vl(tmp_path_factory.mktemp("cli_bench"))[0])
 
 
 def _bench(capsys, *argv):

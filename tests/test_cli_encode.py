@@ -7,12 +7,6 @@ from safetensors.torch import load_file
 
 from mmenc.cli.main import main
 from mmenc.engine.encoder import Encoder
-from mmenc.testing.checkpoints import save_qwen2_5_vl
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return str(save_qwen2_5_vl(tmp_path_factory.mktemp("cli"))[0])
 
 
 @pytest.fixture

@@ -14,17 +14,11 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import mmenc.cli.encode as encode_cli
-from mmenc.testing.checkpoints import save_qwen2_5_vl
 from mmenc.cli.main import main
 from mmenc.cli.progress import Progress
 from mmenc.engine.encoder import Encoder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return str(save_qwen2_5_vl(tmp_path_factory.mktemp("cli_safety"))[0])
 
 
 def _image(path, h, w, seed=0):

@@ -12,12 +12,6 @@ import torch
 from mmenc.cli.main import main
 from mmenc.engine.encoder import Encoder
 from mmenc.preprocess.images import ImageLoadError, LoadFailure
-from mmenc.testing.checkpoints import save_qwen2_5_vl
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return str(save_qwen2_5_vl(tmp_path_factory.mktemp("e2e"))[0])
 
 
 @pytest.fixture(scope="module")

@@ -7,17 +7,12 @@ import torch
 
 from mmenc.engine.encoder import Encoder
 from mmenc.preprocess.images import ImageLoadError
-from mmenc.testing.checkpoints import random_pixels, save_qwen2_5_vl, save_qwen3_vl
+from mmenc.testing.checkpoints import random_pixels, save_qwen3_vl
 
 
 @pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return str(save_qwen2_5_vl(tmp_path_factory.mktemp("enc"))[0])
-
-
-@pytest.fixture(scope="module")
-def encoder(folder):
-    return Encoder(folder, device="cpu")
+def encoder(reference):  # conftest's CPU Encoder over it, the one under test here
+    return reference
 
 
 def _images(seed=0):
