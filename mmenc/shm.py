@@ -135,6 +135,12 @@ class Channel:
         except OSError:
             pass
 
+    def return_segment(self, pool: SegmentPool, segment: Segment) -> None:
+        """The peer is done with our `segment`: back into `pool` for reuse, or, when the pool drops
+        it, the peer forgets its mapping too."""
+        if not pool.give_back(segment):
+            self.forget(segment)
+
     def recv(self):
         """(header, [(segment id, tensor), ...]), or None once the peer has closed its end."""
         while True:

@@ -59,8 +59,8 @@ def serve(channel: Channel) -> None:
             if header[0] == "release":
                 with lock:
                     segment = lent.pop(header[1], None)
-                if segment is not None and not pool.give_back(segment):
-                    channel.forget(segment)
+                if segment is not None:
+                    channel.return_segment(pool, segment)
             else:
                 tasks.put(header)
 

@@ -102,8 +102,8 @@ class ProcessEngineClient(EngineClient):
 
     def _give_back(self, seg_id: int | None) -> None:
         segment = self._lent.pop(seg_id, None) if seg_id is not None else None
-        if segment is not None and not self.pool.give_back(segment):
-            self.channel.forget(segment)
+        if segment is not None:
+            self.channel.return_segment(self.pool, segment)
 
     def _handle(self, header: tuple, tensors: list) -> None:
         kind = header[0]
