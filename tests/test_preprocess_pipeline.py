@@ -15,7 +15,7 @@ from mmenc.preprocess import gpu_decode
 from mmenc.preprocess.pipeline import Preprocessor, default_workers
 from mmenc.preprocess.staging import pinned_copy as _pinned
 from mmenc.preprocess.plan import ImagePreprocessError
-from mmenc.preprocess.resize_exact import resize_uint8_exact
+from mmenc.preprocess.resize_exact import axis_taps, axis_weights, band_to_dense, resize_uint8_exact
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 needs_tv = pytest.mark.skipif(importlib.util.find_spec("torchvision") is None, reason="needs torchvision")
@@ -60,6 +60,21 @@ def test_exact_resize_is_torch_cpu_uint8_kernel(src, dst):
     out = resize_uint8_exact(x, *dst)
     assert out.dtype == torch.uint8 and out.shape == ref.shape
     assert torch.equal(out, ref), f"max diff {(out.int() - ref.int()).abs().max().item()} levels, expected 0"
+
+
+def test_exact_resize_weights_over_many_sizes():
+    """The vectorized band weights against torch's CPU kernel over random size pairs (up- and downscaling,
+    1 px, 20x), and the band as the device builds it (scatter of clamped taps) equal to the dense matrix."""
+    rng = np.random.default_rng(3)
+    pairs = [tuple(int(v) for v in rng.integers(1, 700, 2)) for _ in range(30)] + [(1, 7), (7, 1), (900, 45)]
+    for n_in, n_out in pairs:
+        x = torch.from_numpy(rng.integers(0, 256, (1, 3, 5, n_in), dtype=np.uint8))
+        ref = F.interpolate(x, size=(5, n_out), mode="bicubic", antialias=True, align_corners=False)
+        assert torch.equal(resize_uint8_exact(x, 5, n_out), ref), (n_in, n_out)
+        first, fixed, _ = axis_taps(n_in, n_out)
+        cols = torch.from_numpy(np.minimum(first[:, None] + np.arange(fixed.shape[1]), n_in - 1))
+        dense = band_to_dense(cols, torch.from_numpy(fixed), n_in)
+        assert torch.equal(dense, torch.from_numpy(axis_weights(n_in, n_out)[0])), (n_in, n_out)
 
 
 def test_exact_resize_needs_uint8():
@@ -320,7 +335,7 @@ def test_settings_are_checked():
         Preprocessor(proc, workers=-1)
     with pytest.raises(ValueError, match="decode='gpu' cannot run: device=cpu is not a CUDA device"):
         Preprocessor(proc, decode="gpu")
-    with pytest.raises(ValueError, match="resize='gpu'; expected 'auto', 'cpu' or 'device'"):
+    with pytest.raises(ValueError, match="resize='gpu'; expected 'auto', 'cpu', 'device' or 'split'"):
         Preprocessor(proc, resize="gpu")
     with pytest.raises(ValueError, match="prefetch_chunks=0"):
         Preprocessor(proc, prefetch_chunks=0)
@@ -375,3 +390,31 @@ def test_gpu_jpeg_decode_close_to_cpu_decode():
     print(f"nvJPEG vs PIL decode, after preprocessing: max {levels.max().item():.2f} levels, "
           f"mean {levels.mean().item():.4f}")
     assert levels.mean() < 3
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_staging_beside_a_busy_stream_is_safe():
+    """Chunks staged on the Preprocessor's side stream while the current stream is busy (a chain of matmuls
+    stands in for the tower) are read on the current stream without a host sync, and each chunk is dropped
+    at once, so its memory could go to the next chunk's staging before the read ran (record_stream keeps
+    it): every chunk equals the CPU processor's pixels, with the side stream and without it."""
+    rng = np.random.default_rng(11)
+    datas = [_jpeg(_smooth(rng, int(h), int(w))) for h, w in rng.integers(60, 700, (24, 2))]
+    proc = get_processor("qwen2_vl")
+    busy = torch.randn(2048, 2048, device="cuda")
+    for beside in (True, False):
+        with Preprocessor(proc, device="cuda", workers=2, decode="cpu") as pre:
+            pre.stage_beside = beside
+            copies = []
+            for chunk in pre.iter_chunks(datas, max_batch_patches=3000):
+                for _ in range(30):
+                    busy = torch.tanh(busy @ busy * 1e-3)
+                copies.append((chunk.indices, chunk.pixel_values.clone()))  # queued behind the matmuls
+                del chunk
+            assert (pre._stream is not None) == beside
+        torch.cuda.synchronize()
+        assert len(copies) > 3 and sorted(i for idx, _ in copies for i in idx) == list(range(len(datas)))
+        for indices, pv in copies:
+            ref_pv, _ = proc([datas[i] for i in indices])
+            assert torch.equal(pv.cpu(), ref_pv), f"beside={beside} chunk {indices}: max diff {(pv.cpu() - ref_pv).abs().max()}"

@@ -143,6 +143,30 @@ def test_worker_keeps_the_decoded_layout_for_a_cuda_device(tmp_path):
     assert _gone(workers.pids)
 
 
+def test_resize_per_image_crosses_to_the_worker_and_back(tmp_path):
+    """resize="split" hands some images to the workers with resize="device" (left for the device) and the
+    rest resized in the worker; Ready.resized says which, across the process boundary too."""
+    rng = np.random.default_rng(6)
+    path = tmp_path / "a.png"
+    Image.fromarray(rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)).save(path)
+    proc = get_processor("qwen2_vl")
+    work = ImageWork(proc, decode="cpu", resize="cpu", device_type="cuda", max_pixels=-1)
+    plan = proc.plan(37, 53)
+    workers = ProcessWorkers(work, 1)
+    try:
+        kept = workers.submit(0, path, "device").result(timeout=120)
+        done = workers.submit(1, path).result(timeout=120)
+        assert not kept.resized and kept.pixels.shape == (3, 37, 53)
+        assert done.resized and done.pixels.shape == (3, *plan.resize)
+        assert torch.equal(done.pixels, proc.resize_one(kept.pixels, plan))  # the device's resize, here on the CPU
+        kept.release()
+        done.release()
+    finally:
+        workers.close()
+    assert _gone(workers.pids)
+    assert not work.prepare(0, path, "device").resized and work.prepare(0, path).resized
+
+
 def test_early_stop_and_errors_leave_nothing_behind(tmp_path):
     rng = np.random.default_rng(1)
     paths = []
@@ -202,6 +226,13 @@ def test_worker_kind_is_checked_and_auto_picks_processes_only_for_cuda_with_enou
     assert Preprocessor(proc, device="cuda", workers=few).worker_kind == "thread"
     assert Preprocessor(proc, device="cuda", workers=many).worker_kind == "process"
     assert Preprocessor(proc, device="cuda", workers=many, worker_kind="thread").worker_kind == "thread"
+    # resize="auto" on CUDA: "split" with worker processes (a call's first images on the GPU, the rest in the
+    # workers), on the GPU with threads; "split" needs a GPU and the torchvision backend
+    assert Preprocessor(proc, device="cuda", workers=many).resize == "split"
+    assert Preprocessor(proc, device="cuda", workers=few).resize == "device"
+    assert Preprocessor(proc, device="cuda", workers=many, resize="device").resize == "device"
+    with pytest.raises(ValueError, match="resize='split' needs a GPU device"):
+        Preprocessor(proc, resize="split")
 
 
 def test_encoder_in_process_mode_equals_default(tmp_path):
@@ -237,7 +268,7 @@ def test_encoder_in_process_mode_equals_default(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("resize", ["device", "cpu"])
+@pytest.mark.parametrize("resize", ["device", "cpu", "split"])
 def test_process_mode_on_cuda_bitwise_equals_thread_mode(tmp_path, resize):
     """The CUDA path: decoded (or CPU-resized) images cross from the workers' segments through pinned
     memory; with torchvision installed its decoder runs in the workers (decode="auto")."""

@@ -108,8 +108,14 @@ def add_image_args(parser: argparse.ArgumentParser) -> None:
                              f"limit, {_pil_default_limit()}); raise it for trusted large images; 0: no limit")
 
 
-def add_worker_kind_arg(parser: argparse.ArgumentParser, scope: str = "") -> None:
-    """--preprocess-worker-kind: Preprocessor(worker_kind=...), Encoder(preprocess_worker_kind=...)."""
+def add_preprocess_args(parser: argparse.ArgumentParser, scope: str = "") -> None:
+    """--preprocess-worker-kind, --preprocess-resize: Preprocessor(worker_kind=..., resize=...),
+    Encoder(preprocess_worker_kind=..., preprocess_resize=...)."""
+    parser.add_argument("--preprocess-resize", choices=["auto", "cpu", "device", "split"], default="auto",
+                        help=f"{scope}where images are resized: 'cpu' (in the decode workers), 'device' (on the tower's "
+                             "device, the CPU kernel's bytes), 'split' (each call's first image per worker on the "
+                             "device, the rest in the workers), 'auto' (split with worker processes on CUDA, device "
+                             "with threads; see docs/preprocessing.md; default: %(default)s)")
     parser.add_argument("--preprocess-worker-kind", choices=["auto", "thread", "process"], default="auto",
                         help=f"{scope}where images are decoded and resized: 'thread' (a thread pool in this process), "
                              "'process' (files and bytes in worker processes, so the thread launching the tower "

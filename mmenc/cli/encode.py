@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from mmenc.cli.common import (add_encoder_args, add_image_args, add_worker_kind_arg, apply_log_level, check_output_path,
+from mmenc.cli.common import (add_encoder_args, add_image_args, add_preprocess_args, apply_log_level, check_output_path,
                               encoder_kwargs, image_pixel_limit, write_atomically)
 from mmenc.cli.progress import Progress
 from mmenc.engine.encoder import DEFAULT_MODEL
@@ -38,7 +38,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         f"take over {CALL_SECONDS:.0f} s, so progress keeps moving. Images are decoded and resized "
                         "in parallel threads, ahead of the tower")
     add_image_args(p)
-    add_worker_kind_arg(p)
+    add_preprocess_args(p)
     p.add_argument("--pooled", action="store_true",
                    help="write one pooled image embedding [hidden] per image (SigLIP/SigLIP2 attention-pooling "
                         "head) instead of the token embeddings")
@@ -106,7 +106,8 @@ def run(args) -> int:
         raise ValueError(f"--batch-size={args.batch_size} must be >= 1")
     paths = collect_images(args.inputs)
     output = check_output_path(args.output, "--output", paths)
-    kwargs = dict(encoder_kwargs(args, DEFAULT_MODEL), preprocess_worker_kind=args.preprocess_worker_kind)
+    kwargs = dict(encoder_kwargs(args, DEFAULT_MODEL), preprocess_worker_kind=args.preprocess_worker_kind,
+                  preprocess_resize=args.preprocess_resize)
     if args.model is None:
         print(f"mmenc encode: no --model given: running the built-in {DEFAULT_MODEL} vision tower with RANDOM "
               f"weights (a demo of the pipeline; pass a checkpoint folder for real embeddings)", file=sys.stderr)

@@ -61,6 +61,7 @@ class Encoder:
                  mm_encoder_tp_mode: str = "weights", max_batch_patches: int = 1 << 16, compile: bool = False,
                  cuda_graphs: bool = False, *, worker_timeout_s: float = 600.0, strict: bool = False,
                  preprocess_workers: int | None = None, preprocess_worker_kind: str = "auto",
+                 preprocess_resize: str = "auto",
                  batch_invariant: bool = False,
                  first_chunk_patches: int | None = None, chunk_growth: float = 2.0):
         """model: a local Hugging Face checkpoint folder, or a built-in name (then
@@ -75,7 +76,9 @@ class Encoder:
         preprocess_workers: decode/resize threads of `encode`/`encode_iter` (None: one per usable
         core; 0: in the calling thread). preprocess_worker_kind: "thread", "process" (paths and bytes are
         decoded in worker processes, so the thread that launches the tower keeps the GIL) or "auto"
-        (processes on CUDA with 8 or more workers, else threads). See mmenc.preprocess.pipeline.Preprocessor.
+        (processes on CUDA with 8 or more workers, else threads). preprocess_resize: "cpu" (in the workers),
+        "device" (on the tower's device), "split" (a call's first image per worker on the device, the rest in
+        the workers) or "auto" (split with worker processes on CUDA, device with threads). See mmenc.preprocess.pipeline.Preprocessor.
         batch_invariant: each image's embedding is bitwise identical whatever else is in the call
         (order, chunking), at some throughput cost (MultiModalConfig.batch_invariant).
         first_chunk_patches: the first tower call of each `encode`/`encode_iter` takes at most this
@@ -113,7 +116,7 @@ class Encoder:
         self.loaded = self.runner.loaded
         self.processor = self.loaded.processor
         self.preprocessor = Preprocessor(self.processor, device=self.runner.input_device, workers=preprocess_workers,
-                                         worker_kind=preprocess_worker_kind)
+                                         worker_kind=preprocess_worker_kind, resize=preprocess_resize)
         self._lock = threading.Lock()  # one call at a time: results can never cross between threads
         self._empty: TowerOutput | None = None
 

@@ -19,7 +19,7 @@ from mmenc.preprocess.staging import chw
 
 @dataclasses.dataclass
 class Ready:
-    """A prepared image. pixels: uint8 [C, h, w], resized (resize="cpu") or as decoded (maybe a view
+    """A prepared image. pixels: uint8 [C, h, w], resized (`resized`) or as decoded (maybe a view
     of [h, w, C] memory); for CUDA also PIL's numpy [h, w, C] as loaded; on a CPU device its patches
     [rows, ...]; or encoded JPEG bytes [n] (encoded, decode="gpu"). release: called once the pixels
     were copied away (a worker process's shared segment goes back to it); None for memory of ours."""
@@ -30,12 +30,13 @@ class Ready:
     pixels: torch.Tensor | np.ndarray
     encoded: bool = False
     release: Callable[[], None] | None = None
+    resized: bool = False  # the worker resized it (else the device does)
 
 
 @dataclasses.dataclass(frozen=True)
 class ImageWork:
     """What a worker does to one image. decode: "cpu" | "torchvision" | "gpu" and resize: "cpu" |
-    "device" as Preprocessor chose them; device_type: the tower's input device type; max_pixels:
+    "device" as Preprocessor chose them (its "split" sends "cpu" here and "device" with some images); device_type: the tower's input device type; max_pixels:
     `load_image`'s decompression-bomb limit (-1: PIL's Image.MAX_IMAGE_PIXELS at call time)."""
 
     processor: Any
@@ -49,25 +50,29 @@ class ImageWork:
         """On a CPU device nothing crosses: the workers patchify too, in parallel."""
         return self.device_type == "cpu" and self.resize == "cpu"
 
-    def prepare(self, index: int, item: Any) -> Ready | LoadFailure:
+    def prepare(self, index: int, item: Any, resize: str | None = None) -> Ready | LoadFailure:
+        """resize: "cpu" or "device" for this image instead of self.resize (Preprocessor's "split")."""
         name = input_name(item, index)
+        resize = resize or self.resize
         try:
             if self.decode == "gpu" and (ready := self._prepare_jpeg(index, item, name)) is not None:
                 return ready
             pixels = self._decode(index, item)  # RGB uint8 [3, H, W], or numpy [H, W, 3] from PIL
             height, width = pixels.shape[1:] if isinstance(pixels, torch.Tensor) else pixels.shape[:2]
             plan = self.processor.plan(height, width, index=index, name=name)
-            if self.resize == "cpu" or self.device_type == "cpu":
+            if self.device_type == "cpu":
                 pixels = torch.from_numpy(pixels.numpy().copy()) if isinstance(pixels, torch.Tensor) else chw(pixels)
-            if self.resize == "cpu":
-                pixels = self.processor.resize_one(pixels, plan).contiguous()
+            elif resize == "cpu" and isinstance(pixels, np.ndarray):
+                pixels = chw(pixels)  # PIL's array is read-only: one copy
+            if resize == "cpu":  # a view of [H, W, C] memory stays one: torch's uint8 kernel takes it as it is
+                pixels = self.processor.resize_one(pixels, plan)
             if self.patchify_in_workers:
                 pixels = self.processor.patchify(pixels, plan)
             elif isinstance(pixels, np.ndarray) and self.device_type != "cuda":  # a plain [C, H, W] tensor crosses
                 pixels = chw(pixels)
             # for CUDA the calling thread copies it into pinned memory as it is (no transpose): no CUDA
             # call here, as one from another thread during a (global mode) CUDA graph capture breaks it
-            return Ready(index, item, plan, pixels)
+            return Ready(index, item, plan, pixels, resized=resize == "cpu")
         except ImageLoadError as e:  # includes ImagePreprocessError
             message = str(e) if str(e).startswith(name) else f"{name}: {e}"
             return LoadFailure(index, name, message)

@@ -3,10 +3,11 @@ mmenc.preprocess.procs.ProcessWorkers with FD its end of a Unix socket pair (a m
 
 Protocol (headers; tensors ride in shared segments, see mmenc.shm):
   parent -> worker  ("init", ImageWork)                    first message, once
-                    ("task", seq, index, item, pil_limit)  prepare one input (a path or bytes)
+                    ("task", seq, index, item, pil_limit, resize)  prepare one input (a path or bytes;
+                                                           resize: ImageWork.prepare's, or None)
                     ("release", segment_id)                the parent copied a result away
                     ("stop",)                              finish the current task and exit
-  worker -> parent  ("ready", seq, plan, encoded) + [(segment, pixels)]  pixels laid out as prepared
+  worker -> parent  ("ready", seq, plan, encoded, resized) + [(segment, pixels)]  pixels laid out as prepared
                     ("failed", seq, LoadFailure)           the input failed (the thread mode's message)
                     ("error", seq, exception)              an unexpected error, raised in the parent
 
@@ -66,10 +67,10 @@ def serve(channel: Channel) -> None:
 
     threading.Thread(target=read, name="mmenc-preprocess-reader", daemon=True).start()
     while (task := tasks.get()) is not None:
-        _, seq, index, item, pil_limit = task
+        _, seq, index, item, pil_limit, resize = task
         Image.MAX_IMAGE_PIXELS = pil_limit  # the parent's limit now (mmenc encode --max-image-pixels sets it)
         try:
-            result = work.prepare(index, item)
+            result = work.prepare(index, item, resize)
         except Exception as e:  # a bug, not a bad image: raised in the parent as the thread mode would
             _send_error(channel, seq, e)
             continue
@@ -85,7 +86,7 @@ def serve(channel: Channel) -> None:
         pixels = layout_copy(result.pixels, alloc)  # one copy, the decoder's memory layout kept
         with lock:
             lent[taken[0].id] = taken[0]
-        channel.send(("ready", seq, result.plan, result.encoded), [(taken[0], pixels)])
+        channel.send(("ready", seq, result.plan, result.encoded, result.resized), [(taken[0], pixels)])
 
 
 def _send_error(channel: Channel, seq: int, error: Exception) -> None:

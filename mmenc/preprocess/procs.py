@@ -96,8 +96,9 @@ class ProcessWorkers:
         with self._lock:
             return self._lent
 
-    def submit(self, index: int, item: Any) -> concurrent.futures.Future:
-        """Prepare `item` (a path or encoded bytes) in a worker -> Future of Ready or LoadFailure."""
+    def submit(self, index: int, item: Any, resize: str | None = None) -> concurrent.futures.Future:
+        """Prepare `item` (a path or encoded bytes) in a worker -> Future of Ready or LoadFailure
+        (resize: ImageWork.prepare's)."""
         if isinstance(item, memoryview):
             item = bytes(item)  # a memoryview does not pickle
         fut: concurrent.futures.Future = concurrent.futures.Future()
@@ -116,7 +117,7 @@ class ProcessWorkers:
             seq = next(self._seq)
             worker.inflight[seq] = (fut, index, item)
         try:
-            worker.channel.send(("task", seq, index, item, Image.MAX_IMAGE_PIXELS))
+            worker.channel.send(("task", seq, index, item, Image.MAX_IMAGE_PIXELS, resize))
         except OSError as e:  # the worker is gone; the receiver fails what it held
             with self._lock:
                 worker.inflight.pop(seq, None)
@@ -224,7 +225,7 @@ class ProcessWorkers:
             if header[3]:  # encoded bytes for nvJPEG: small, copied out now (the decoder reads them later)
                 pixels = pixels.clone()
                 release()
-            result: Any = Ready(index, item, header[2], pixels, encoded=header[3], release=release)
+            result: Any = Ready(index, item, header[2], pixels, encoded=header[3], release=release, resized=header[4])
         else:
             result = header[2]  # LoadFailure, or the exception to raise
         if fut is None:  # close() has given up on it
