@@ -171,6 +171,21 @@ def test_capture_policy_repeated_calls_capture_on_the_second_sighting(monkeypatc
     assert cache.unreplayed() == 0
 
 
+def test_a_packing_whose_plan_was_evicted_runs_eager_before_its_capture(monkeypatch):
+    """A capture must not build the plan's host-copied tables: when the tower no longer holds the plan
+    of a packing seen before, that call runs eager (rebuilding it) and the next sighting captures."""
+    cache, forwards = _fake_graph_cache(monkeypatch)
+    cached: set[int] = set()
+    cache.tower.has_plan = lambda pv_grid, device: int(pv_grid[0, 2]) in cached
+    _call(cache, 4)                 # first sighting: eager
+    _call(cache, 4)                 # second: the plan was evicted meanwhile -> eager again
+    assert dict(cache.stats) == {"eager": 2, "replanned": 1} and forwards == [4, 4]
+    cached.add(4)
+    _call(cache, 4)                 # plan cached: captures
+    _call(cache, 4)
+    assert cache.stats["captures"] == 1 and cache.stats["replays"] == 1
+
+
 def test_clear_drops_graphs_and_sightings_so_packings_start_over(monkeypatch):
     """`mmenc bench` clears the cache between workloads: after clear() a packing seen and captured
     before runs eagerly once more, then is captured again into a new pool."""

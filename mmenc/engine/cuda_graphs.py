@@ -21,6 +21,9 @@ of mixed sizes, whose packings recur by chance and far apart, no longer captures
 replays (run 9a: 4 captures, 0 replays in 600 images). 16 is twice max_graphs (8): a packing that
 comes back only after more calls than that would mostly have been evicted again by the others
 before its next replay. recent_calls=None: no recency condition (the rule before).
+A key whose plan the tower has evicted since its last sighting (towers keep 8) runs eager once more
+("replanned" in stats): a fresh plan lacks the tables forwards cache on it, and building those
+copies from the host, which a capture cannot do (runs 14f-15f: 3 of 5 stream captures failed so).
 A capture that fails (an operation that cannot be captured, e.g. a host copy) is logged once with
 its reason, and that key then runs without a graph. Call counts and failures are kept for the
 1,024 most recent packings without a graph, so a server seeing endless new sizes does not grow them.
@@ -56,7 +59,8 @@ class CudaGraphCache:
     """Runs `tower(pixel_values, grid_thw)` through one CUDA graph per packing (see the module doc).
 
     stats: counts of "eager" calls (warm-up or uncapturable), "captures", "replays", "stale" (sightings
-    too long after the previous one to count) and "dropped_unreplayed" (graphs evicted without a replay).
+    too long after the previous one to count), "replanned" (eager: the plan was evicted) and
+    "dropped_unreplayed" (graphs evicted without a replay).
     unreplayed(): graphs captured and never replayed so far (kept or dropped).
     """
 
@@ -100,6 +104,13 @@ class CudaGraphCache:
             if seen[0] <= self.warmup or seen[1]:
                 self.stats["eager"] += 1
                 return self.tower(pixel_values, grid_thw)
+            if hasattr(self.tower, "has_plan") and not self.tower.has_plan(grid_thw, pixel_values.device):
+                # evicted since its last sighting: a fresh plan lacks what forwards cache on it (attention
+                # tables, copied from the host, which a capture cannot do), so this call runs eager and
+                # rebuilds them; the next sighting captures
+                self.stats["eager"] += 1
+                self.stats["replanned"] += 1
+                return self.tower(pixel_values, grid_thw)
             entry = self._capture(key, pixel_values, grid_thw, seen)
             if entry is None:
                 self.stats["eager"] += 1
@@ -127,7 +138,7 @@ class CudaGraphCache:
 
     def _capture(self, key: tuple, pixel_values: torch.Tensor, grid_thw: torch.Tensor, seen: list) -> _Graph | None:
         static_in = pixel_values.clone()
-        # the cached plan (built here if evicted since: no host copies inside the capture), kept by the graph
+        # the cached plan (__call__ checked that it is), kept alive by the graph
         plan = self.tower.plan(grid_thw, static_in.device) if hasattr(self.tower, "plan") else None
         recorded = self._record(key, static_in, grid_thw)
         if recorded is None:

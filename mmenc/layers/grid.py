@@ -56,6 +56,9 @@ class LRUCache:
             self._data.popitem(last=False)
         return value
 
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._data
+
     def clear(self) -> None:
         self._data.clear()
 

@@ -188,6 +188,10 @@ class VisionTower(nn.Module):
         grid = self.read_grid(grid_thw)
         return self._plans.get((grid, str(device)), lambda: self.make_plan(grid, device))
 
+    def has_plan(self, grid_thw: torch.Tensor, device) -> bool:
+        """Whether `plan(grid_thw, device)` is cached (with what forwards cached on it since)."""
+        return (self.read_grid(grid_thw), str(device)) in self._plans
+
     def make_plan(self, grid: Grid, device):
         raise NotImplementedError(f"{type(self).__name__} must implement make_plan(grid, device)")
 

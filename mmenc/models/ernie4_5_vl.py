@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
+from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
@@ -143,7 +144,7 @@ class Ernie4_5VisionTower(VisionTower):
         base = frame_plan(grid, device, self.rotary)
         first, second = temporal_pairs(grid, self.merge)
         return ErniePlan(**{f.name: getattr(base, f.name) for f in dataclasses.fields(PackPlan)},
-                         first=first.to(device), second=second.to(device))
+                         first=to_device(first, device), second=to_device(second, device))
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
         plan = self.plan_for(pixel_values, grid_thw)

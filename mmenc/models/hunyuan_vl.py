@@ -22,6 +22,7 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
+from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.activation import get_act_fn
 from mmenc.layers.grid import Grid, frame_lengths, num_patches
@@ -181,8 +182,8 @@ class HunyuanVisionTower(VisionTower):
     def make_plan(self, grid: Grid, device) -> HunyuanPlan:
         cu, max_len = make_cu_seqlens(frame_lengths(grid), device)
         index, weight = self.embeddings.position_embedding.taps(grid, device)
-        return HunyuanPlan(num_patches(grid), cu, max_len, merge_block_order(grid, self.merge).to(device),
-                           index, weight, output_layout(grid, self.merge).to(device))
+        return HunyuanPlan(num_patches(grid), cu, max_len, to_device(merge_block_order(grid, self.merge), device),
+                           index, weight, to_device(output_layout(grid, self.merge), device))
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
         plan = self.plan_for(pixel_values, grid_thw)

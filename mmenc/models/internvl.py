@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
+from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid, frame_lengths, num_patches
 from mmenc.layers.norm import LayerNorm
@@ -228,8 +229,8 @@ class InternVisionTower(VisionTower):
             (h, w), = sizes
             index, weight = self.pos_embed.frame_taps(h, w)
             cu, max_len = make_cu_seqlens([1 + h * w] * tiles, device)  # the dense batch's rows, made once
-            return InternPlan(num_patches(grid), tiles, True, _raster_to_blocks(h, w, self.merge).to(device),
-                              index.to(device), weight.to(device), cu, max_len)
+            return InternPlan(num_patches(grid), tiles, True, to_device(_raster_to_blocks(h, w, self.merge), device),
+                              to_device(index, device), to_device(weight, device), cu, max_len)
         orders, patch_slots, cls_slots, offset, slot = [], [], [], 0, 0
         for h, w in ((h, w) for t, h, w in grid for _ in range(t)):
             orders.append(_raster_to_blocks(h, w, self.merge) + offset)
@@ -238,8 +239,8 @@ class InternVisionTower(VisionTower):
             offset, slot = offset + h * w, slot + 1 + h * w
         index, weight = self.pos_embed.taps(grid, device)
         cu, max_len = make_cu_seqlens([n + 1 for n in frame_lengths(grid)], device)
-        return InternPlan(num_patches(grid), tiles, False, torch.cat(orders).to(device), index, weight, cu, max_len,
-                          torch.cat(patch_slots).to(device), torch.tensor(cls_slots, device=device))
+        return InternPlan(num_patches(grid), tiles, False, to_device(torch.cat(orders), device), index, weight, cu, max_len,
+                          to_device(torch.cat(patch_slots), device), to_device(torch.tensor(cls_slots), device))
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
         plan = self.plan_for(pixel_values, grid_thw)

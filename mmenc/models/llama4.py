@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
+from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.activation import get_act_fn
 from mmenc.layers.grid import Grid
@@ -174,7 +175,7 @@ class Llama4VisionTower(VisionTower):
         cos, sin = tile_rotary(side, self.config.head_dim, self.config.rope_theta)
         tiles = sum(t for t, _, _ in grid)
         cu, max_len = make_cu_seqlens([side * side + 1] * tiles, device)
-        return TilePlan(tiles * side * side, tiles, cos.to(device), sin.to(device), cu, max_len)
+        return TilePlan(tiles * side * side, tiles, to_device(cos, device), to_device(sin, device), cu, max_len)
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
         plan = self.plan_for(pixel_values, grid_thw)

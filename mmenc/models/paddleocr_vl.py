@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
+from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid, frame_lengths, num_patches
 from mmenc.layers.merge import merge_block_order
@@ -109,7 +110,7 @@ class PaddleOCRVisionTower(VisionTower):
         cos, sin = self.rotary.tables(grid, device)
         index, weight = self.vision_model.embeddings.position_embedding.taps(grid, device)
         return PackPlan(num_patches(grid), cu, max_len, cos, sin, pos_index=index, pos_weight=weight,
-                        token_order=merge_block_order(grid, self.merge).to(device))
+                        token_order=to_device(merge_block_order(grid, self.merge), device))
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
         plan = self.plan_for(pixel_values, grid_thw)

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
+from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.activation import get_act_fn
 from mmenc.layers.grid import Grid
@@ -180,7 +181,7 @@ class PixtralVisionTower(VisionTower):
     def make_plan(self, grid: Grid, device) -> PackPlan:
         plan = frame_plan(grid, device, self.rotary)  # one segment per frame; rotary in merge-block order
         if self.merge > 1:
-            plan.token_order = merge_block_order(grid, self.merge).to(device)
+            plan.token_order = to_device(merge_block_order(grid, self.merge), device)
         return plan
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:

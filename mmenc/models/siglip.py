@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
+from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.activation import get_act_fn
 from mmenc.layers.grid import Grid, frame_lengths, num_patches
@@ -212,7 +213,7 @@ class SiglipVisionTower(VisionTower):
         native = all((h, w) == (side, side) for _, h, w in grid) and self.config.pos_mode == "bicubic"
         index, weight = (None, None) if native else self.pos_embed.taps(grid, device)
         cu, max_len = make_cu_seqlens(lengths, device)
-        segment = torch.arange(len(lengths)).repeat_interleave(torch.tensor(lengths)).to(device)
+        segment = to_device(torch.arange(len(lengths)).repeat_interleave(torch.tensor(lengths)), device)
         return SiglipPlan(num_patches(grid), len(lengths), len(set(lengths)) == 1, lengths[0], cu, max_len, index,
                           weight, segment)
 

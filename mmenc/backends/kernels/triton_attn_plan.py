@@ -11,6 +11,7 @@ import dataclasses
 import torch
 
 from mmenc.backends.choice import SHORT_SEQLEN_MAX
+from mmenc.backends.device import to_device
 from mmenc.backends.packing import PackInfo
 
 
@@ -112,7 +113,7 @@ def tile_table(info: PackInfo, block_m: int, block_n: int, device: torch.device)
         tiles.sort(key=lambda t: t[2] - t[3])  # longest KV range first: better load balance
         seg_ids = torch.repeat_interleave(torch.arange(len(info.lengths), dtype=torch.int32),
                                           torch.tensor(info.lengths, dtype=torch.int64))
-        info.cache[key] = (torch.tensor(tiles, dtype=torch.int32).to(device), seg_ids.to(device))
+        info.cache[key] = (to_device(torch.tensor(tiles, dtype=torch.int32), device), to_device(seg_ids, device))
     return info.cache[key]
 
 
@@ -121,7 +122,7 @@ def window_table(info: PackInfo, device: torch.device) -> torch.Tensor:
     key = ("triton_attn_windows", device)
     if key not in info.cache:
         starts = [s for s, n in zip(info.starts(), info.lengths) if n > 0]
-        info.cache[key] = torch.tensor(starts + [sum(info.lengths)], dtype=torch.int32).to(device)
+        info.cache[key] = to_device(torch.tensor(starts + [sum(info.lengths)], dtype=torch.int32), device)
     return info.cache[key]
 
 
@@ -158,6 +159,7 @@ def segment_tables(info: PackInfo, window_max: int, block_m: int, block_n: int,
         tiles.sort(key=lambda t: t[2] - t[3])  # longest KV range first: better load balance
         seg_ids = torch.repeat_interleave(torch.arange(len(info.lengths), dtype=torch.int32),
                                           torch.tensor(info.lengths, dtype=torch.int64))
-        info.cache[key] = (torch.tensor(windows, dtype=torch.int32).reshape(-1, 2).to(device),
-                           torch.tensor(tiles, dtype=torch.int32).reshape(-1, 5).to(device), seg_ids.to(device))
+        info.cache[key] = (to_device(torch.tensor(windows, dtype=torch.int32).reshape(-1, 2), device),
+                           to_device(torch.tensor(tiles, dtype=torch.int32).reshape(-1, 5), device),
+                           to_device(seg_ids, device))
     return info.cache[key]
