@@ -417,4 +417,5 @@ def test_staging_beside_a_busy_stream_is_safe():
         assert len(copies) > 3 and sorted(i for idx, _ in copies for i in idx) == list(range(len(datas)))
         for indices, pv in copies:
             ref_pv, _ = proc([datas[i] for i in indices])
-            assert torch.equal(pv.cpu(), ref_pv), f"beside={beside} chunk {indices}: max diff {(pv.cpu() - ref_pv).abs().max()}"
+            diff = (pv.cpu() - ref_pv).abs().max()
+            assert torch.equal(pv.cpu(), ref_pv), f"beside={beside} chunk {indices}: max diff {diff}"

@@ -112,8 +112,8 @@ def add_preprocess_args(parser: argparse.ArgumentParser, scope: str = "") -> Non
     """--preprocess-worker-kind, --preprocess-resize: Preprocessor(worker_kind=..., resize=...),
     Encoder(preprocess_worker_kind=..., preprocess_resize=...)."""
     parser.add_argument("--preprocess-resize", choices=["auto", "cpu", "device", "split"], default="auto",
-                        help=f"{scope}where images are resized: 'cpu' (in the decode workers), 'device' (on the tower's "
-                             "device, the CPU kernel's bytes), 'split' (each call's first image per worker on the "
+                        help=f"{scope}where images are resized: 'cpu' (in the decode workers), 'device' (on the "
+                             "tower's device, the CPU kernel's bytes), 'split' (each call's first image per worker on the "
                              "device, the rest in the workers), 'auto' (split with worker processes on CUDA, device "
                              "with threads; see docs/preprocessing.md; default: %(default)s)")
     parser.add_argument("--preprocess-worker-kind", choices=["auto", "thread", "process"], default="auto",

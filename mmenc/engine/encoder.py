@@ -78,7 +78,8 @@ class Encoder:
         decoded in worker processes, so the thread that launches the tower keeps the GIL) or "auto"
         (processes on CUDA with 8 or more workers, else threads). preprocess_resize: "cpu" (in the workers),
         "device" (on the tower's device), "split" (a call's first image per worker on the device, the rest in
-        the workers) or "auto" (split with worker processes on CUDA, device with threads). See mmenc.preprocess.pipeline.Preprocessor.
+        the workers) or "auto" (split with worker processes on CUDA, device with threads).
+        See mmenc.preprocess.pipeline.Preprocessor.
         batch_invariant: each image's embedding is bitwise identical whatever else is in the call
         (order, chunking), at some throughput cost (MultiModalConfig.batch_invariant).
         first_chunk_patches: the first tower call of each `encode`/`encode_iter` takes at most this

@@ -239,8 +239,8 @@ class InternVisionTower(VisionTower):
             offset, slot = offset + h * w, slot + 1 + h * w
         index, weight = self.pos_embed.taps(grid, device)
         cu, max_len = make_cu_seqlens([n + 1 for n in frame_lengths(grid)], device)
-        return InternPlan(num_patches(grid), tiles, False, to_device(torch.cat(orders), device), index, weight, cu, max_len,
-                          to_device(torch.cat(patch_slots), device), to_device(torch.tensor(cls_slots), device))
+        return InternPlan(num_patches(grid), tiles, False, to_device(torch.cat(orders), device), index, weight, cu,
+                          max_len, to_device(torch.cat(patch_slots), device), to_device(torch.tensor(cls_slots), device))
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
         plan = self.plan_for(pixel_values, grid_thw)

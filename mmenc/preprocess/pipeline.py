@@ -100,7 +100,8 @@ class Preprocessor:
     threads and processes."""
 
     def __init__(self, processor: Any, *, device: str | torch.device | None = None, workers: int | None = None,
-                 resize: Literal["auto", "cpu", "device", "split"] = "auto", decode: Literal["auto", "cpu", "gpu"] = "auto",
+                 resize: Literal["auto", "cpu", "device", "split"] = "auto",
+                 decode: Literal["auto", "cpu", "gpu"] = "auto",
                  max_pixels: int | None = -1, prefetch_chunks: int = 2,
                  worker_kind: Literal["auto", "thread", "process"] = "auto"):
         """workers: decode/resize workers (None: default_workers(); 0: run in the calling thread).

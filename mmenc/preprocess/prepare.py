@@ -36,8 +36,9 @@ class Ready:
 @dataclasses.dataclass(frozen=True)
 class ImageWork:
     """What a worker does to one image. decode: "cpu" | "torchvision" | "gpu" and resize: "cpu" |
-    "device" as Preprocessor chose them (its "split" sends "cpu" here and "device" with some images); device_type: the tower's input device type; max_pixels:
-    `load_image`'s decompression-bomb limit (-1: PIL's Image.MAX_IMAGE_PIXELS at call time)."""
+    "device" as Preprocessor chose them (its "split" sets "cpu" here and passes "device" with some
+    images to `prepare`); device_type: the tower's input device type; max_pixels: `load_image`'s
+    decompression-bomb limit (-1: PIL's Image.MAX_IMAGE_PIXELS at call time)."""
 
     processor: Any
     decode: str
