@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from mmenc.backends.device import to_device  # pinned, asynchronous: no host wait behind queued kernels
+
 BACKENDS = ("torchvision", "pil")
 
 
@@ -31,16 +33,6 @@ def check_backend(backend: str) -> str:
 
 
 _PIL_RESAMPLE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
-
-
-def to_device(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """A CPU tensor on `device` without the host waiting for the device: to CUDA through pinned memory
-    as an asynchronous copy (a pageable copy, e.g. `torch.tensor(values, device="cuda")`, first waits
-    for every kernel queued on the stream: the tower's previous chunk, in a pipeline)."""
-    device = torch.device(device)
-    if device.type == "cuda" and host.device.type == "cpu":
-        return host.pin_memory().to(device, non_blocking=True)
-    return host.to(device)
 
 
 def resize_uint8(images: torch.Tensor, height: int, width: int, backend: str, resample: str = "bicubic") -> torch.Tensor:
