@@ -15,7 +15,7 @@ from mmenc.preprocess import gpu_decode
 from mmenc.preprocess.pipeline import Preprocessor, default_workers
 from mmenc.preprocess.staging import pinned_copy as _pinned
 from mmenc.preprocess.plan import ImagePreprocessError
-from mmenc.preprocess.resize_exact import axis_taps, axis_weights, band_to_dense, resize_uint8_exact
+from mmenc.preprocess.resize_exact import axis_weights, band_to_dense, resize_uint8_exact, tap_columns
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 needs_tv = pytest.mark.skipif(importlib.util.find_spec("torchvision") is None, reason="needs torchvision")
@@ -71,9 +71,8 @@ def test_exact_resize_weights_over_many_sizes():
         x = torch.from_numpy(rng.integers(0, 256, (1, 3, 5, n_in), dtype=np.uint8))
         ref = F.interpolate(x, size=(5, n_out), mode="bicubic", antialias=True, align_corners=False)
         assert torch.equal(resize_uint8_exact(x, 5, n_out), ref), (n_in, n_out)
-        first, fixed, _ = axis_taps(n_in, n_out)
-        cols = torch.from_numpy(np.minimum(first[:, None] + np.arange(fixed.shape[1]), n_in - 1))
-        dense = band_to_dense(cols, torch.from_numpy(fixed), n_in)
+        cols, fixed, _ = tap_columns(n_in, n_out)
+        dense = band_to_dense(torch.from_numpy(cols), torch.from_numpy(fixed), n_in)
         assert torch.equal(dense, torch.from_numpy(axis_weights(n_in, n_out)[0])), (n_in, n_out)
 
 

@@ -66,30 +66,35 @@ def axis_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, int]
     return first.astype(np.int64), np.where(inside, fixed, 0.0), precision
 
 
+def tap_columns(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """axis_taps with each tap's input column: (columns int64 [out_size, taps], clamped into the image;
+    the weights float64 [out_size, taps]; precision). Clamped taps past the image carry weight 0, so
+    adding them anywhere changes nothing."""
+    first, fixed, precision = axis_taps(in_size, out_size)
+    cols = np.minimum(first[:, None] + np.arange(fixed.shape[1])[None, :], in_size - 1)
+    return cols, fixed, precision
+
+
 def axis_weights(in_size: int, out_size: int) -> tuple[np.ndarray, int]:
     """axis_taps as a dense matrix: (int16 values as float64 [out_size, in_size], precision bits)."""
-    first, fixed, precision = axis_taps(in_size, out_size)
-    mat = np.zeros((out_size, in_size + fixed.shape[1]), dtype=np.float64)  # room for windows past the edge
-    cols = first[:, None] + np.arange(fixed.shape[1])[None, :]
+    cols, fixed, precision = tap_columns(in_size, out_size)
+    mat = np.zeros((out_size, in_size), dtype=np.float64)
     np.add.at(mat, (np.arange(out_size)[:, None], cols), fixed)
-    return mat[:, :in_size], precision
+    return mat, precision
 
 
 @functools.lru_cache(maxsize=512)
 def _device_taps(in_size: int, out_size: int, device: torch.device, stream: int
                  ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """axis_taps on `device`: (input column per tap int64 [out_size, taps], clamped into the image; the
-    weights float64 [out_size, taps]; precision). Small, and sent by one non-blocking copy each. Kept
-    per stream (`stream`: its id): a copy queued on one stream is only safe to read on that one (the
-    Preprocessor stages on a side stream; `processor(images)` runs on the current one)."""
-    first, fixed, precision = axis_taps(in_size, out_size)
-    cols = np.minimum(first[:, None] + np.arange(fixed.shape[1])[None, :], in_size - 1)
+    """tap_columns on `device`, each sent by one non-blocking copy. Kept per stream (`stream`: its id):
+    a copy queued on one stream is only safe to read on that one (the Preprocessor stages on a side
+    stream; `processor(images)` runs on the current one)."""
+    cols, fixed, precision = tap_columns(in_size, out_size)
     return to_device(torch.from_numpy(cols), device), to_device(torch.from_numpy(fixed), device), precision
 
 
 def band_to_dense(cols: torch.Tensor, fixed: torch.Tensor, in_size: int) -> torch.Tensor:
-    """_device_taps' band -> the float64 [out_size, in_size] weight matrix, on the band's device (clamped
-    taps past the image carry weight 0, so adding them changes nothing)."""
+    """tap_columns' band (as tensors) -> the float64 [out_size, in_size] weight matrix, on the band's device."""
     dense = torch.zeros(cols.shape[0], in_size, dtype=torch.float64, device=cols.device)
     return dense.scatter_add_(1, cols, fixed)
 
