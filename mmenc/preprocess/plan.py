@@ -54,7 +54,8 @@ def finish_patches(processor: Any, patches: Sequence[torch.Tensor], plans: Seque
     concatenated and normalized into it in one call (what a GPU wants); `normalize_parts(list of
     (patches_i, out_rows_i))` instead normalizes each image into its rows, e.g. in worker threads
     (what a CPU wants: the first writes to fresh memory, page faults, then spread over threads)."""
-    grid_thw = torch.tensor([list(pl.grid) for pl in plans], dtype=torch.int64).reshape(-1, 3)
+    rows = [list(row) for pl in plans for row in (getattr(pl, "grid_rows", None) or (pl.grid,))]  # a video piece: several
+    grid_thw = torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)
     sizes = [p.shape[0] for p in patches]
     device = patches[0].device if patches else torch.device("cpu")
     out = torch.empty((sum(sizes), *processor.row_shape), dtype=torch.float32, device=device)
