@@ -333,6 +333,8 @@ class Encoder:
                 for piece, vector in zip(pieces, vectors):
                     piece.extras["pooled"] = vector
             for index, piece, video in zip(chunk.indices, pieces, chunk.videos or [None] * len(pieces)):
+                if video is not None:
+                    self.tally.add(video_frames=len(video.frames))  # progress of long videos (mmenc encode)
                 value = piece if video is None else videos.take(index, video, piece)
                 if value is not None:
                     items.append((index, value))
