@@ -75,3 +75,34 @@ def test_serve_takes_videos_in_json_and_multipart(q25, clip, tmp_path, reference
         bad = post_json(port, {"images": ["data:video/mp4;base64," + base64.b64encode(data[:300]).decode()]})
         assert bad.status == 200 and bad.json()["data"][0]["error"]["type"] == "invalid_video"
         assert post_json(port, {"images": [url], "fps": 0}).status == 400
+
+
+def test_ray_job_encodes_video_pieces_and_joins_them(q25, clip, tmp_path, reference):
+    """`mmenc encode --ray` over a folder of videos and an image: one row per video piece, joined per key."""
+    pytest.importorskip("ray.data")
+    import os
+
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    import ray
+
+    from mmenc.ray.cluster import start_local
+    from mmenc.ray.data import OfflineSettings, read_shards, run_job
+    from serve_client import png
+
+    image = tmp_path / "img.png"
+    image.write_bytes(png(56, 56))
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes(b"\x00\x00\x00\x18ftypisom" + bytes(40))
+    keys = [str(clip), str(image), str(bad)]
+    start_local(num_cpus=2)
+    try:
+        settings = OfflineSettings(output=str(tmp_path / "shards"), shard_size=2, encoders=1, batch_size=4,
+                                   video={"fps": 2}, video_piece_patches=1)
+        report = run_job(keys, {"model": q25, "device": "cpu", "dtype": "float32"}, settings)
+    finally:
+        ray.shutdown()
+    tensors, failed = read_shards(tmp_path / "shards")
+    assert report.images == 2 and list(failed) == [str(bad)]
+    assert torch.allclose(tensors[str(clip)], reference.embeddings, rtol=1e-5, atol=1e-6)
+    assert tensors[f"{clip}.grid_thw"].tolist() == [list(r) for r in reference.video.grid_thw]
+    assert tensors[f"{clip}.frames_indices"].tolist() == list(reference.video.frames_indices)

@@ -104,7 +104,7 @@ def run(args) -> int:
     if args.ray:  # the offline job on Ray Data: its own module, its own output (a folder of shards)
         from mmenc.cli.encode_ray import run_encode
 
-        return run_encode(args, collect_images, IMAGE_EXTENSIONS)
+        return run_encode(args, collect_images, IMAGE_EXTENSIONS | VIDEO_EXTENSIONS)
     from mmenc.engine.encoder import Encoder
 
     apply_log_level(args)
