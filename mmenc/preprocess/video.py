@@ -218,7 +218,7 @@ class VideoProcessor:
         if not c.do_resize:
             return frames.contiguous()
         (h, w), (ph, pw) = plan.resize, plan.padded
-        x = ops.resize_uint8(frames.contiguous(), h, w, c.backend)
+        x = ops.resize_uint8(frames, h, w, c.backend)  # a [n, H, W, C] view as decoded: torch's kernel takes it as is
         if (ph, pw) != (h, w):
             x = torch.nn.functional.pad(x, (0, pw - w, 0, ph - h))
         return x
