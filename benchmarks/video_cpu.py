@@ -28,6 +28,7 @@ from mmenc.preprocess.video_decode import probe
 from mmenc.preprocess.video_families import get_video_processor
 from mmenc.preprocess.video_sampling import VideoOptions
 from mmenc.testing.clips import write_clip
+from mmenc.testing.hf_video import quiet_kwargs
 
 
 def main() -> None:
@@ -55,7 +56,7 @@ def main() -> None:
     def transformers_side():
         frames, meta = read_video_pyav(str(clip), lambda metadata, **_: hf.sample_frames(metadata, fps=args.fps))
         return hf(videos=[frames], do_sample_frames=False, return_tensors="pt",
-                  cap_pixels_per_frame=False)["pixel_values_videos"]
+                  **quiet_kwargs(hf))["pixel_values_videos"]
 
     cases = {"transformers": transformers_side, "mmenc sequential": lambda: vp(clip, options)[0]}
     pipelines = {}

@@ -137,3 +137,18 @@ def test_encoder_streams_a_video_and_skips_a_bad_one(tmp_path, clips):
     assert torch.equal(got[1].embeddings, one.embeddings)  # batch_invariant: bitwise whatever the cut
     assert [i for i, _ in streamed] == [0, 1] and isinstance(streamed[1][1], LoadFailure)
     assert "bad.mp4" in streamed[1][1].message and torch.equal(streamed[0][1].embeddings, one.embeddings)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_pipeline_on_cuda_gives_the_cpu_pixels(clips, kind):
+    """Video pieces staged to a GPU (uint8 across, patchify + normalize there, side stream): the CPU's values."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    vp = get_video_processor("qwen3_vl")
+    whole, _, _ = vp(clips[".mp4"], VideoOptions(fps=5))
+    with Preprocessor(get_processor("qwen3_vl"), device="cuda", workers=2, worker_kind=kind, video_processor=vp,
+                      video_piece_patches=1) as pre:
+        chunks = list(pre.iter_chunks([Video(clips[".mp4"], fps=5)], max_batch_patches=1 << 12))
+    got = torch.cat([c.pixel_values for c in chunks])
+    assert got.device.type == "cuda" and torch.equal(got.cpu(), whole)

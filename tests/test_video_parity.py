@@ -19,48 +19,7 @@ from mmenc.preprocess.video_decode import decode, probe  # noqa: E402
 from mmenc.preprocess.video_families import get_video_processor  # noqa: E402
 from mmenc.preprocess.video_sampling import VideoOptions  # noqa: E402
 from mmenc.testing.clips import FAST_CODECS, write_clip  # noqa: E402
-
-
-def hf_processor(kind: str, config: dict):
-    from transformers import Glm4vVideoProcessor, Qwen2VLVideoProcessor, Qwen3VLVideoProcessor
-    from transformers.models.kimi_k25.video_processing_kimi_k25 import Kimi_K25VideoProcessor
-
-    if kind == "qwen3_omni":  # the Omni processor: Qwen2VLVideoProcessor, patch 16, called with its own size
-        base = dict(patch_size=16, image_mean=[0.5] * 3, image_std=[0.5] * 3)
-        return Qwen2VLVideoProcessor(**{**base, **config}), {"size": {"shortest_edge": 128 * 32 * 32,
-                                                                      "longest_edge": 768 * 32 * 32}}
-    cls = {"qwen2_vl": Qwen2VLVideoProcessor, "qwen2_5_vl": Qwen2VLVideoProcessor, "qwen3_vl": Qwen3VLVideoProcessor,
-           "glm4v": Glm4vVideoProcessor, "kimi_k25": Kimi_K25VideoProcessor}[kind]
-    return cls(**config), {}
-
-
-def hf_call(kind: str, config: dict, frames: np.ndarray, meta, options: VideoOptions):
-    """transformers on our decoded frames and metadata, sampling on (as mmenc turns it on when fps or
-    num_frames is given) -> (pixel_values, grid_thw, frames_indices)."""
-    from transformers.video_utils import VideoMetadata
-
-    proc, extra = hf_processor(kind, config)
-    kwargs = dict(extra, return_metadata=True, return_tensors="pt")
-    if kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_omni"):
-        kwargs["cap_pixels_per_frame"] = False  # transformers' current default, said explicitly (no warning)
-    sample = options.do_sample_frames
-    if sample is None:
-        sample = proc.do_sample_frames or options.fps is not None or options.num_frames is not None
-    kwargs["do_sample_frames"] = sample
-    if options.num_frames is not None:
-        kwargs.update(num_frames=options.num_frames, fps=None)
-    elif options.fps is not None:
-        kwargs["fps"] = options.fps
-    for k in ("min_frames", "max_frames"):  # Qwen3-VL reads these from the processor, not the call
-        if getattr(options, k) is not None:
-            setattr(proc, k, getattr(options, k))
-            kwargs[k] = getattr(options, k)
-    hf_meta = VideoMetadata(total_num_frames=meta.total_num_frames, fps=meta.fps, duration=meta.duration,
-                            height=meta.height, width=meta.width, video_backend="pyav")
-    out = proc(videos=[frames], video_metadata=[hf_meta], **kwargs)
-    indices = out["video_metadata"][0].frames_indices
-    indices = np.arange(meta.total_num_frames) if indices is None else np.asarray(indices)
-    return out["pixel_values_videos"], out["video_grid_thw"], indices, out["video_metadata"][0]
+from mmenc.testing.hf_video import hf_call  # noqa: E402
 
 
 CASES = [  # kind, video config, options

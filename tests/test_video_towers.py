@@ -18,7 +18,7 @@ from mmenc.preprocess.video_decode import probe  # noqa: E402
 from mmenc.preprocess.video_sampling import VideoOptions  # noqa: E402
 from mmenc.testing import checkpoints as ck  # noqa: E402
 from mmenc.testing.clips import write_clip  # noqa: E402
-from tests.test_video_parity import hf_call  # noqa: E402
+from mmenc.testing.hf_video import hf_call  # noqa: E402
 
 FAMILIES = {  # architecture -> (video kind, options)
     "Qwen2VLForConditionalGeneration": ("qwen2_vl", VideoOptions(fps=4)),

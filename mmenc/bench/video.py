@@ -128,21 +128,16 @@ def hf_callable(hf_tower, encoder, clip, options: VideoOptions):
         return f"transformers' video processors need torchvision ({e})"
     if hf_tower is None:
         return "no transformers tower for this model"
-    kind = encoder.video_processor.kind
-    from transformers import Glm4vVideoProcessor, Qwen2VLVideoProcessor, Qwen3VLVideoProcessor
+    from mmenc.testing.hf_video import hf_processor, quiet_kwargs
 
-    cls = {"qwen2_vl": Qwen2VLVideoProcessor, "qwen2_5_vl": Qwen2VLVideoProcessor, "qwen3_omni": Qwen2VLVideoProcessor,
-           "qwen3_vl": Qwen3VLVideoProcessor, "glm4v": Glm4vVideoProcessor}.get(kind)
-    if cls is None:
-        return f"no transformers video processor wired for {kind}"
-    proc = cls(**encoder.loaded.video_config)
+    proc, extra = hf_processor(encoder.video_processor.kind, encoder.loaded.video_config)
 
     def sample(metadata, **_):
         return proc.sample_frames(metadata, fps=options.fps)
 
     def call():
         frames, metadata = load_video(str(clip), backend="pyav", sample_indices_fn=sample)
-        out = proc(videos=[frames], do_sample_frames=False, return_tensors="pt")
+        out = proc(videos=[frames], do_sample_frames=False, return_tensors="pt", **extra, **quiet_kwargs(proc))
         pv = out["pixel_values_videos"].to(encoder.device, encoder.loaded.dtype)
         return hf_tower(pv, out["video_grid_thw"])
 

@@ -240,7 +240,8 @@ class Preprocessor:
         """schedule None: everything in one chunk (run())."""
         max_rows = schedule.max_patches if schedule is not None else None
         piece_rows = self.video_piece_patches or (max(1, max_rows // 4) if max_rows else 1 << 62)
-        units = VideoUnits(self.video, piece_rows)
+        first = min(piece_rows, schedule.first_limit()) if schedule is not None else None
+        units = VideoUnits(self.video, piece_rows, first)
         source = units.expand(items)
         limit = schedule.first_limit() if schedule is not None else None
         pending: collections.deque[Future] = collections.deque()

@@ -184,17 +184,23 @@ class VideoProcessor:
                          sampled_fps=sampled_fps, total_num_frames=meta.total_num_frames, duration=meta.duration,
                          size=(meta.height, meta.width), resized=plan.resize)
 
-    def pieces(self, source: Any, name: str, plan: VideoPlan, max_rows: int) -> list[VideoPiece]:
-        """The video cut into pieces of whole temporal units, each at most max_rows rows (at least one unit)."""
-        per = max(1, max_rows // plan.unit_rows)
-        starts = range(0, plan.units, per)
+    def pieces(self, source: Any, name: str, plan: VideoPlan, max_rows: int,
+               first_rows: int | None = None) -> list[VideoPiece]:
+        """The video cut into pieces of whole temporal units, each at most max_rows rows (at least one unit);
+        with first_rows, the first piece takes at most that many and each next one twice the previous
+        (so the tower's first call waits for a short decode only, as the chunk schedule's first call)."""
+        most = max(1, max_rows // plan.unit_rows)
+        per = min(most, max(1, (first_rows or max_rows) // plan.unit_rows))
+        spans, u0 = [], 0
+        while u0 < plan.units:
+            spans.append((u0, min(plan.units, u0 + per)))
+            u0, per = spans[-1][1], min(most, per * 2)
         info = self.info(plan)
         out = []
-        for k, u0 in enumerate(starts):
-            u1 = min(plan.units, u0 + per)
+        for k, (u0, u1) in enumerate(spans):
             frames = plan.indices[u0 * plan.unit_frames:u1 * plan.unit_frames]
             out.append(VideoPiece(source, name, plan.metadata, frames, self._piece_plan(plan, frames, u1 - u0),
-                                  k, len(starts), info))
+                                  k, len(spans), info))
         return out
 
     def _piece_plan(self, plan: VideoPlan, frames: Sequence[int], units: int) -> PiecePlan:

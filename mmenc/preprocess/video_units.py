@@ -37,11 +37,13 @@ def video_name(video: Video, index: int) -> str:
 
 
 class VideoUnits:
-    """Expands the videos of one call into pieces of at most `piece_patches` rows (whole temporal units).
+    """Expands the videos of one call into pieces of at most `piece_patches` rows (whole temporal units),
+    the first of each video at most `first_patches` (None: piece_patches), doubling from there.
     video_processor: the model's (None: a video input is a failure saying the model takes none)."""
 
-    def __init__(self, video_processor: Any, piece_patches: int | None):
+    def __init__(self, video_processor: Any, piece_patches: int | None, first_patches: int | None = None):
         self.video, self.piece_patches = video_processor, piece_patches or DEFAULT_PIECE_PATCHES
+        self.first_patches = first_patches  # a video's first piece (then doubling): VideoProcessor.pieces
         self._failed: set[int] = set()
         self._videos: set[int] = set()
 
@@ -69,7 +71,7 @@ class VideoUnits:
                              f"see mmenc.preprocess.video_families)")
         metadata = probe(video.source, name)
         plan = self.video.plan(metadata, video.options, name)
-        return self.video.pieces(video.source, name, plan, self.piece_patches)
+        return self.video.pieces(video.source, name, plan, self.piece_patches, self.first_patches)
 
     def skip(self, result: Any) -> bool:
         """Whether a prepared result (Ready or LoadFailure) belongs to a video that has failed already
