@@ -10,7 +10,8 @@ import torch  # noqa: E402
 from mmenc.preprocess import LoadFailure  # noqa: E402
 from mmenc.preprocess.pipeline import Preprocessor  # noqa: E402
 from mmenc.preprocess.video import Video  # noqa: E402
-from mmenc.preprocess.video_decode import VideoDecodeError, decode, looks_like_video, probe  # noqa: E402
+from mmenc.preprocess.video_decode import VideoDecodeError, looks_like_video, probe  # noqa: E402
+from mmenc.preprocess.video_frames import DecodeCursors, decode  # noqa: E402
 from mmenc.preprocess.video_families import get_video_processor, video_config_from_files  # noqa: E402
 from mmenc.preprocess.video_sampling import VideoOptions  # noqa: E402
 from mmenc.preprocess import get_processor  # noqa: E402
@@ -39,6 +40,19 @@ def test_seeking_decode_gives_the_counted_frames(clips, suffix):
     assert meta.total_num_frames == len(frames) == 33 and meta.fps == 10 and (meta.height, meta.width) == (32, 48)
     for picks in ([0], [5, 6, 7], [13, 20, 32], [32], [1, 1, 8]):
         assert np.array_equal(decode(path, picks, meta), np.stack([frames[i] for i in picks])), picks
+
+
+def test_cursors_go_on_from_the_previous_piece(clips):
+    """A video's pieces through one DecodeCursors: each goes on from the last (or seeks when behind it),
+    the frames of a decode from the start; the decoder is closed after the last piece."""
+    path = clips[".mp4"]
+    meta, frames = probe(path), sequential(path)
+    cursors = DecodeCursors()
+    for picks, keep in (([2, 4], True), ([6, 9], True), ([9, 20], True), ([1, 3], True), ([31, 32], False)):
+        got = decode(path, picks, meta, cursors=cursors, key="v", keep=keep)
+        assert np.array_equal(got, np.stack([frames[i] for i in picks])), picks
+        assert ("v" in cursors._idle) == keep
+    assert not cursors._busy
 
 
 def test_video_detection(clips):

@@ -15,7 +15,8 @@ transformers = pytest.importorskip("transformers")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from mmenc.preprocess.video_decode import decode, probe  # noqa: E402
+from mmenc.preprocess.video_decode import probe  # noqa: E402
+from mmenc.preprocess.video_frames import decode  # noqa: E402
 from mmenc.preprocess.video_families import get_video_processor  # noqa: E402
 from mmenc.preprocess.video_sampling import VideoOptions  # noqa: E402
 from mmenc.testing.clips import FAST_CODECS, write_clip  # noqa: E402

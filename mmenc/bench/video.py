@@ -18,10 +18,10 @@ video's length: pieces stream). Frames/s count sampled frames.
 import dataclasses
 import json
 import pathlib
-import time
 
 import torch
 
+from mmenc.bench.e2e import wall_ms
 from mmenc.preprocess.video import Video
 from mmenc.preprocess.video_decode import probe
 from mmenc.preprocess.video_sampling import VideoOptions
@@ -46,25 +46,6 @@ def write_bench_clip(path: pathlib.Path, seconds: float, size: tuple[int, int], 
     if not path.exists():
         write_clip(path, frames=int(seconds * rate), size=size, fps=rate, codec="libx264", seed=1)
     return path
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn, device: torch.device, warmup: int, iters: int) -> float:
-    """Median wall ms of fn() after `warmup` calls."""
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append((time.perf_counter() - start) * 1000)
-    return sorted(times)[len(times) // 2]
 
 
 def tower_inputs(encoder, clip, options: VideoOptions, n: int):
@@ -97,18 +78,18 @@ def run_video(encoder, hf_tower, *, seconds: float, size: tuple[int, int], fps: 
         items = [Video(clip, fps=fps)] * n
         pixel_values, grid, frames = tower_inputs(encoder, clip, options, n)
         frames *= n
-        rows.append(VideoRow(name, "mmenc encode(files)", timed(lambda: encoder.encode(items), device, warmup, iters),
+        rows.append(VideoRow(name, "mmenc encode(files)", wall_ms(lambda: encoder.encode(items), device, warmup, iters),
                              frames))
-        rows.append(VideoRow(name, "mmenc preprocess only", timed(lambda: preprocess_only(encoder, items), device,
+        rows.append(VideoRow(name, "mmenc preprocess only", wall_ms(lambda: preprocess_only(encoder, items), device,
                                                                   warmup, iters), frames))
-        rows.append(VideoRow(name, "mmenc tower alone", timed(lambda: encoder.encode_pixels(pixel_values, grid),
+        rows.append(VideoRow(name, "mmenc tower alone", wall_ms(lambda: encoder.encode_pixels(pixel_values, grid),
                                                               device, warmup, iters), frames))
         del pixel_values
         if isinstance(hf_call, str):
             print(f"mmenc bench --video: transformers skipped: {hf_call}")
         else:
             rows.append(VideoRow(name, "transformers processor + tower",
-                                 timed(lambda: [hf_call() for _ in range(n)], device, min(warmup, 1), max(1, iters // 3)),
+                                 wall_ms(lambda: [hf_call() for _ in range(n)], device, min(warmup, 1), max(1, iters // 3)),
                                  frames))
     peaks = memory_by_length(encoder, lengths, size, fps, folder) if device.type == "cuda" else {}
     print(format_video(rows, peaks))

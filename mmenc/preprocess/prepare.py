@@ -16,6 +16,7 @@ from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image
 from mmenc.preprocess.plan import ImagePlan, input_name
 from mmenc.preprocess.staging import chw
 from mmenc.preprocess.video import VideoPiece
+from mmenc.preprocess.video_frames import DecodeCursors
 
 
 @dataclasses.dataclass
@@ -48,6 +49,7 @@ class ImageWork:
     device_type: str
     max_pixels: int | None
     video: Any = None
+    cursors: DecodeCursors = dataclasses.field(default_factory=DecodeCursors, compare=False)  # videos' open decoders
 
     @property
     def patchify_in_workers(self) -> bool:
@@ -87,7 +89,7 @@ class ImageWork:
         """A video piece: decode its frames (seeking) and resize them here, whatever the image resize mode
         (uint8 [n, C, h, w] crosses; on a CPU device its patches)."""
         try:
-            pixels = self.video.prepare_piece(piece)
+            pixels = self.video.prepare_piece(piece, self.cursors)  # a video's next piece goes on from its last
         except ImageLoadError as e:  # VideoDecodeError: names the file and the frame
             return LoadFailure(index, piece.name, str(e) if str(e).startswith(piece.name) else f"{piece.name}: {e}")
         if self.patchify_in_workers:

@@ -25,32 +25,29 @@ import torch
 
 from mmenc.preprocess import ops
 from mmenc.preprocess.plan import ImagePlan, finish_patches
-from mmenc.preprocess.video_decode import VideoMetadata, decode, probe
+from mmenc.preprocess.video_decode import VideoMetadata, probe
+from mmenc.preprocess.video_frames import DecodeCursors, decode
 from mmenc.preprocess.video_sampling import (SamplingDefaults, VideoOptions, frame_times, sample_indices,
                                              unit_timestamps)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, init=False)
 class Video:
     """A video input (a path or the encoded file's bytes) with its own sampling options:
-    `encoder.encode([Video("clip.mp4", fps=2), "img.jpg"])`. A bare path with a video extension or
-    bytes of a video container are videos too, with the encoder's default options."""
+    `encoder.encode([Video("clip.mp4", fps=2), "img.jpg"])` (keywords: VideoOptions' fields, or
+    options=VideoOptions(...)). A bare path with a video extension or bytes of a video container are
+    videos too, with the processor's default options."""
 
     source: Any
-    fps: float | None = None
-    num_frames: int | None = None
-    min_frames: int | None = None
-    max_frames: int | None = None
-    do_sample_frames: bool | None = None
+    options: VideoOptions
 
-    def __post_init__(self):
-        if not isinstance(self.source, (str, os.PathLike, bytes, bytearray, memoryview)):
-            raise ValueError(f"Video source {type(self.source).__name__} not supported; pass a path or the file's bytes")
-        self.options  # validates
-
-    @property
-    def options(self) -> VideoOptions:
-        return VideoOptions(self.fps, self.num_frames, self.min_frames, self.max_frames, self.do_sample_frames)
+    def __init__(self, source: Any, options: VideoOptions | None = None, **sampling):
+        if not isinstance(source, (str, os.PathLike, bytes, bytearray, memoryview)):
+            raise ValueError(f"Video source {type(source).__name__} not supported; pass a path or the file's bytes")
+        if options is not None and sampling:
+            raise ValueError(f"Video(options=..., {', '.join(sampling)}=...): give options or its fields, not both")
+        object.__setattr__(self, "source", source)
+        object.__setattr__(self, "options", options if options is not None else VideoOptions(**sampling))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +113,8 @@ class PiecePlan(ImagePlan):
 class VideoPiece:
     """Whole temporal units [first_unit, first_unit + len) of one video: what one worker prepares.
     frames: the piece's frame indices (the last piece is padded to a whole unit when patchified);
-    piece / pieces: its position; info: the video's VideoInfo (on every piece, for the consumer)."""
+    piece / pieces: its position; info: the video's VideoInfo (on every piece, for the consumer);
+    video_id: unique per video of a call (its pieces share a decoder through DecodeCursors; "": none)."""
 
     source: Any
     name: str
@@ -126,6 +124,7 @@ class VideoPiece:
     piece: int
     pieces: int
     info: VideoInfo
+    video_id: str = ""
 
     @property
     def last(self) -> bool:
@@ -185,7 +184,7 @@ class VideoProcessor:
                          size=(meta.height, meta.width), resized=plan.resize)
 
     def pieces(self, source: Any, name: str, plan: VideoPlan, max_rows: int,
-               first_rows: int | None = None) -> list[VideoPiece]:
+               first_rows: int | None = None, video_id: str = "") -> list[VideoPiece]:
         """The video cut into pieces of whole temporal units, each at most max_rows rows (at least one unit);
         with first_rows, the first piece takes at most that many and each next one twice the previous
         (so the tower's first call waits for a short decode only, as the chunk schedule's first call)."""
@@ -200,7 +199,7 @@ class VideoProcessor:
         for k, (u0, u1) in enumerate(spans):
             frames = plan.indices[u0 * plan.unit_frames:u1 * plan.unit_frames]
             out.append(VideoPiece(source, name, plan.metadata, frames, self._piece_plan(plan, frames, u1 - u0),
-                                  k, len(spans), info))
+                                  k, len(spans), info, video_id))
         return out
 
     def _piece_plan(self, plan: VideoPlan, frames: Sequence[int], units: int) -> PiecePlan:
@@ -213,9 +212,11 @@ class VideoProcessor:
                          rows=sum(t * h * w for t, h, w in rows), grid_rows=rows)
 
     # -- one piece: decode + resize (a worker), patchify + normalize (the pipeline) ---------------------
-    def prepare_piece(self, piece: VideoPiece) -> torch.Tensor:
-        """Decode (seeking) and resize -> uint8 [frames, C, *padded] (what crosses to the device)."""
-        frames = decode(piece.source, piece.frames, piece.metadata, piece.name)  # [n, H, W, 3]
+    def prepare_piece(self, piece: VideoPiece, cursors: DecodeCursors | None = None) -> torch.Tensor:
+        """Decode (seeking, or going on from the video's previous piece through `cursors`) and resize ->
+        uint8 [frames, C, *padded] (what crosses to the device)."""
+        frames = decode(piece.source, piece.frames, piece.metadata, piece.name, cursors=cursors,
+                        key=piece.video_id or None, keep=not piece.last)  # [n, H, W, 3]
         return self.resize(torch.from_numpy(frames).permute(0, 3, 1, 2), piece.plan)
 
     def resize(self, frames: torch.Tensor, plan: ImagePlan) -> torch.Tensor:

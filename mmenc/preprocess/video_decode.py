@@ -1,17 +1,10 @@
 """Video files -> metadata and RGB frames, with PyAV (FFmpeg in its wheels; the `video` extra).
 
     meta = probe("clip.mp4")                       # VideoMetadata: frames, fps, duration, size
-    frames = decode("clip.mp4", [0, 15, 30], meta)  # uint8 [3, H, W, 3], RGB
+    (frames: mmenc.preprocess.video_frames.decode)
 
-What a frame index means: the i-th frame in presentation order, counting from the first, as
-transformers' PyAV reader counts them (it decodes from the start and keeps the frames whose count is
-sampled). `decode` seeks instead: it jumps to the key frame before the first wanted frame and decodes
-from there, numbering each frame by its presentation time x the stream's average rate (rounded). On
-a constant-rate stream that is the count; a decoded span whose numbers do not step by one (variable
-frame rate, broken timestamps) is decoded again from the start and counted, so the frames are the
-counting reader's in every case. The metadata follows that reader too: `total_num_frames` is the
-container's frame count (Matroska/WebM have none: the packets are counted), `fps` its average rate,
-`duration` = frames / fps.
+The metadata follows transformers' PyAV reader: `total_num_frames` is the container's frame count
+(Matroska/WebM have none: the packets are counted), `fps` its average rate, `duration` = frames / fps.
 
 Errors are `VideoDecodeError` (an ImageLoadError, so a per-item failure in the pipeline), naming the
 input and the frame and time where decoding failed.
@@ -20,8 +13,6 @@ import dataclasses
 import io
 import os
 import pathlib
-from collections.abc import Sequence
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -82,7 +73,8 @@ def looks_like_video(item: Any) -> bool:
     return False
 
 
-def _open(source: Any, name: str):
+def open_container(source: Any, name: str):
+    """av.open of a path or bytes, with its first video stream checked; VideoDecodeError naming `name`."""
     av = av_module()
     if isinstance(source, (str, os.PathLike)):
         path = pathlib.Path(source)
@@ -111,7 +103,7 @@ def probe(source: Any, name: str = "video") -> VideoMetadata:
     """The video's metadata from its container header (no frame is decoded; Matroska/WebM, which
     store no frame count, have their packets counted)."""
     av = av_module()
-    container = _open(source, name)
+    container = open_container(source, name)
     try:
         stream = container.streams.video[0]
         rate = stream.average_rate or stream.guessed_rate
@@ -131,89 +123,18 @@ def probe(source: Any, name: str = "video") -> VideoMetadata:
                          height=int(height), width=int(width))
 
 
-def decode(source: Any, indices: Sequence[int], metadata: VideoMetadata, name: str = "video") -> np.ndarray:
-    """The frames at `indices` (ascending, repeats allowed) -> RGB uint8 [len(indices), H, W, 3].
-    Seeks to the key frame before the first one (see the module docstring)."""
-    wanted = sorted(set(int(i) for i in indices))
-    if not wanted:
-        raise ValueError("indices is empty; pass at least one frame index")
-    if wanted[0] < 0 or wanted[-1] >= metadata.total_num_frames:
-        raise ValueError(f"frame indices {wanted[0]}..{wanted[-1]} outside 0..{metadata.total_num_frames - 1}")
-    got = _decode_seeking(source, wanted, metadata, name)
-    if got is None:  # the timestamps do not number the frames: count them from the start
-        got = _decode_counting(source, wanted, metadata, name)
-    missing = [i for i in wanted if i not in got]
-    if missing:
-        raise VideoDecodeError(f"{name}: the video ends before frame {missing[0]}{_at(missing[0], metadata)} "
-                               f"(its header says {metadata.total_num_frames} frames)")
-    return np.stack([got[int(i)] for i in indices])
-
-
-def _at(index: int, metadata: VideoMetadata) -> str:
+def time_at(index: int, metadata: VideoMetadata) -> str:
+    """" (t=1.234 s)" for a frame index, "" without a frame rate."""
     return f" (t={index / metadata.fps:.3f} s)" if metadata.fps else ""
 
 
-def _rgb(frame, metadata: VideoMetadata, index: int, name: str) -> np.ndarray:
+def rgb_frame(frame, metadata: VideoMetadata, index: int, name: str) -> np.ndarray:
+    """A decoded PyAV frame -> RGB uint8 [H, W, 3] (transformers' PyAV conversion); VideoDecodeError if
+    its size is not the stream's."""
     array = frame.to_ndarray(format="rgb24")
     if array.shape[:2] != (metadata.height, metadata.width):
-        raise VideoDecodeError(f"{name}: frame {index}{_at(index, metadata)} is {array.shape[1]}x{array.shape[0]}, "
+        raise VideoDecodeError(f"{name}: frame {index}{time_at(index, metadata)} is {array.shape[1]}x{array.shape[0]}, "
                                f"the stream's first is {metadata.width}x{metadata.height}; a video must keep its size")
     return array
 
 
-def _decode_seeking(source: Any, wanted: list[int], metadata: VideoMetadata, name: str) -> dict[int, np.ndarray] | None:
-    """Frames by index after one seek; None when the stream's timestamps do not number its frames."""
-    av = av_module()
-    container = _open(source, name)
-    try:
-        stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
-        rate, tb = stream.average_rate, stream.time_base
-        if not rate or tb is None or stream.start_time is None:
-            return None
-        start = stream.start_time
-        frame_pts = 1 / (Fraction(rate) * tb)  # pts units per frame
-        if wanted[0] > 0:
-            container.seek(int(start + wanted[0] * frame_pts), stream=stream, backward=True, any_frame=False)
-        got: dict[int, np.ndarray] = {}
-        previous, index = None, wanted[0]
-        wanted_set, last = set(wanted), wanted[-1]
-        try:
-            for frame in container.decode(stream):
-                if frame.pts is None:
-                    return None
-                index = round((frame.pts - start) / frame_pts)
-                if (previous is not None and index != previous + 1) or (previous is None and index > wanted[0]):
-                    return None  # not numbered by its timestamps, or the seek landed past the first frame
-                previous = index
-                if index in wanted_set:
-                    got[index] = _rgb(frame, metadata, index, name)
-                if index >= last:
-                    break
-        except av.FFmpegError as e:
-            raise VideoDecodeError(f"{name}: cannot decode frame {index + 1}{_at(index + 1, metadata)} ({e})") from e
-        return got
-    finally:
-        container.close()
-
-
-def _decode_counting(source: Any, wanted: list[int], metadata: VideoMetadata, name: str) -> dict[int, np.ndarray]:
-    """Frames by their count from the start (transformers' PyAV reader)."""
-    av = av_module()
-    container = _open(source, name)
-    got: dict[int, np.ndarray] = {}
-    index = -1
-    try:
-        stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
-        wanted_set, last = set(wanted), wanted[-1]
-        for index, frame in enumerate(container.decode(stream)):
-            if index in wanted_set:
-                got[index] = _rgb(frame, metadata, index, name)
-            if index >= last:
-                break
-    except av.FFmpegError as e:
-        raise VideoDecodeError(f"{name}: cannot decode frame {index + 1}{_at(index + 1, metadata)} ({e})") from e
-    finally:
-        container.close()
-    return got

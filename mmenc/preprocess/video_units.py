@@ -11,6 +11,7 @@ workers like images; each piece then decodes (seeking) only its own frames in a 
 model cannot take (no video processor, no video stream, a size the processor refuses, ...) is one
 LoadFailure naming the input."""
 import os
+import uuid
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -71,7 +72,8 @@ class VideoUnits:
                              f"see mmenc.preprocess.video_families)")
         metadata = probe(video.source, name)
         plan = self.video.plan(metadata, video.options, name)
-        return self.video.pieces(video.source, name, plan, self.piece_patches, self.first_patches)
+        return self.video.pieces(video.source, name, plan, self.piece_patches, self.first_patches,
+                                 video_id=uuid.uuid4().hex)
 
     def skip(self, result: Any) -> bool:
         """Whether a prepared result (Ready or LoadFailure) belongs to a video that has failed already

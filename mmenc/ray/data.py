@@ -12,6 +12,7 @@ Files are renamed into place whole, so a rerun with the same inputs skips the sh
 A bad file is logged with its key and recorded as failed in its shard; the job goes on.
 """
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -105,7 +106,7 @@ def run_job(keys: list[str], encoder_kwargs: dict, settings: OfflineSettings,
 
     from mmenc.engine.runner import build_tower
     from mmenc.ray.stages import EncoderActor, preprocess_batch
-    from mmenc.ray.video_rows import expand_row, is_video_key
+    from mmenc.ray.video_rows import expand_row, is_video_key, prepare_piece
 
     start = time.perf_counter()
     output = pathlib.Path(settings.output)
@@ -135,18 +136,19 @@ def run_job(keys: list[str], encoder_kwargs: dict, settings: OfflineSettings,
     ctx.execution_options.preserve_order = True  # shards complete in order: the driver holds about one
     ctx.enable_progress_bars = False  # ours is one line (progress=)
     ds = ray.data.from_items(rows, override_num_blocks=max(1, len(rows) // settings.preprocess_batch))
-    video = None
+    prepare = None
     if any(is_video_key(row["key"]) for row in rows):  # one row per video piece (mmenc.ray.video_rows)
         video = {"video_processor": meta_tower.video_processor, "options": dict(settings.video),
                  "piece_patches": settings.video_piece_patches}
         ds = ds.flat_map(expand_row, fn_kwargs=video, num_cpus=1)
+        prepare = functools.partial(prepare_piece, **video)
     # CPU tasks (Ray Data spreads them over the nodes and retries them); each reserves memory for one
     # batch of large decoded images, and remote arguments unlike the actors' keep Ray Data from fusing
     # this stage into the encoder actors (which would then decode on the GPU actors' own few CPUs)
     ds = ds.map_batches(preprocess_batch, batch_size=settings.preprocess_batch, batch_format="numpy",
                         num_cpus=1, memory=PREPROCESS_MEMORY,
                         fn_kwargs={"processor": processor, "max_pixels": settings.max_image_pixels,
-                                   "pixel_dtype": settings.pixel_dtype, "video": video})
+                                   "pixel_dtype": settings.pixel_dtype, "prepare_piece": prepare})
     ds = ds.map_batches(EncoderActor, batch_size=settings.batch_size, batch_format="numpy",
                         compute=ray.data.ActorPoolStrategy(size=actors), num_gpus=per_actor,
                         num_cpus=settings.cpus_per_encoder,

@@ -35,10 +35,10 @@ def read_bytes(key: str) -> bytes:
 
 
 def preprocess_batch(batch: dict, *, processor, max_pixels: int | None, pixel_dtype: str,
-                     video: dict | None = None) -> dict:
+                     prepare_piece=None) -> dict:
     """CPU stage: read, decode, resize and patchify each image alone, so a bad file fails alone
-    (its row gets `error`, naming the key, and empty pixels). video: mmenc.ray.video_rows.prepare_piece's
-    keyword arguments, for the rows of video pieces (`video` column set)."""
+    (its row gets `error`, naming the key, and empty pixels). prepare_piece(key, piece, pixel_dtype=)
+    -> (pixel bytes, grid [3]): for the rows of video pieces (`video` column set; mmenc.ray.video_rows)."""
     pixels, grids, errors = [], [], []
     for j, key in enumerate(batch["key"]):
         if "video" in batch and (batch["video"][j] or batch["error"][j]):  # a video piece, or a video's error
@@ -47,11 +47,8 @@ def preprocess_batch(batch: dict, *, processor, max_pixels: int | None, pixel_dt
             errors.append(str(batch["error"][j]))
             if errors[-1]:
                 continue
-            from mmenc.ray.video_rows import prepare_piece
-
             try:
-                pixels[-1], grids[-1] = prepare_piece(str(key), int(batch["piece"][j]), **video,
-                                                      pixel_dtype=DTYPES[pixel_dtype])
+                pixels[-1], grids[-1] = prepare_piece(str(key), int(batch["piece"][j]), pixel_dtype=DTYPES[pixel_dtype])
             except (ImageLoadError, OSError, ValueError) as e:
                 errors[-1] = f"{key!r}: {str(e).removeprefix(repr(str(key)) + ': ')}"
             continue

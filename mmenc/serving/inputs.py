@@ -8,6 +8,7 @@ import dataclasses
 import json
 from typing import Any
 
+from mmenc.preprocess.video_sampling import VideoOptions
 from mmenc.serving.b64 import b64decode
 
 FORMATS = ("vllm", "base64", "json")
@@ -169,8 +170,25 @@ def parse_form(files: list[bytes], fields: dict[str, list[str]], max_images: int
 
 def _video_fields(values: dict) -> dict:
     """The request's video sampling fields, checked (RequestError naming the field)."""
-    from mmenc.serving.video import video_options
-
     video = {k: values[k] for k in VIDEO_FIELDS if values.get(k) is not None}
     video_options(video)
     return video
+
+
+def video_options(values: dict[str, Any]) -> VideoOptions:
+    """The request's sampling fields -> VideoOptions, or RequestError 400 naming the field."""
+    kw = {}
+    for name in VIDEO_FIELDS:
+        value = values.get(name)
+        if value is None:
+            continue
+        if isinstance(value, str):  # a multipart field
+            try:
+                value = float(value) if name == "fps" else int(value)
+            except ValueError as e:
+                raise RequestError(400, name, f"{name}={value!r} is not a number") from e
+        kw[name] = value
+    try:
+        return VideoOptions(**kw)
+    except ValueError as e:
+        raise RequestError(400, next(iter(kw), "fps"), str(e)) from e

@@ -14,35 +14,15 @@ all its videos); none: the model's video processor defaults. vLLM's `vllm` forma
 `{"type": "video_embeds", "video_embeds": {"video_embeds": B64, "video_grid_thw": B64 [rows, 3]
 (, "second_per_grid_ts": B64 [1] for Qwen2.5-VL)}}` (docs/serving.md, Video)."""
 import dataclasses
-from typing import Any
 
 import torch
 
 from mmenc.preprocess.images import ImageLoadError
 from mmenc.preprocess.video_decode import looks_like_video, probe  # noqa: F401  (service.py's test)
 from mmenc.preprocess.video_sampling import VideoOptions
-from mmenc.serving.inputs import VIDEO_FIELDS, ItemError, RequestError
+from mmenc.serving.inputs import ItemError, video_options  # noqa: F401  (service.py's import)
 
 
-
-
-def video_options(values: dict[str, Any]) -> VideoOptions:
-    """The request's sampling fields -> VideoOptions, or RequestError 400 naming the field."""
-    kw = {}
-    for name in VIDEO_FIELDS:
-        value = values.get(name)
-        if value is None:
-            continue
-        if isinstance(value, str):  # a multipart field
-            try:
-                value = float(value) if name == "fps" else int(value)
-            except ValueError as e:
-                raise RequestError(400, name, f"{name}={value!r} is not a number") from e
-        kw[name] = value
-    try:
-        return VideoOptions(**kw)
-    except ValueError as e:
-        raise RequestError(400, next(iter(kw), "fps"), str(e)) from e
 
 
 @dataclasses.dataclass
