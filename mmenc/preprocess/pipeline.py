@@ -227,6 +227,7 @@ class Preprocessor:
             pool.shutdown(wait=True, cancel_futures=True)
         if procs is not None:
             procs.close()
+        self.work.cursors.clear()  # videos' decoders kept for pieces that never came
 
     def __enter__(self):
         return self

@@ -120,6 +120,13 @@ class DecodeCursors:
         for c in closing:
             c.close()
 
+    def clear(self) -> None:
+        """Close the decoders kept for pieces that did not come (a consumer that stopped early)."""
+        with self._cond:
+            idle, self._idle = list(self._idle.values()), {}
+        for c in idle:
+            c.close()
+
     def __getstate__(self):
         return {}
 
