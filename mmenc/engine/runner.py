@@ -49,8 +49,8 @@ class LoadedTower:
     device: torch.device
     load_format: str = "auto"
     preprocessor_config: dict[str, Any] = dataclasses.field(default_factory=dict)
-    graphs: Any = None
-    video_config: dict[str, Any] = dataclasses.field(default_factory=dict)  # the video processor's settings  # a CudaGraphCache when MultiModalConfig.cuda_graphs is on
+    graphs: Any = None  # a CudaGraphCache when MultiModalConfig.cuda_graphs is on
+    video_config: dict[str, Any] = dataclasses.field(default_factory=dict)  # the video processor's settings
 
     @functools.cached_property
     def processor(self) -> Any:
