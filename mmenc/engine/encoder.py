@@ -62,7 +62,7 @@ class Encoder:
                  cuda_graphs: bool = False, *, worker_timeout_s: float = 600.0, strict: bool = False,
                  preprocess_workers: int | None = None, preprocess_worker_kind: str = "auto",
                  preprocess_resize: str = "auto",
-                 batch_invariant: bool = False,
+                 batch_invariant: bool = False, linear_backend: str | None = None, quantization: str | None = None,
                  first_chunk_patches: int | None = None, chunk_growth: float = 2.0):
         """model: a local Hugging Face checkpoint folder, or a built-in name (then
         load_format="dummy" is implied: random weights, no files). max_batch_patches bounds one
@@ -82,6 +82,8 @@ class Encoder:
         See mmenc.preprocess.pipeline.Preprocessor.
         batch_invariant: each image's embedding is bitwise identical whatever else is in the call
         (order, chunking), at some throughput cost (MultiModalConfig.batch_invariant).
+        linear_backend: the linears' kernel backend by name ("native", "onednn", "fp8"; None: the
+        platform's choice, see `linear_backend()` and docs/linear.md); quantization: None or "fp8".
         first_chunk_patches: the first tower call of each `encode`/`encode_iter` takes at most this
         many patches (at least one image), so the tower starts while the rest is still decoded
         (None: max_batch_patches // 16, 4096 by default; max_batch_patches or more: no smaller
@@ -96,7 +98,8 @@ class Encoder:
         check_timeout("worker_timeout_s", worker_timeout_s)
         self.mm_config = MultiModalConfig(mm_encoder_attn_backend=mm_encoder_attn_backend,
                                           mm_encoder_tp_mode=mm_encoder_tp_mode, compile=compile,
-                                          cuda_graphs=cuda_graphs, batch_invariant=batch_invariant)
+                                          cuda_graphs=cuda_graphs, batch_invariant=batch_invariant,
+                                          linear_backend=linear_backend, quantization=quantization)
         if first_chunk_patches is not None:
             check_positive_int("first_chunk_patches", first_chunk_patches,
                                "the most patches of the first tower call of a call, e.g. 4096")
@@ -233,6 +236,11 @@ class Encoder:
     def attention_backends(self) -> str:
         """The attention backend(s) the tower's layers chose, e.g. "TORCH_SDPA"."""
         return self.runner.attention_backends()
+
+    def linear_backend(self) -> str:
+        """The linear backend the tower's linears run on, e.g. "ONEDNN" (the platform's pick unless given)."""
+        backend = getattr(self.loaded, "linear_backend", None)
+        return backend.name if backend is not None else "unknown"
 
     def close(self) -> None:
         """Stop the preprocessing threads and the worker processes, if any (also on `with` exit). Idempotent."""

@@ -50,6 +50,7 @@ class LoadedTower:
     load_format: str = "auto"
     preprocessor_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     graphs: Any = None  # a CudaGraphCache when MultiModalConfig.cuda_graphs is on
+    linear_backend: Any = None  # the LinearBackendEnum its linears run on (None on the meta device)
 
     @functools.cached_property
     def processor(self) -> Any:
@@ -170,6 +171,14 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
         else:
             load_tower_weights(tower, folder, spec.weight_prefixes)
     mm_config = multimodal_config or MultiModalConfig()
+    linear_backend = None
+    if device.type != "meta":  # after loading, before tiling or compiling: the platform's linear kernels
+        from mmenc.layers.linear import prepare_linears
+        from mmenc.platforms import platform_for
+
+        linear_backend = platform_for(device).get_linear_backend(dtype, mm_config.quantization,
+                                                                 mm_config.linear_backend, mm_config.batch_invariant)
+        prepare_linears(tower, linear_backend)
     if mm_config.batch_invariant:  # before compiling / capturing: fixed-shape GEMMs in every linear
         from mmenc.distributed.parallel_state import get_tp_size
         from mmenc.layers.linear import use_token_tiles
@@ -195,7 +204,7 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
     preprocessor = read_json_if_present(folder, "preprocessor_config.json") if folder is not None else {}
     return LoadedTower(model=str(model), spec=spec, hf_config=hf_config, config=config, tower=tower.eval(),
                        dtype=dtype, device=device, load_format=load_format, preprocessor_config=preprocessor,
-                       graphs=graphs)
+                       graphs=graphs, linear_backend=linear_backend)
 
 
 def run_tower(loaded: LoadedTower, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
