@@ -37,7 +37,7 @@ from mmenc.engine.runners import make_runner
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
 from mmenc.preprocess.images import ImageLoadError, LoadFailure
-from mmenc.preprocess.pipeline import Chunk, Preprocessor
+from mmenc.preprocess.pipeline import Chunk, Preprocessor, default_workers, usable_cores
 from mmenc.preprocess.schedule import ChunkSchedule
 from mmenc.tally import Tally
 
@@ -73,8 +73,8 @@ class Encoder:
         worker_timeout_s: with worker processes (tensor_parallel_size > 1), the most one call may
         wait for them before they are declared hung (TimeoutError naming the rank).
         strict: non-finite (NaN/inf) embeddings raise NonFiniteOutputError instead of a warning.
-        preprocess_workers: decode/resize threads of `encode`/`encode_iter` (None: one per usable
-        core; 0: in the calling thread). preprocess_worker_kind: "thread", "process" (paths and bytes are
+        preprocess_workers: decode/resize workers of `encode`/`encode_iter` (None: one per usable core,
+        one for a tower on the CPU (see `threads()`); 0: in the calling thread). preprocess_worker_kind: "thread", "process" (paths and bytes are
         decoded in worker processes, so the thread that launches the tower keeps the GIL) or "auto"
         (processes on CUDA with 8 or more workers, else threads). preprocess_resize: "cpu" (in the workers),
         "device" (on the tower's device), "split" (a call's first image per worker on the device, the rest in
@@ -119,8 +119,10 @@ class Encoder:
         self.device, self.tensor_parallel_size = self.runner.device, self.runner.tensor_parallel_size
         self.loaded = self.runner.loaded
         self.processor = self.loaded.processor
-        self.preprocessor = Preprocessor(self.processor, device=self.runner.input_device, workers=preprocess_workers,
+        workers = default_workers(self.device) if preprocess_workers is None else preprocess_workers
+        self.preprocessor = Preprocessor(self.processor, device=self.runner.input_device, workers=workers,
                                          worker_kind=preprocess_worker_kind, resize=preprocess_resize)
+        logger.info("threads: %s", self.threads())
         self._lock = threading.Lock()  # one call at a time: results can never cross between threads
         self._empty: TowerOutput | None = None
 
@@ -236,6 +238,16 @@ class Encoder:
     def attention_backends(self) -> str:
         """The attention backend(s) the tower's layers chose, e.g. "TORCH_SDPA"."""
         return self.runner.attention_backends()
+
+    def threads(self) -> str:
+        """How this process's cores are shared, e.g. "2 usable cores; tower: 2 intra-op threads (torch);
+        preprocessing: 1 thread worker" (a CPU tower takes every core; its preprocessing one worker)."""
+        pre = self.preprocessor
+        where = (f"{self.tensor_parallel_size} worker processes" if self.tensor_parallel_size > 1
+                 else f"{torch.get_num_threads()} intra-op threads (torch)")
+        kind = "in the calling thread" if pre.workers == 0 else (
+            f"{pre.workers} {pre.worker_kind} worker{'s' if pre.workers != 1 else ''}")
+        return f"{usable_cores()} usable cores; tower on {self.device.type}: {where}; preprocessing: {kind}"
 
     def linear_backend(self) -> str:
         """The linear backend the tower's linears run on, e.g. "ONEDNN" (the platform's pick unless given)."""
