@@ -358,3 +358,12 @@ def linear_backends_of(module: nn.Module) -> dict[str, int]:
             name = m.linear_backend.enum.name if m.linear_backend is not None else "unprepared"
             counts[name] = counts.get(name, 0) + 1
     return counts
+
+
+def linear_states_nbytes(module: nn.Module) -> int:
+    """Bytes the weights of `module` take as it runs: prepared linears as their backend keeps them (packed
+    layouts with their padding), every other parameter and buffer as it is."""
+    linears = [m for m in module.modules() if isinstance(m, _LinearBase) and m.linear_state is not None]
+    held = {id(t) for m in linears for t in (m.weight, m.bias) if t is not None}
+    rest = sum(t.nbytes for t in [*module.parameters(), *module.buffers()] if id(t) not in held and not t.is_mkldnn)
+    return rest + sum(m.linear_backend.state_nbytes(m.linear_state) for m in linears)
