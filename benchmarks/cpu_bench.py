@@ -40,7 +40,7 @@ def load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def build(model: str, dtype: str, impls: list[str], vllm_python: str | None, threads: int, port: int):
+def build(model: str, dtype: str, impls: list[str], vllm_python: str | None, threads: int):
     """{impl: callable(pixel_values, grid) -> (seconds, output)} over one set of weights."""
     base = Encoder(model, device="cpu", dtype=dtype, load_format="dummy")
     hf = build_hf_tower(base.loaded)
@@ -69,7 +69,7 @@ def build(model: str, dtype: str, impls: list[str], vllm_python: str | None, thr
         elif impl == "vllm" and vllm_python:
             from mmenc.bench.vllm_cpu import VllmTower
 
-            tower = VllmTower(vllm_python, base.loaded.hf_config, state, base.loaded.dtype, threads, port)
+            tower = VllmTower(vllm_python, base.loaded.hf_config, state, base.loaded.dtype, threads)
             calls["vllm"] = lambda px, grid: tower.run(px, grid, keep_output=True)
     tensors = sum(t.nbytes for t in state.values())
     return calls, {"checkpoint_tower_bytes": tensors, **{f"{k}_weight_bytes": v for k, v in memory.items()}}
@@ -108,8 +108,7 @@ def main() -> None:
         model, grids = WORKLOADS[name]
         grids = parse_grid_spec(args.grid) if args.grid else grids
         for dtype in args.dtype:
-            calls, memory = build(model, dtype, args.impls.split(","), args.vllm_python, args.threads,
-                                  29500 + len(results))
+            calls, memory = build(model, dtype, args.impls.split(","), args.vllm_python, args.threads)
             grid = torch.tensor(grids)
             px = torch.randn(int(grid.prod(-1).sum()), _features(model), generator=torch.Generator().manual_seed(0))
             times = {k: [] for k in calls}

@@ -151,3 +151,22 @@ def test_encoder_reports_and_overrides_the_linear_backend(q25):
         assert _rel(out, outs[L.NATIVE]) < 1e-5, backend
     invariant = Encoder(q25, device="cpu", batch_invariant=True)
     assert invariant.linear_backend() == "NATIVE"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_fused_activation_matches_activation_after_the_matmul(dtype):
+    torch.manual_seed(4)
+    x = torch.randn(37, 48).to(dtype)
+    for act in (torch.nn.GELU(approximate="tanh"), torch.nn.GELU(), torch.nn.SiLU()):
+        for backend in RUNNABLE[dtype]:
+            layer = ColumnParallelLinear(48, 70)
+            layer.weight.data.normal_(0, 0.1)
+            layer.bias.data.normal_()
+            want = act(F.linear(x.float(), layer.weight.float(), layer.bias.float()))
+            layer.to(dtype)
+            prepare_linears(layer, backend)
+            got = layer.forward_activated(x, act)
+            if backend == L.NATIVE:
+                assert torch.equal(got, act(layer(x))), "NATIVE: exactly act(linear(x))"
+            err = _rel(got, want)
+            assert err < TOL[dtype], f"{backend.name} {act}: relative error {err:.2e} >= {TOL[dtype]}"

@@ -7,6 +7,7 @@ tower call), so the pipe costs nothing of it. Families: VLLM_FAMILIES.
 """
 import json
 import pathlib
+import socket
 import subprocess
 import tempfile
 
@@ -31,7 +32,7 @@ class VllmTower:
     """vLLM's tower in a child process: `run(pixel_values, grid_thw)` -> (seconds, output or None)."""
 
     def __init__(self, python: str, hf_config: dict, state_dict: dict[str, torch.Tensor], dtype: torch.dtype,
-                 threads: int, port: int):
+                 threads: int, port: int | None = None):
         arch = (hf_config.get("architectures") or ["?"])[0]
         why = vllm_tower_available(arch)
         if why:
@@ -40,7 +41,7 @@ class VllmTower:
         weights = pathlib.Path(self._dir.name) / "weights.safetensors"
         save_file({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, str(weights))
         spec = {"family": VLLM_FAMILIES[arch], "vision_config": vision_config_dict(hf_config), "weights": str(weights),
-                "dtype": str(dtype).removeprefix("torch."), "threads": threads, "port": port}
+                "dtype": str(dtype).removeprefix("torch."), "threads": threads, "port": port or _free_port()}
         self._proc = subprocess.Popen([python, str(CHILD), json.dumps(spec)], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True)
         self._answer()  # {"ready": ...}
@@ -80,3 +81,10 @@ class VllmTower:
         self._proc.stdin.write(json.dumps({"op": "stop"}) + "\n")
         self._proc.stdin.close()
         self._proc.wait(timeout=60)
+
+
+def _free_port() -> int:
+    """A loopback TCP port free a moment ago (vLLM's one-process gloo group listens on it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

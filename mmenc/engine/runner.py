@@ -83,6 +83,21 @@ def resolve_dtype(dtype: "str | torch.dtype", hf_config: dict[str, Any], device:
     return _DTYPES.get(str(name).removeprefix("torch."), torch.bfloat16)
 
 
+def _hint_cpu_bfloat16(hf_config: dict[str, Any]) -> None:
+    """dtype "auto" stays float32 on a CPU (docs/linear.md, "bfloat16 on CPUs"); where the CPU has bf16 dot
+    products and the checkpoint is bfloat16, say once that --dtype bfloat16 is there to take."""
+    from mmenc.backends import probe_device
+    from mmenc.logger import log_once
+
+    name = str(hf_config.get("torch_dtype") or hf_config.get("dtype") or "")
+    info = probe_device("cpu")
+    if info.bf16_dot and name.removeprefix("torch.") == "bfloat16":
+        features = "/".join(sorted(info.features & {"avx512_bf16", "amx"}))
+        log_once(logger, f"dtype auto: float32 on the CPU; this CPU has bfloat16 dot products ({features}) and "
+                         f"the checkpoint is bfloat16: dtype='bfloat16' (--dtype bfloat16) runs its linears about "
+                         f"2x faster, each image's embedding at cosine >= 0.999 to float32's (docs/linear.md)")
+
+
 def default_device() -> torch.device:
     from mmenc.platforms import current_platform
 
@@ -158,6 +173,8 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
         raise ValueError(f"load_format={load_format!r} is not valid; expected one of {LOAD_FORMATS}")
     spec, hf_config, folder, load_format = _resolve_model(str(model), load_format)
     device = torch.device(device) if device is not None else default_device()
+    if dtype == "auto" and device.type == "cpu":
+        _hint_cpu_bfloat16(hf_config)
     dtype = resolve_dtype(dtype, hf_config, device)
     config = spec.config_from_hf(hf_config)
     _check_tp_size(tp_size)  # the tower shards over the parallel state's group; tp_size only double-checks it

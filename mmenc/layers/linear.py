@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from mmenc.backends.linear import LinearBackend, LinearBackendEnum, LinearState, get_linear_backend_class
 from mmenc.distributed.parallel_state import get_tp_rank, get_tp_size, tp_all_gather, tp_all_reduce
+from mmenc.layers.activation import activation_kind
 from mmenc.layers.token_tiles import NARROW_OUT_FEATURES, NARROW_TOKEN_TILE, TOKEN_TILE, TRITON_GEMM, tiled_linear
 
 
@@ -108,6 +109,16 @@ class _LinearBase(nn.Module):
         if self.linear_state is not None:
             return self.linear_backend.apply(self.linear_state, x)
         return F.linear(x, self.weight, self.kernel_bias)
+
+    def forward_activated(self, x: torch.Tensor, act: nn.Module) -> torch.Tensor:
+        """act(self(x)): the activation fused into the matmul where the backend can (a standard GELU on
+        ONEDNN), else run after it (NATIVE: exactly act(self(x)))."""
+        kind = activation_kind(act)
+        backend = self.linear_backend
+        if (backend is not None and kind in backend.fused_activations and self.token_tile is None
+                and self.kernel_bias is self.bias and not getattr(self, "gather_output", False)):
+            return backend.apply_activated(self.linear_state, x, kind)
+        return act(self(x))
 
     def extra_repr(self) -> str:
         out, inp = self.weight.shape

@@ -162,7 +162,7 @@ class AttentionPoolingHead(nn.Module):
         den = scores.new_zeros(frames, heads).index_add_(0, segment, e)
         out = scores.new_zeros(frames, heads, hd).index_add_(0, segment, e[..., None] * kv[:, 1])
         y = self.attention.out_proj((out / den[..., None]).reshape(frames, dim).to(x.dtype))  # [F, D]
-        return y + self.mlp.fc2(self.mlp.act(self.mlp.fc1(self.layernorm(y))))
+        return y + self.mlp.fc2(self.mlp.fc1.forward_activated(self.layernorm(y), self.mlp.act))
 
 
 @dataclasses.dataclass

@@ -3,6 +3,7 @@
     reasons(device: DeviceInfo, dtype, quantization) -> list[str]     empty: it can run there
     prepare(weight [out, in], bias [out] | None) -> LinearState        once, after the weights are loaded
     apply(state, x [..., in]) -> [..., out]                            x's dtype; y = x W^T + b
+    apply_activated(state, x, "gelu_tanh") -> act(x W^T + b)           where fused_activations has it
     restore(state) -> weight [out, in]                                 the plain weight back (optional)
 
 `prepare` may repack or quantize the weight; its LinearState REPLACES the layer's weight (the layer
@@ -39,6 +40,8 @@ class LinearBackend:
     # Why the backend cannot give batch-invariant results (MultiModalConfig(batch_invariant=True)), or
     # None where it can (a row's result independent of the other rows of the call).
     not_batch_invariant: ClassVar[str | None] = "the backend does not declare it"
+    # Activations `apply_activated` fuses into the matmul ("gelu", "gelu_tanh", ...; mmenc.layers.activation).
+    fused_activations: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def is_installed(cls) -> bool:
@@ -65,6 +68,11 @@ class LinearBackend:
     @classmethod
     def apply(cls, state: LinearState, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    @classmethod
+    def apply_activated(cls, state: LinearState, x: torch.Tensor, activation: str) -> torch.Tensor:
+        """activation(x W^T + b) [..., out] in one kernel, for `activation` in fused_activations."""
+        raise NotImplementedError(f"the {cls.enum.name} linear backend fuses no activation ({activation!r})")
 
     @classmethod
     def restore(cls, state: LinearState) -> torch.Tensor:
