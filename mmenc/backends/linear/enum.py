@@ -1,6 +1,8 @@
 """The names of the linear (matmul) kernel backends."""
 import enum
 
+from mmenc.backends.backend_enum import member_by_name
+
 
 class LinearBackendEnum(enum.Enum):
     NATIVE = "native"  # F.linear (and the batch-invariant token tiles): the reference, every device
@@ -10,11 +12,4 @@ class LinearBackendEnum(enum.Enum):
     @classmethod
     def from_name(cls, name: "str | LinearBackendEnum") -> "LinearBackendEnum":
         """Case-insensitive lookup (`"onednn"`, `"ONEDNN"`); members pass through."""
-        if isinstance(name, cls):
-            return name
-        if not isinstance(name, str):
-            raise ValueError(f"linear backend must be a name or LinearBackendEnum, got {name!r}")
-        key = name.strip().upper().replace("-", "_")
-        if key in cls.__members__:
-            return cls[key]
-        raise ValueError(f"unknown linear backend {name!r}; valid names: {', '.join(cls.__members__)}")
+        return member_by_name(cls, name, "linear")

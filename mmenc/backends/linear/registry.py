@@ -1,9 +1,8 @@
 """Linear backend registry: one module per backend (files of this package), looked up by LinearBackendEnum.
 A backend another package provides registers itself with `register_linear_backend(enum, "module:Class")`."""
-import importlib
-
 from mmenc.backends.linear.base import LinearBackend
 from mmenc.backends.linear.enum import LinearBackendEnum
+from mmenc.backends.registry import load_target
 
 _MODULES: dict[LinearBackendEnum, str] = {
     LinearBackendEnum.NATIVE: "native:NativeLinear",
@@ -25,7 +24,4 @@ def get_linear_backend_class(backend: LinearBackendEnum) -> type[LinearBackend]:
     if target is None:
         raise ValueError(f"linear backend {backend.name} is not registered in this build of mmenc; "
                          f"registered: {', '.join(b.name for b in registered_linear_backends())}")
-    module, _, cls = target.partition(":")
-    if "." not in module:
-        module = f"{__package__}.{module}"
-    return getattr(importlib.import_module(module), cls)
+    return load_target(target, __package__, f"linear backend {backend.name}")
