@@ -49,7 +49,8 @@ def main() -> None:
             m = max(1, int(rows * args.rows_scale))
             x, w, b = torch.randn(m, k).to(dtype), (torch.randn(n, k) * 0.02).to(dtype), torch.randn(n).to(dtype)
             packed = mk._reorder_linear_weight(w, 4096)
-            fns = {"F.linear": lambda: F.linear(x, w, b), "onednn plain": lambda: mk._linear_pointwise(x, w, b, "none", [], ""),
+            fns = {"F.linear": lambda: F.linear(x, w, b),
+                   "onednn plain": lambda: mk._linear_pointwise(x, w, b, "none", [], ""),
                    "onednn packed": lambda: mk._linear_pointwise(x, packed, b, "none", [], "")}
             if "fc1" in name:
                 alg = "tanh" if "siglip" in name else "none"

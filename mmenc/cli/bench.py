@@ -176,7 +176,8 @@ def run(args) -> int:
         vllm.close()
     threads = f" threads={torch.get_num_threads()} linears={encoder.linear_backend()}" if device.type == "cpu" else ""
     print(f"model={encoder.model_name} dtype={str(dtype).removeprefix('torch.')} device={device} "
-          f"torch={torch.__version__}{threads}" + (f" gpu={torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
+          f"torch={torch.__version__}{threads}"
+          + (f" gpu={torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
           + (f" matmul_ceiling={ceiling:.0f} TFLOP/s" if ceiling else ""))
     print(format_table(rows, ceiling))
     if json_path is not None:

@@ -74,7 +74,8 @@ class Encoder:
         wait for them before they are declared hung (TimeoutError naming the rank).
         strict: non-finite (NaN/inf) embeddings raise NonFiniteOutputError instead of a warning.
         preprocess_workers: decode/resize workers of `encode`/`encode_iter` (None: one per usable core,
-        one for a tower on the CPU (see `threads()`); 0: in the calling thread). preprocess_worker_kind: "thread", "process" (paths and bytes are
+        one for a tower on the CPU (see `threads()`); 0: in the calling thread).
+        preprocess_worker_kind: "thread", "process" (paths and bytes are
         decoded in worker processes, so the thread that launches the tower keeps the GIL) or "auto"
         (processes on CUDA with 8 or more workers, else threads). preprocess_resize: "cpu" (in the workers),
         "device" (on the tower's device), "split" (a call's first image per worker on the device, the rest in

@@ -282,8 +282,9 @@ def use_token_tiles(module: nn.Module, tile: int | None = TOKEN_TILE, narrow_til
             raise ValueError(f"{name}={value!r} must be a positive number of tokens, TRITON_GEMM (0: the Triton "
                              f"batch-invariant GEMM) or None ({'switch tiling off' if name == 'tile' else 'use tile'})")
     linears = [m for m in module.modules() if isinstance(m, _LinearBase)]
+    native = get_linear_backend_class(LinearBackendEnum.NATIVE)
     packed = [m.prefix or type(m).__name__ for m in linears
-              if tile is not None and m.linear_backend not in (None, get_linear_backend_class(LinearBackendEnum.NATIVE))]
+              if tile is not None and m.linear_backend not in (None, native)]
     if packed:
         raise ValueError(f"token tiles run on plain weights, but {packed[0]} (and {len(packed) - 1} more) runs on "
                          f"the {linears[0].linear_backend.enum.name} linear backend; prepare the linears with "
