@@ -1,6 +1,6 @@
 """CPU: torch SDPA (grouped by segment length), the reference as a last resort. FlexAttention is
 not offered: its compiled CPU kernel fails with dynamic pack lengths (see backends/flex.py).
-Linears: oneDNN with packed weights (0.70-0.83x F.linear's time in float32, 0.88-0.95x in bfloat16 on
+Linears: oneDNN with packed weights (0.67-0.83x F.linear's time in float32, 0.88-0.95x in bfloat16 on
 an AVX-512 EPYC; BENCHMARKS.md, CPU), F.linear where oneDNN cannot run (and in batch-invariant mode)."""
 import torch
 

@@ -1,7 +1,7 @@
 """ONEDNN: oneDNN's inner product on the CPU, the weight reordered once at load into the blocked
 layout its kernels read (torch.ops.mkldnn._reorder_linear_weight -> _linear_pointwise).
 
-On a 2-core AMD EPYC (AVX-512, AVX512-BF16) one such linear took 0.70-0.83x the CPU time of
+On a 2-core AMD EPYC (AVX-512, AVX512-BF16) one such linear took 0.67-0.83x the CPU time of
 F.linear in float32 (MKL) and 0.88-0.95x in bfloat16 (F.linear already calls oneDNN there, reordering
 the weight on every call); BENCHMARKS.md, CPU. The packed layout pads the weight's rows to a multiple
 of 64 and its columns to 16 (32 in bfloat16): a 3420-row weight keeps 36 rows of zeros (+1%).
