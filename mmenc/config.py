@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from mmenc.backends.backend_enum import AttentionBackendEnum
+from mmenc.backends.linear import QUANTIZATIONS, LinearBackendEnum
 
 TPMode = Literal["weights", "data"]
 _TP_MODE_ALIASES = {"weights": "weights", "weight": "weights", "data": "data"}
@@ -41,6 +42,9 @@ class MultiModalConfig:
     batch_invariant: an image's embedding is bitwise the same whatever else shares its call (any
         order, any chunking): linears over fixed-size token tiles, attention over fixed-shape
         sub-packs by backends that can (docs/attention.md, "Batch invariance"). Costs throughput.
+    linear_backend: a linear backend name (any case) or LinearBackendEnum member; None lets the platform
+        choose (the CPU: ONEDNN, packed weights; docs/linear.md). Stored as the enum member.
+    quantization: None (the checkpoint's weights as loaded) or "fp8" (FP8 linears, where a backend runs them).
     """
 
     mm_encoder_attn_backend: AttentionBackendEnum | str | None = None
@@ -49,8 +53,15 @@ class MultiModalConfig:
     compile: bool = False
     cuda_graphs: bool = False
     batch_invariant: bool = False
+    linear_backend: LinearBackendEnum | str | None = None
+    quantization: str | None = None
 
     def __post_init__(self):
+        if self.linear_backend is not None:
+            object.__setattr__(self, "linear_backend", LinearBackendEnum.from_name(self.linear_backend))
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization={self.quantization!r} is not valid; expected None or one of "
+                             f"{', '.join(QUANTIZATIONS)}")
         if self.mm_encoder_attn_backend is not None:
             backend = AttentionBackendEnum.from_name(self.mm_encoder_attn_backend)
             object.__setattr__(self, "mm_encoder_attn_backend", backend)
@@ -69,5 +80,7 @@ class MultiModalConfig:
         backend = self.mm_encoder_attn_backend
         fields = [backend.name if backend is not None else "auto", self.mm_encoder_tp_mode, ",".join(self.custom_ops),
                   f"compile={self.compile}", f"cuda_graphs={self.cuda_graphs}",
-                  f"batch_invariant={self.batch_invariant}"]
+                  f"batch_invariant={self.batch_invariant}",
+                  f"linear={self.linear_backend.name if self.linear_backend is not None else 'auto'}",
+                  f"quantization={self.quantization}"]
         return hashlib.sha256("|".join(fields).encode()).hexdigest()[:16]

@@ -23,8 +23,10 @@ def test_parse_grid_spec():
 
 def test_flop_count_matches_torch_flop_counter(tmp_path):
     folder, _ = save_qwen2_5_vl(tmp_path / "q")  # window and full layers, uneven windows
+    # NATIVE linears: FlopCounterMode counts aten's matmuls, not oneDNN's op inside mmenc::onednn_linear
     loaded = build_tower(str(folder), device="cpu",
-                         multimodal_config=MultiModalConfig(mm_encoder_attn_backend="TORCH_SDPA"))
+                         multimodal_config=MultiModalConfig(mm_encoder_attn_backend="TORCH_SDPA",
+                                                            linear_backend="native"))
     grid = torch.tensor([[1, 8, 12], [2, 4, 4]])
     pixels = random_pixels(grid)
     with count_flops(loaded.tower) as counter:

@@ -171,3 +171,15 @@ def test_bad_width(capsys, use_platform):
     use_platform(CpuPlatform())
     rc, _, err = run(capsys, "--width", "-3")
     assert rc == 2 and "--width -3" in err
+
+
+def test_linear_backends_table(capsys, use_platform):
+    use_platform(CpuPlatform(DeviceInfo(type="cpu", vendor="cpu", features=frozenset({"avx2", "avx512"}))))
+    rc, out, _ = run(capsys)
+    assert rc == 0
+    assert "linears (float32): priority ONEDNN > NATIVE" in out and "cpu features: avx2, avx512" in out
+    assert "selected (*): ONEDNN: first usable in the cpu priority list for float32" in out
+    rc, out, _ = run(capsys, "--json", "--quantization", "fp8")
+    linear = json.loads(out)["linear"]
+    assert rc == 1 and linear["selected"] is None and "no linear backend can run" in linear["why"]
+    assert all("runs unquantized weights only" in " ".join(r["reasons"]) for r in linear["backends"])

@@ -52,6 +52,7 @@ def _worker(rank: int, world: int, init_file: str, ckpt: str):
     parallel_state.set_tp_group(dist.group.WORLD)
     try:
         _check_all(rank, world, ckpt)
+        _check_backends(rank, world)
         dist.barrier()  # no rank tears gloo down while the other still reads its last collective
     finally:
         leave_process_group()
@@ -110,6 +111,37 @@ def _check_all(rank: int, world: int, ckpt: str):
         sizes = [12, 6, 6]
         want = torch.cat([p.chunk(world, dim=-1)[rank] for p in full.split(sizes, dim=-1)], dim=-1)
         _close(F.linear(x, layer.weight), want, "QKVParallelLinear from safetensors")
+
+
+def _check_backends(rank: int, world: int):
+    """Each linear backend that runs here, on this rank's shard: column, row (bias once, after the all-reduce),
+    merged and qkv layers against the unsharded F.linear, at odd sizes."""
+    from mmenc.backends.linear import LinearBackendEnum
+    from mmenc.layers.linear import prepare_linears
+    from mmenc.platforms.cpu import CpuPlatform
+
+    torch.manual_seed(3)
+    hidden, inter, tokens = 18, 22, 13
+    x = torch.randn(tokens, hidden)
+    w1, b1, w2, b2 = torch.randn(inter, hidden), torch.randn(inter), torch.randn(hidden, inter), torch.randn(hidden)
+    n = inter // world
+    mine = slice(rank * n, (rank + 1) * n)
+    for backend in (LinearBackendEnum.NATIVE, LinearBackendEnum.ONEDNN):
+        if CpuPlatform().linear_backend_reasons(backend, torch.float32):
+            continue
+        col, row = ColumnParallelLinear(hidden, inter), RowParallelLinear(inter, hidden)
+        _load(col, weight=w1, bias=b1)
+        _load(row, weight=w2, bias=b2)
+        qkv = QKVParallelLinear(hidden, 3, 4, 2, bias=False)
+        wqkv = torch.randn(24, hidden)
+        qkv.weight.weight_loader(qkv.weight, wqkv)
+        for layer in (col, row, qkv):
+            assert prepare_linears(layer, backend) == 1
+        h = F.gelu(F.linear(x, w1, b1))
+        _close(col(x), F.linear(x, w1, b1)[:, mine], f"{backend.name} ColumnParallelLinear")
+        _close(row(h[:, mine]), F.linear(h, w2, b2), f"{backend.name} RowParallelLinear")
+        want = torch.cat([p.chunk(world, dim=-1)[rank] for p in F.linear(x, wqkv).split([12, 6, 6], dim=-1)], -1)
+        _close(qkv(x), want, f"{backend.name} QKVParallelLinear")
 
 
 def _check_attention(rank, world, x, heads, kv_heads):

@@ -32,12 +32,18 @@ def get_backend_class(backend: AttentionBackendEnum) -> type[AttentionBackend]:
     if target is None:
         raise ValueError(f"attention backend {backend.name} is not registered in this build of mmenc; "
                          f"registered: {', '.join(b.name for b in registered_backends())}")
+    return load_target(target, __package__, f"attention backend {backend.name}")
+
+
+def load_target(target: str, package: str, what: str):
+    """The class "module:Class" names: a file of `package` when `module` has no dot and is one, else a
+    top-level module (a plugin's); ModuleNotFoundError naming `what` when neither exists."""
     module, _, cls = target.partition(":")
-    if "." not in module:  # a file of this package, else a top-level module (a plugin's)
-        local = f"{__package__}.{module}"
+    if "." not in module:
+        local = f"{package}.{module}"
         if importlib.util.find_spec(local) is not None:
             module = local
         elif importlib.util.find_spec(module) is None:
-            raise ModuleNotFoundError(f"attention backend {backend.name} is registered as {target!r} but neither "
-                                      f"{local} nor {module} exists", name=local)
+            raise ModuleNotFoundError(f"{what} is registered as {target!r} but neither {local} nor {module} exists",
+                                      name=local)
     return getattr(importlib.import_module(module), cls)

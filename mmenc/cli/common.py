@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from mmenc.attention.backend_enum import AttentionBackendEnum
+from mmenc.backends.linear import QUANTIZATIONS, LinearBackendEnum
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -22,6 +23,11 @@ def add_encoder_args(parser: argparse.ArgumentParser, default_model_help: str) -
     parser.add_argument("--device", default=None, help="torch device: cpu, cuda, cuda:N (default: the platform's)")
     parser.add_argument("--mm-encoder-attn-backend", default=None, metavar="BACKEND",
                         help="force one attention backend: " + ", ".join(b.name for b in AttentionBackendEnum))
+    parser.add_argument("--linear-backend", default=None, metavar="BACKEND",
+                        help="force one linear (matmul) backend: " + ", ".join(b.name for b in LinearBackendEnum)
+                             + " (default: the platform's; `mmenc backends` shows it)")
+    parser.add_argument("--quantization", default=None, choices=list(QUANTIZATIONS),
+                        help="quantize the tower's linears at load (fp8: FP8 weights and activations, CUDA)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                         help="number of devices (worker processes) for the tower")
     parser.add_argument("--mm-encoder-tp-mode", choices=["weights", "data"], default="weights",
@@ -61,7 +67,8 @@ def encoder_kwargs(args: argparse.Namespace, default_model: str) -> dict:
                 mm_encoder_attn_backend=args.mm_encoder_attn_backend, load_format=args.load_format,
                 tensor_parallel_size=args.tensor_parallel_size, mm_encoder_tp_mode=args.mm_encoder_tp_mode,
                 compile=args.compile, cuda_graphs=args.cuda_graphs, worker_timeout_s=args.worker_timeout,
-                batch_invariant=args.batch_invariant)
+                batch_invariant=args.batch_invariant, linear_backend=args.linear_backend,
+                quantization=args.quantization)
 
 
 def check_device(name: str | None) -> None:

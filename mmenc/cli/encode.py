@@ -126,6 +126,8 @@ def run(args) -> int:
         except KeyboardInterrupt:
             print("\nmmenc encode: interrupted while loading the model; nothing was written", file=sys.stderr)
             return EXIT_INTERRUPTED
+        if not args.quiet:
+            print(f"mmenc encode: linears {encoder.linear_backend()}; {encoder.threads()}", file=sys.stderr)
         with encoder:
             written, interrupted, seconds = _encode_and_save(encoder, paths, args, output, results)
     print(f"model={encoder.model_name} backend={encoder.attention_backends()} images={results.images} "

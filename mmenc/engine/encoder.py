@@ -38,7 +38,7 @@ from mmenc.engine.videos import VideoAssembler, VideoEmbedding, entry_tokens
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
 from mmenc.preprocess.images import ImageLoadError, LoadFailure
-from mmenc.preprocess.pipeline import Chunk, Preprocessor
+from mmenc.preprocess.pipeline import Chunk, Preprocessor, default_workers, usable_cores
 from mmenc.preprocess.schedule import ChunkSchedule
 from mmenc.tally import Tally
 
@@ -63,7 +63,7 @@ class Encoder:
                  cuda_graphs: bool = False, *, worker_timeout_s: float = 600.0, strict: bool = False,
                  preprocess_workers: int | None = None, preprocess_worker_kind: str = "auto",
                  preprocess_resize: str = "auto",
-                 batch_invariant: bool = False,
+                 batch_invariant: bool = False, linear_backend: str | None = None, quantization: str | None = None,
                  first_chunk_patches: int | None = None, chunk_growth: float = 2.0):
         """model: a local Hugging Face checkpoint folder, or a built-in name (then
         load_format="dummy" is implied: random weights, no files). max_batch_patches bounds one
@@ -74,8 +74,9 @@ class Encoder:
         worker_timeout_s: with worker processes (tensor_parallel_size > 1), the most one call may
         wait for them before they are declared hung (TimeoutError naming the rank).
         strict: non-finite (NaN/inf) embeddings raise NonFiniteOutputError instead of a warning.
-        preprocess_workers: decode/resize threads of `encode`/`encode_iter` (None: one per usable
-        core; 0: in the calling thread). preprocess_worker_kind: "thread", "process" (paths and bytes are
+        preprocess_workers: decode/resize workers of `encode`/`encode_iter` (None: one per usable core,
+        one for a tower on the CPU (see `threads()`); 0: in the calling thread).
+        preprocess_worker_kind: "thread", "process" (paths and bytes are
         decoded in worker processes, so the thread that launches the tower keeps the GIL) or "auto"
         (processes on CUDA with 8 or more workers, else threads). preprocess_resize: "cpu" (in the workers),
         "device" (on the tower's device), "split" (a call's first image per worker on the device, the rest in
@@ -83,6 +84,8 @@ class Encoder:
         See mmenc.preprocess.pipeline.Preprocessor.
         batch_invariant: each image's embedding is bitwise identical whatever else is in the call
         (order, chunking), at some throughput cost (MultiModalConfig.batch_invariant).
+        linear_backend: the linears' kernel backend by name ("native", "onednn", "fp8"; None: the
+        platform's choice, see `linear_backend()` and docs/linear.md); quantization: None or "fp8".
         first_chunk_patches: the first tower call of each `encode`/`encode_iter` takes at most this
         many patches (at least one image), so the tower starts while the rest is still decoded
         (None: max_batch_patches // 16, 4096 by default; max_batch_patches or more: no smaller
@@ -97,7 +100,8 @@ class Encoder:
         check_timeout("worker_timeout_s", worker_timeout_s)
         self.mm_config = MultiModalConfig(mm_encoder_attn_backend=mm_encoder_attn_backend,
                                           mm_encoder_tp_mode=mm_encoder_tp_mode, compile=compile,
-                                          cuda_graphs=cuda_graphs, batch_invariant=batch_invariant)
+                                          cuda_graphs=cuda_graphs, batch_invariant=batch_invariant,
+                                          linear_backend=linear_backend, quantization=quantization)
         if first_chunk_patches is not None:
             check_positive_int("first_chunk_patches", first_chunk_patches,
                                "the most patches of the first tower call of a call, e.g. 4096")
@@ -117,9 +121,11 @@ class Encoder:
         self.device, self.tensor_parallel_size = self.runner.device, self.runner.tensor_parallel_size
         self.loaded = self.runner.loaded
         self.processor = self.loaded.processor
-        self.preprocessor = Preprocessor(self.processor, device=self.runner.input_device, workers=preprocess_workers,
+        workers = default_workers(self.device) if preprocess_workers is None else preprocess_workers
+        self.preprocessor = Preprocessor(self.processor, device=self.runner.input_device, workers=workers,
                                          worker_kind=preprocess_worker_kind, resize=preprocess_resize,
                                          video_processor=self.video_processor)
+        logger.info("threads: %s", self.threads())
         self._lock = threading.Lock()  # one call at a time: results can never cross between threads
         self._empty: TowerOutput | None = None
 
@@ -245,6 +251,21 @@ class Encoder:
     def attention_backends(self) -> str:
         """The attention backend(s) the tower's layers chose, e.g. "TORCH_SDPA"."""
         return self.runner.attention_backends()
+
+    def threads(self) -> str:
+        """How this process's cores are shared, e.g. "2 usable cores; tower: 2 intra-op threads (torch);
+        preprocessing: 1 thread worker" (a CPU tower takes every core; its preprocessing one worker)."""
+        pre = self.preprocessor
+        where = (f"{self.tensor_parallel_size} worker processes" if self.tensor_parallel_size > 1
+                 else f"{torch.get_num_threads()} intra-op threads (torch)")
+        kind = "in the calling thread" if pre.workers == 0 else (
+            f"{pre.workers} {pre.worker_kind} worker{'s' if pre.workers != 1 else ''}")
+        return f"{usable_cores()} usable cores; tower on {self.device.type}: {where}; preprocessing: {kind}"
+
+    def linear_backend(self) -> str:
+        """The linear backend the tower's linears run on, e.g. "ONEDNN" (the platform's pick unless given)."""
+        backend = getattr(self.loaded, "linear_backend", None)
+        return backend.name if backend is not None else "unknown"
 
     def close(self) -> None:
         """Stop the preprocessing threads and the worker processes, if any (also on `with` exit). Idempotent."""

@@ -51,6 +51,7 @@ class LoadedTower:
     preprocessor_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     graphs: Any = None  # a CudaGraphCache when MultiModalConfig.cuda_graphs is on
     video_config: dict[str, Any] = dataclasses.field(default_factory=dict)  # the video processor's settings
+    linear_backend: Any = None  # the LinearBackendEnum its linears run on (None on the meta device)
 
     @functools.cached_property
     def processor(self) -> Any:
@@ -94,6 +95,21 @@ def resolve_dtype(dtype: "str | torch.dtype", hf_config: dict[str, Any], device:
         return torch.float32
     name = hf_config.get("torch_dtype") or hf_config.get("dtype") or "bfloat16"
     return _DTYPES.get(str(name).removeprefix("torch."), torch.bfloat16)
+
+
+def _hint_cpu_bfloat16(hf_config: dict[str, Any]) -> None:
+    """dtype "auto" stays float32 on a CPU (docs/linear.md, "bfloat16 on CPUs"); where the CPU has bf16 dot
+    products and the checkpoint is bfloat16, say once that --dtype bfloat16 is there to take."""
+    from mmenc.backends import probe_device
+    from mmenc.logger import log_once
+
+    name = str(hf_config.get("torch_dtype") or hf_config.get("dtype") or "")
+    info = probe_device("cpu")
+    if info.bf16_dot and name.removeprefix("torch.") == "bfloat16":
+        features = "/".join(sorted(info.features & {"avx512_bf16", "amx"}))
+        log_once(logger, f"dtype auto: float32 on the CPU; this CPU has bfloat16 dot products ({features}) and "
+                         f"the checkpoint is bfloat16: dtype='bfloat16' (--dtype bfloat16) runs its linears about "
+                         f"2x faster, each image's embedding at cosine >= 0.999 to float32's (docs/linear.md)")
 
 
 def default_device() -> torch.device:
@@ -171,6 +187,8 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
         raise ValueError(f"load_format={load_format!r} is not valid; expected one of {LOAD_FORMATS}")
     spec, hf_config, folder, load_format = _resolve_model(str(model), load_format)
     device = torch.device(device) if device is not None else default_device()
+    if dtype == "auto" and device.type == "cpu":
+        _hint_cpu_bfloat16(hf_config)
     dtype = resolve_dtype(dtype, hf_config, device)
     config = spec.config_from_hf(hf_config)
     _check_tp_size(tp_size)  # the tower shards over the parallel state's group; tp_size only double-checks it
@@ -184,6 +202,14 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
         else:
             load_tower_weights(tower, folder, spec.weight_prefixes)
     mm_config = multimodal_config or MultiModalConfig()
+    linear_backend = None
+    if device.type != "meta":  # after loading, before tiling or compiling: the platform's linear kernels
+        from mmenc.layers.linear import prepare_linears
+        from mmenc.platforms import platform_for
+
+        linear_backend = platform_for(device).get_linear_backend(dtype, mm_config.quantization,
+                                                                 mm_config.linear_backend, mm_config.batch_invariant)
+        prepare_linears(tower, linear_backend)
     if mm_config.batch_invariant:  # before compiling / capturing: fixed-shape GEMMs in every linear
         from mmenc.distributed.parallel_state import get_tp_size
         from mmenc.layers.linear import use_token_tiles
@@ -209,7 +235,8 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
     preprocessor = read_json_if_present(folder, "preprocessor_config.json") if folder is not None else {}
     return LoadedTower(model=str(model), spec=spec, hf_config=hf_config, config=config, tower=tower.eval(),
                        dtype=dtype, device=device, load_format=load_format, preprocessor_config=preprocessor,
-                       graphs=graphs, video_config=_video_config(folder, preprocessor))
+                       graphs=graphs, video_config=_video_config(folder, preprocessor),
+                       linear_backend=linear_backend)
 
 
 def _video_config(folder, preprocessor: dict[str, Any]) -> dict[str, Any]:

@@ -105,8 +105,9 @@ class InvariantActivation(nn.Module):
         return self.kind
 
 
-def _invariant_kind(module: nn.Module) -> str | None:
-    """The InvariantActivation kind replacing `module`, or None (not a position-dependent activation)."""
+def activation_kind(module: nn.Module) -> str | None:
+    """The name of a standard activation module ("silu", "quick_gelu", "gelu", "gelu_tanh": the
+    InvariantActivation kind replacing it, the post-op a linear backend may fuse), or None."""
     if isinstance(module, nn.SiLU):
         return "silu"
     if isinstance(module, QuickGELU):
@@ -121,7 +122,7 @@ def use_invariant_activations(module: nn.Module) -> int:
     ActAndMul's act) by the InvariantActivation of the same function; returns how many it replaced.
     For batch invariance on the CPU; call before compiling. ReLU and other exact ops stay."""
     swaps = [(parent, name, kind) for parent in module.modules() for name, child in parent.named_children()
-             if (kind := _invariant_kind(child)) is not None]
+             if (kind := activation_kind(child)) is not None]
     for parent, name, kind in swaps:
         setattr(parent, name, InvariantActivation(kind))
     return len(swaps)

@@ -17,6 +17,11 @@ plain linears.
 
 Shapes: x [..., in_features] -> y [..., out] with `out` this rank's share for the column layers.
 
+Kernel backends: `prepare_linears(module, backend)` hands every linear's weight (and the bias its
+matmul adds) to a linear backend once after loading (mmenc.backends.linear: NATIVE keeps it as is,
+ONEDNN packs it for oneDNN, replacing the loaded tensor); forward then calls the backend.
+`restore_linears(module)` gives plain weights back (VisionTower.load_weights does it before loading).
+
 Batch invariance: `use_token_tiles(module)` makes every linear in `module` (a tower: its blocks,
 patch embedding, merger) run its matmul over fixed-size token tiles (mmenc.layers.token_tiles), so a
 token's output does not depend on how many other tokens share the call. The engine applies it when
@@ -28,7 +33,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from mmenc.backends.linear import LinearBackend, LinearBackendEnum, LinearState, get_linear_backend_class
 from mmenc.distributed.parallel_state import get_tp_rank, get_tp_size, tp_all_gather, tp_all_reduce
+from mmenc.layers.activation import activation_kind
 from mmenc.layers.token_tiles import NARROW_OUT_FEATURES, NARROW_TOKEN_TILE, TOKEN_TILE, TRITON_GEMM, tiled_linear
 
 
@@ -58,9 +65,13 @@ def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id=No
 
 class _LinearBase(nn.Module):
     """A linear over this rank's [out_features, in_features] weight; `tp` is (tp_size, tp_rank).
-    `token_tile`: None, or the token-tile size its matmul runs over (set by `use_token_tiles`)."""
+    `token_tile`: None, or the token-tile size its matmul runs over (set by `use_token_tiles`).
+    `linear_backend`, `linear_state`: the kernel backend its matmul runs on and its form of the weight
+    (set by `prepare_linears`; None: F.linear on the weight as loaded)."""
 
     token_tile: int | None = None
+    linear_backend: type[LinearBackend] | None = None
+    linear_state: LinearState | None = None
 
     def __init__(self, in_features: int, out_features: int, bias: bool, tp: tuple[int, int],
                  prefix: str = "", device=None, dtype=None):
@@ -82,20 +93,39 @@ class _LinearBase(nn.Module):
         which = "bias" if param is self.bias else "weight"
         return f"{self.prefix}.{which}" if self.prefix else which
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._matmul(x, self.bias)
+    @property
+    def kernel_bias(self) -> torch.Tensor | None:
+        """The bias the matmul itself adds (a row-parallel linear adds its own after the all-reduce)."""
+        return self.bias
 
-    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x [..., in] -> x W^T (+ bias) [..., out], over fixed token tiles when token_tile is set."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._matmul(x)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., in] -> x W^T (+ kernel_bias) [..., out]: the backend's kernel, or over fixed token tiles
+        when token_tile is set."""
         if self.token_tile is not None:
-            return tiled_linear(x, self.weight, bias, self.token_tile)
-        return F.linear(x, self.weight, bias)
+            return tiled_linear(x, self.weight, self.kernel_bias, self.token_tile)
+        if self.linear_state is not None:
+            return self.linear_backend.apply(self.linear_state, x)
+        return F.linear(x, self.weight, self.kernel_bias)
+
+    def forward_activated(self, x: torch.Tensor, act: nn.Module) -> torch.Tensor:
+        """act(self(x)): the activation fused into the matmul where the backend can (a standard GELU on
+        ONEDNN), else run after it (NATIVE: exactly act(self(x)))."""
+        kind = activation_kind(act)
+        backend = self.linear_backend
+        if (backend is not None and kind in backend.fused_activations and self.token_tile is None
+                and self.kernel_bias is self.bias and not getattr(self, "gather_output", False)):
+            return backend.apply_activated(self.linear_state, x, kind)
+        return act(self(x))
 
     def extra_repr(self) -> str:
         out, inp = self.weight.shape
         tiles = f", token_tile={self.token_tile}" if self.token_tile is not None else ""
+        backend = f", backend={self.linear_backend.enum.name}" if self.linear_backend is not None else ""
         return (f"in_features={inp}, out_features={out} (per rank), bias={self.bias is not None}, "
-                f"tp={self.tp_size}{tiles}")
+                f"tp={self.tp_size}{tiles}{backend}")
 
 
 class ReplicatedLinear(_LinearBase):
@@ -123,7 +153,7 @@ class ColumnParallelLinear(_LinearBase):
         super().weight_loader(param, loaded.narrow(0, self.tp_rank * n, n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self._matmul(x, self.bias)
+        y = self._matmul(x)
         return tp_all_gather(y, dim=-1) if self.gather_output and self.tp_size > 1 else y
 
 
@@ -228,10 +258,14 @@ class RowParallelLinear(_LinearBase):
                                  f"columns (the unsharded input features)")
             super().weight_loader(param, loaded.narrow(1, self.tp_rank * n, n))
 
+    @property
+    def kernel_bias(self) -> torch.Tensor | None:
+        return self.bias if self.tp_size == 1 else None  # added once, after the all-reduce
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return self._matmul(x, self.bias)
-        y = tp_all_reduce(self._matmul(x, None))
+            return self._matmul(x)
+        y = tp_all_reduce(self._matmul(x))
         return y + self.bias if self.bias is not None else y
 
 
@@ -248,6 +282,13 @@ def use_token_tiles(module: nn.Module, tile: int | None = TOKEN_TILE, narrow_til
             raise ValueError(f"{name}={value!r} must be a positive number of tokens, TRITON_GEMM (0: the Triton "
                              f"batch-invariant GEMM) or None ({'switch tiling off' if name == 'tile' else 'use tile'})")
     linears = [m for m in module.modules() if isinstance(m, _LinearBase)]
+    native = get_linear_backend_class(LinearBackendEnum.NATIVE)
+    packed = [m.prefix or type(m).__name__ for m in linears
+              if tile is not None and m.linear_backend not in (None, native)]
+    if packed:
+        raise ValueError(f"token tiles run on plain weights, but {packed[0]} (and {len(packed) - 1} more) runs on "
+                         f"the {linears[0].linear_backend.enum.name} linear backend; prepare the linears with "
+                         f"NATIVE (MultiModalConfig(linear_backend='native')) or call restore_linears first")
     for m in linears:
         narrow = (tile not in (None, TRITON_GEMM) and narrow_tile is not None and m.weight.shape[0] < narrow_below
                   and m.weight.device.type != "cpu")
@@ -270,3 +311,71 @@ def tp_sharded_sizes(module: nn.Module) -> dict[str, int]:
         elif isinstance(m, RowParallelLinear):
             sizes[f"{name}.in_features"] = m.in_per_rank * m.tp_size
     return sizes
+
+
+def prepare_linears(module: nn.Module, backend: LinearBackendEnum | type[LinearBackend]) -> int:
+    """Hand every linear of `module` to `backend` once, after its weights are loaded: the backend's
+    LinearState replaces the loaded weight (no second copy is kept; `weight.shape` stays [out, in]),
+    and forward calls the backend. Linears on the meta device are left alone. Returns how many it set."""
+    cls = get_linear_backend_class(backend) if isinstance(backend, LinearBackendEnum) else backend
+    count = 0
+    for m in module.modules():
+        if not isinstance(m, _LinearBase) or m.weight.device.type == "meta":
+            continue
+        if m.linear_state is not None:
+            _restore(m)
+        state = cls.prepare(m.weight, m.kernel_bias)
+        if state.weight is not m.weight:  # repacked: the loaded tensor goes (and loading into it is refused)
+            m.plain_weight_loader = getattr(m.weight, "weight_loader", m.weight_loader)
+            m.weight = nn.Parameter(state.weight, requires_grad=False)
+            m.weight.weight_loader = _packed_loader(m, cls)
+            state.weight = m.weight
+        m.linear_backend, m.linear_state = cls, state
+        count += 1
+    return count
+
+
+def restore_linears(module: nn.Module) -> type[LinearBackend] | None:
+    """Give every prepared linear of `module` its plain weight back (to load other weights into it);
+    returns the backend they were prepared for (None: none was), for `prepare_linears` afterwards."""
+    backend = None
+    for m in module.modules():
+        if isinstance(m, _LinearBase) and m.linear_state is not None:
+            backend = m.linear_backend
+            _restore(m)
+    return backend
+
+
+def _restore(m: _LinearBase) -> None:
+    weight = m.linear_backend.restore(m.linear_state)
+    if weight is not m.weight:
+        m.weight = nn.Parameter(weight, requires_grad=False)
+        m.weight.weight_loader = m.plain_weight_loader
+    m.linear_backend = m.linear_state = None
+
+
+def _packed_loader(m: _LinearBase, backend: type[LinearBackend]):
+    def refuse(param, loaded, shard_id=None):
+        raise ValueError(f"{m._pname(param)} is packed for the {backend.enum.name} linear backend; load weights "
+                         f"through VisionTower.load_weights (it restores plain weights first) or call "
+                         f"mmenc.layers.linear.restore_linears(tower) before loading")
+    return refuse
+
+
+def linear_backends_of(module: nn.Module) -> dict[str, int]:
+    """{backend name: linears} over the linears of `module` ("unprepared": F.linear on loaded weights)."""
+    counts: dict[str, int] = {}
+    for m in module.modules():
+        if isinstance(m, _LinearBase):
+            name = m.linear_backend.enum.name if m.linear_backend is not None else "unprepared"
+            counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def linear_states_nbytes(module: nn.Module) -> int:
+    """Bytes the weights of `module` take as it runs: prepared linears as their backend keeps them (packed
+    layouts with their padding), every other parameter and buffer as it is."""
+    linears = [m for m in module.modules() if isinstance(m, _LinearBase) and m.linear_state is not None]
+    held = {id(t) for m in linears for t in (m.weight, m.bias) if t is not None}
+    rest = sum(t.nbytes for t in [*module.parameters(), *module.buffers()] if id(t) not in held and not t.is_mkldnn)
+    return rest + sum(m.linear_backend.state_nbytes(m.linear_state) for m in linears)

@@ -150,7 +150,7 @@ class VisionMLP(nn.Module):
         return self.fc1.weight.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
+        return self.fc2(self.fc1.forward_activated(x, self.act))
 
 
 class GatedVisionMLP(nn.Module):

@@ -153,9 +153,8 @@ class AttentionPoolingHead(nn.Module):
 
     def forward(self, x: torch.Tensor, segment: torch.Tensor, frames: int) -> torch.Tensor:
         dim, heads, hd = x.shape[-1], self.num_heads, self.head_dim
-        w, b = self.attention.in_proj.weight, self.attention.in_proj.bias
-        q = nn.functional.linear(self.probe.reshape(1, dim), w[:dim], b[:dim]).float().view(heads, hd)
-        kv = nn.functional.linear(x, w[dim:], b[dim:]).float().view(-1, 2, heads, hd)  # [T, 2, H, hd]
+        q = self.attention.in_proj(self.probe.reshape(1, dim))[:, :dim].float().view(heads, hd)
+        kv = self.attention.in_proj(x)[:, dim:].float().view(-1, 2, heads, hd)  # [T, 3D] -> [T, 2, H, hd]
         scores = (kv[:, 0] * q).sum(-1) / math.sqrt(hd)  # [T, H]
         index = segment[:, None].expand_as(scores)
         peak = scores.new_full((frames, heads), -math.inf).scatter_reduce(0, index, scores, "amax")
@@ -163,7 +162,7 @@ class AttentionPoolingHead(nn.Module):
         den = scores.new_zeros(frames, heads).index_add_(0, segment, e)
         out = scores.new_zeros(frames, heads, hd).index_add_(0, segment, e[..., None] * kv[:, 1])
         y = self.attention.out_proj((out / den[..., None]).reshape(frames, dim).to(x.dtype))  # [F, D]
-        return y + self.mlp.fc2(self.mlp.act(self.mlp.fc1(self.layernorm(y))))
+        return y + self.mlp.fc2(self.mlp.fc1.forward_activated(self.layernorm(y), self.mlp.act))
 
 
 @dataclasses.dataclass

@@ -1,9 +1,12 @@
 """CPU: torch SDPA (grouped by segment length), the reference as a last resort. FlexAttention is
-not offered: its compiled CPU kernel fails with dynamic pack lengths (see backends/flex.py)."""
+not offered: its compiled CPU kernel fails with dynamic pack lengths (see backends/flex.py).
+Linears: oneDNN with packed weights (0.67-0.83x F.linear's time in float32, 0.88-0.95x in bfloat16 on
+an AVX-512 EPYC; BENCHMARKS.md, CPU), F.linear where oneDNN cannot run (and in batch-invariant mode)."""
 import torch
 
 from mmenc.backends import AttentionBackendEnum as B
 from mmenc.backends import DeviceInfo, probe_device
+from mmenc.backends.linear import LinearBackendEnum as L
 from mmenc.platforms.interface import Platform
 
 
@@ -17,3 +20,6 @@ class CpuPlatform(Platform):
 
     def vit_attn_priority(self, dtype: torch.dtype) -> list[B]:
         return [B.TORCH_SDPA, B.NAIVE]
+
+    def linear_priority(self, dtype: torch.dtype, quantization: str | None = None) -> list[L]:
+        return [L.ONEDNN, L.NATIVE]

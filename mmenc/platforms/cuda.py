@@ -12,6 +12,7 @@ import torch
 
 from mmenc.backends import AttentionBackendEnum as B
 from mmenc.backends import DeviceInfo, probe_device
+from mmenc.backends.linear import LinearBackendEnum as L
 from mmenc.platforms.interface import Platform
 
 
@@ -36,3 +37,6 @@ class CudaPlatform(Platform):
         if not self._ampere_or_later():
             return []
         return [B.TRITON_ATTN, B.TORCH_SDPA]
+
+    def linear_priority(self, dtype: torch.dtype, quantization: str | None = None) -> list[L]:
+        return [L.FP8] if quantization == "fp8" else [L.NATIVE]

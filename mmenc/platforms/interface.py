@@ -6,6 +6,8 @@ import torch
 
 from mmenc.backends import (SHORT_SEQLEN_MAX, AttentionBackendEnum, BackendChoice, DeviceInfo, get_backend_class,
                             registered_backends)
+from mmenc.backends.linear import (QUANTIZATIONS, LinearBackendEnum, get_linear_backend_class,
+                                   registered_linear_backends)
 from mmenc.logger import init_logger, log_once
 
 logger = init_logger(__name__)
@@ -13,9 +15,9 @@ logger = init_logger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class BackendReport:
-    """One row of `explain_vit_attn_backends`: could `backend` run, and why not."""
+    """One row of `explain_vit_attn_backends` (or `explain_linear_backends`): could `backend` run, and why not."""
 
-    backend: AttentionBackendEnum
+    backend: AttentionBackendEnum | LinearBackendEnum
     installed: bool
     version: str | None
     reasons: tuple[str, ...]
@@ -82,32 +84,37 @@ class Platform:
         """The backend for (head_size, dtype) here. An explicit `backend` is checked and returned
         or rejected with ValueError; it is never replaced by another. `batch_invariant`: only
         backends that can give batch-invariant results (AttentionBackend.not_batch_invariant)."""
-        if backend is not None:
-            backend = AttentionBackendEnum.from_name(backend)
-            reasons = self.backend_reasons(backend, head_size, dtype, batch_invariant)
+        requested = AttentionBackendEnum.from_name(backend) if backend is not None else None
+        return self._select("attention", "encoder-attention", "encoder attention", requested,
+                            self.vit_attn_priority(dtype),
+                            lambda b: self.backend_reasons(b, head_size, dtype, batch_invariant),
+                            f"head_size={head_size}, dtype={_dtype_name(dtype)}", batch_invariant)
+
+    def _select(self, kind: str, none_kind: str, log_prefix: str, requested, priority: list,
+                reasons_of, what: str, batch_invariant: bool):
+        """The one selection loop (attention and linear backends): `requested` checked and returned or
+        rejected with ValueError naming its reasons and the usable alternatives; else the first of
+        `priority` without reasons; else ValueError listing every candidate's reasons."""
+        where = f"{_mode(batch_invariant)} on {self.device_info().describe()}"
+        if requested is not None:
+            reasons = reasons_of(requested)
             if reasons:
-                usable = [b.name for b in self._usable(head_size, dtype, batch_invariant)]
-                raise ValueError(
-                    f"attention backend {backend.name} cannot run head_size={head_size}, "
-                    f"dtype={_dtype_name(dtype)}{_mode(batch_invariant)} on {self.device_info().describe()}: "
-                    f"{'; '.join(reasons)}. "
-                    f"Usable here: {', '.join(usable) or 'none'}")
-            log_once(logger, f"encoder attention: {backend.name} (requested) for head_size={head_size}, "
-                             f"dtype={_dtype_name(dtype)}")
-            return backend
+                usable = [b.name for b in priority if not reasons_of(b)]
+                raise ValueError(f"{kind} backend {requested.name} cannot run {what}{where}: {'; '.join(reasons)}. "
+                                 f"Usable here: {', '.join(usable) or 'none'}")
+            log_once(logger, f"{log_prefix}: {requested.name} (requested) for {what}")
+            return requested
         rejected = []
-        for candidate in self.vit_attn_priority(dtype):
-            reasons = self.backend_reasons(candidate, head_size, dtype, batch_invariant)
+        for candidate in priority:
+            reasons = reasons_of(candidate)
             if not reasons:
                 why = f"first usable in the {self.name} priority list"
                 if rejected:
                     why += " (" + "; ".join(rejected) + ")"
-                log_once(logger, f"encoder attention: {candidate.name} for head_size={head_size}, "
-                                 f"dtype={_dtype_name(dtype)}: {why}")
+                log_once(logger, f"{log_prefix}: {candidate.name} for {what}: {why}")
                 return candidate
             rejected.append(f"{candidate.name}: {', '.join(reasons)}")
-        raise ValueError(f"no encoder-attention backend can run head_size={head_size}, dtype={_dtype_name(dtype)}"
-                         f"{_mode(batch_invariant)} on {self.device_info().describe()}: " + "; ".join(rejected))
+        raise ValueError(f"no {none_kind} backend can run {what}{where}: " + "; ".join(rejected))
 
     def choose_vit_attn(self, head_size: int, dtype: torch.dtype, backend: AttentionBackendEnum | str | None = None,
                         batch_invariant: bool = False) -> BackendChoice:
@@ -132,10 +139,6 @@ class Platform:
                 return candidate
         return None
 
-    def _usable(self, head_size: int, dtype: torch.dtype, batch_invariant: bool = False) -> list[AttentionBackendEnum]:
-        return [b for b in self.vit_attn_priority(dtype)
-                if not self.backend_reasons(b, head_size, dtype, batch_invariant)]
-
     def explain_vit_attn_backends(self, head_size: int, dtype: torch.dtype,
                                   batch_invariant: bool = False) -> list[BackendReport]:
         """A report for every registered backend: installed, version, reasons it cannot run here."""
@@ -148,6 +151,53 @@ class Platform:
                                       backend in offered))
         return rows
 
+    # -- linear backends: the same selection loop ------------------------------------------------
+
+    def linear_priority(self, dtype: torch.dtype, quantization: str | None = None) -> list[LinearBackendEnum]:
+        """This platform's linear backends for `dtype` weights (quantized as `quantization`), best first."""
+        return [LinearBackendEnum.NATIVE]
+
+    def get_supported_linear_backends(self) -> list[LinearBackendEnum]:
+        """Every linear backend this platform may select (any dtype or quantization), best first."""
+        seen: list[LinearBackendEnum] = []
+        for quantization in (None, *QUANTIZATIONS):
+            for dtype in (torch.bfloat16, torch.float16, torch.float32):
+                seen += [b for b in self.linear_priority(dtype, quantization) if b not in seen]
+        return seen
+
+    def linear_backend_reasons(self, backend: LinearBackendEnum, dtype: torch.dtype, quantization: str | None = None,
+                               batch_invariant: bool = False) -> list[str]:
+        """Why `backend` cannot run `dtype` linears (quantized as `quantization`) here; empty: it can."""
+        reasons = [] if backend in self.get_supported_linear_backends() else [f"not offered by the {self.name} platform"]
+        if backend not in registered_linear_backends():
+            return reasons + ["not registered in this build of mmenc"]
+        cls = get_linear_backend_class(backend)
+        return reasons + cls.reasons(self.device_info(), dtype, quantization, batch_invariant)
+
+    def get_linear_backend(self, dtype: torch.dtype, quantization: str | None = None,
+                           backend: LinearBackendEnum | str | None = None,
+                           batch_invariant: bool = False) -> LinearBackendEnum:
+        """The linear backend for `dtype` weights here; an explicit `backend` is checked and returned or
+        rejected with ValueError (never replaced). `batch_invariant`: only backends that can give
+        batch-invariant results (LinearBackend.not_batch_invariant)."""
+        requested = LinearBackendEnum.from_name(backend) if backend is not None else None
+        what = f"dtype={_dtype_name(dtype)}" + (f", quantization={quantization}" if quantization else "")
+        return self._select("linear", "linear", "linears", requested, self.linear_priority(dtype, quantization),
+                            lambda b: self.linear_backend_reasons(b, dtype, quantization, batch_invariant), what,
+                            batch_invariant)
+
+    def explain_linear_backends(self, dtype: torch.dtype, quantization: str | None = None,
+                                batch_invariant: bool = False) -> list[BackendReport]:
+        """A report for every registered linear backend: installed, reasons it cannot run here."""
+        offered = self.get_supported_linear_backends()
+        rows = []
+        for backend in registered_linear_backends():
+            cls = get_linear_backend_class(backend)
+            rows.append(BackendReport(backend, cls.is_installed(), torch.__version__ if cls.is_installed() else None,
+                                      tuple(self.linear_backend_reasons(backend, dtype, quantization, batch_invariant)),
+                                      backend in offered))
+        return rows
+
 
 def _mode(batch_invariant: bool) -> str:
     return " batch-invariantly" if batch_invariant else ""
@@ -155,3 +205,4 @@ def _mode(batch_invariant: bool) -> str:
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+

@@ -69,8 +69,19 @@ from mmenc.tally import Tally
 PROCESS_MIN_WORKERS = 8
 
 
-def default_workers() -> int:
-    """Workers for decode+resize: the cores this process may run on."""
+def default_workers(tower_device: torch.device | str | None = None) -> int:
+    """Workers for decode+resize: the cores this process may run on; 1 when the tower itself runs on this
+    CPU (`tower_device` "cpu"): its intra-op threads already use every core, and a CPU tower takes
+    seconds per image against milliseconds to decode and resize one, so one worker keeps ahead of it
+    while more would only take cores from the tower (each worker's torch ops start intra-op threads
+    of their own: 2 workers beside a 2-thread tower made 6 busy threads on 2 cores)."""
+    if tower_device is not None and torch.device(tower_device).type == "cpu":
+        return 1
+    return usable_cores()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask: taskset, cgroups' cpusets)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux

@@ -82,7 +82,8 @@ class LocalEngine(EngineClient):
                                uint8=self.batcher.prepare is not None, dtype=loaded.dtype,
                                video_processor=enc.video_processor)
         self.state = "ready"
-        logger.info("encoder %s ready in %.1f s (%s)", enc.model_name, time.perf_counter() - start, card)
+        logger.info("encoder %s ready in %.1f s (%s); linears %s; %s", enc.model_name, time.perf_counter() - start,
+                    card, enc.linear_backend(), enc.threads())
 
     def loading(self) -> bool:
         """Whether the loader thread still runs (e.g. after close() gave up waiting for it)."""

@@ -1,0 +1,176 @@
+"""The CPU table: mmenc's tower beside transformers' and vLLM's CPU tower, same weights, same pixels.
+
+    python benchmarks/cpu_bench.py [--workload qwen-4x448 qwen-1x1036 siglip-8x384] [--dtype float32 bfloat16]
+        [--rounds 3] [--vllm-python /work/venvs/vllm-cpu-bench/bin/python] [--impls mmenc,native,compile,hf,vllm]
+        [--threads N] [--json out.json]
+
+Weights: transformers' tower with the published init scale (mmenc.testing.random_weights: normal(0, 0.02)
+matrices), the same tensors loaded into mmenc and sent to vLLM. Each round calls every implementation
+once, in turn (A/B/C alternating in one run, so a load change on a shared machine hits all of them);
+the table gives the median and range of the rounds and the load average (uptime) around them. Outputs:
+relative error against transformers in the same dtype; with both dtypes, each image's cosine of the
+bfloat16 output against the float32 one (the bf16 bar: >= 0.999). Memory: the bytes the tower's weights
+take in mmenc (packed linears as packed) against the checkpoint's tower tensors in that dtype.
+Impls: mmenc (the platform's linear backend, ONEDNN on x86), native (mmenc with linear_backend="native"),
+compile (mmenc with compile=True), hf (transformers, sdpa), vllm (vLLM's tower; needs --vllm-python).
+SigLIP: pooled embeddings (the attention-pooling head included) on both sides.
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+from mmenc.bench.hf_reference import build_hf_tower
+from mmenc.bench.measure import parse_grid_spec
+from mmenc.engine.encoder import Encoder
+from mmenc.layers.linear import linear_states_nbytes
+from mmenc.testing.random_weights import init_comparable_weights_
+
+WORKLOADS = {  # name -> (model, grids)
+    "qwen-4x448": ("Qwen/Qwen2.5-VL-7B-Instruct", [(1, 32, 32)] * 4),
+    "qwen-1x1036": ("Qwen/Qwen2.5-VL-7B-Instruct", [(1, 74, 74)]),
+    "siglip-8x384": ("google/siglip-so400m-patch14-384", [(1, 27, 27)] * 8),
+}
+
+
+def load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def build(model: str, dtype: str, impls: list[str], vllm_python: str | None, threads: int):
+    """{impl: callable(pixel_values, grid) -> (seconds, output)} over one set of weights."""
+    base = Encoder(model, device="cpu", dtype=dtype, load_format="dummy")
+    hf = build_hf_tower(base.loaded)
+    init_comparable_weights_(hf.module)
+    state = {n: t for n, t in hf.module.state_dict().items() if "inv_freq" not in n}
+    pooled = hasattr(base.loaded.tower, "pool")
+    calls, memory = {}, {}
+
+    def ours(enc):
+        def call(px, grid):
+            start = time.perf_counter()
+            out = enc.encode_pixels(px, grid, pooled=pooled)
+            return time.perf_counter() - start, out
+        return call
+
+    for impl in impls:
+        if impl in ("mmenc", "native", "compile"):
+            enc = base if impl == "mmenc" else Encoder(model, device="cpu", dtype=dtype, load_format="dummy",
+                                                       linear_backend="native" if impl == "native" else None,
+                                                       compile=impl == "compile")
+            enc.loaded.tower.load_weights(state.items())
+            calls[f"{impl} ({enc.linear_backend()})"] = ours(enc)
+            memory[impl] = linear_states_nbytes(enc.loaded.tower)
+        elif impl == "hf":
+            calls["transformers"] = _hf_call(hf, pooled)
+        elif impl == "vllm" and vllm_python:
+            from mmenc.bench.vllm_cpu import VllmTower
+
+            tower = VllmTower(vllm_python, base.loaded.hf_config, state, base.loaded.dtype, threads)
+            calls["vllm"] = lambda px, grid: tower.run(px, grid, keep_output=True)
+    tensors = sum(t.nbytes for t in state.values())
+    return calls, {"checkpoint_tower_bytes": tensors, **{f"{k}_weight_bytes": v for k, v in memory.items()}}
+
+
+def _hf_call(hf, pooled: bool):
+    def call(px, grid):
+        if pooled:  # transformers' pooler_output: the same attention-pooling head
+            images = hf.inputs(px, grid)
+            hf.module.use_head = True
+            start = time.perf_counter()
+            with torch.inference_mode():
+                out = torch.cat([hf.module(pixel_values=i, interpolate_pos_encoding=True).pooler_output
+                                 for i in images])
+            return time.perf_counter() - start, out
+        start = time.perf_counter()
+        out = hf(px, grid)
+        return time.perf_counter() - start, out
+    return call
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--workload", nargs="+", default=["qwen-4x448", "qwen-1x1036"], choices=sorted(WORKLOADS))
+    p.add_argument("--dtype", nargs="+", default=["float32", "bfloat16"])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--impls", default="mmenc,hf,vllm")
+    p.add_argument("--vllm-python", default=None, help="python of a virtualenv with vLLM's CPU build")
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--grid", default=None, metavar="TxHxW[*N]", help="replace the workloads' grids (a quick check)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    results, fp32_out = [], {}
+    for name in args.workload:
+        model, grids = WORKLOADS[name]
+        grids = parse_grid_spec(args.grid) if args.grid else grids
+        for dtype in args.dtype:
+            calls, memory = build(model, dtype, args.impls.split(","), args.vllm_python, args.threads)
+            grid = torch.tensor(grids)
+            px = torch.randn(int(grid.prod(-1).sum()), _features(model), generator=torch.Generator().manual_seed(0))
+            times = {k: [] for k in calls}
+            outs = {k: fn(px, grid)[1].float() for k, fn in calls.items()}  # warm-up, and the outputs compared
+            loads = [load()]
+            for _ in range(args.rounds):
+                for impl, fn in calls.items():
+                    times[impl].append(fn(px, grid)[0])
+                loads.append(load())
+            row = {"workload": name, "dtype": dtype, "threads": args.threads, "loadavg": loads, **memory,
+                   "impls": {k: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v), "runs_s": v}
+                             for k, v in times.items()}}
+            ref = outs.get("transformers")
+            for impl, out in outs.items():
+                if ref is not None and impl != "transformers":
+                    row["impls"][impl]["rel_err_vs_transformers"] = _rel(out, ref)
+            ours = next(iter(outs.values()))
+            if dtype == "float32":
+                fp32_out[name] = ours
+            elif name in fp32_out:
+                row["cosine_vs_fp32_min"] = _cosines(ours, fp32_out[name], grids, model)
+            results.append(row)
+            _print(row)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"cpu": _cpu_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+                       "results": results}, f, indent=1)
+
+
+def _features(model: str) -> int:
+    return 3 * 14 * 14 * (2 if "Qwen" in model else 1)
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def _cosines(out: torch.Tensor, ref: torch.Tensor, grids, model: str) -> float:
+    """The smallest per-image cosine of `out` against `ref` (rows per image: tokens, or one pooled row)."""
+    rows = [1] * len(grids) if out.shape[0] == len(grids) else [t * h * w // (4 if "Qwen" in model else 1)
+                                                               for t, h, w in grids]
+    return min(float(torch.nn.functional.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0))
+               for a, b in zip(out.split(rows), ref.split(rows)))
+
+
+def _cpu_name() -> str:
+    with open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
+
+
+def _print(row: dict) -> None:
+    impls = row["impls"]
+    base = {k: v["median_s"] for k, v in impls.items()}
+    print(f"\n{row['workload']} {row['dtype']} threads={row['threads']} load {' -> '.join(row['loadavg'])}"
+          + (f" bf16-vs-fp32 min cosine {row['cosine_vs_fp32_min']:.5f}" if "cosine_vs_fp32_min" in row else ""))
+    for k, v in impls.items():
+        ratios = "  ".join(f"{base[o] / v['median_s']:.2f}x vs {o.split(' ')[0]}" for o in base if o != k)
+        err = f"  rel err vs transformers {v['rel_err_vs_transformers']:.1e}" if "rel_err_vs_transformers" in v else ""
+        print(f"  {k:24s} median {v['median_s']:7.2f} s  range {v['min_s']:.2f}-{v['max_s']:.2f}  {ratios}{err}")
+    mem = {k: v for k, v in row.items() if k.endswith("bytes")}
+    print("  memory: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in mem.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
