@@ -162,7 +162,7 @@ class Encoder:
         tower = self.loaded.tower
         if not hasattr(tower, "pool"):
             raise ValueError(f"pooled=True: {self.model_name!r} ({type(tower).__name__}) has no pooled image "
-                             f"embedding; use a SigLIP or SigLIP2 checkpoint, or pooled=False")
+                             f"embedding; use an image-embedding checkpoint (CLIP, SigLIP, SigLIP2), or pooled=False")
         if any(p.device.type == "meta" for p in tower.parameters()):
             raise ValueError(f"pooled=True runs the pooling head in this process, but with tensor_parallel_size="
                              f"{self.tensor_parallel_size} the weights live in worker processes; use "

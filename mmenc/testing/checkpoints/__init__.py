@@ -38,6 +38,9 @@ from mmenc.testing.checkpoints.tiles import (  # noqa: F401  (ck.<name> for test
 from mmenc.testing.checkpoints.siglip import (  # noqa: F401  (ck.<name> for tests and benchmarks)
     TINY_SIGLIP2_VISION, TINY_SIGLIP_TEXT, TINY_SIGLIP_VISION, hf_siglip2_batch, hf_siglip2_outputs, hf_siglip_outputs,
     save_siglip, siglip_frames, siglip_vision)
+from mmenc.testing.checkpoints.clip import (  # noqa: F401  (ck.<name> for tests and benchmarks)
+    TINY_CLIP_TEXT, TINY_CLIP_VISION, TINY_LLAVA_SIGLIP_VISION, clip_vision, frame_images, hf_clip_outputs,
+    hf_clip_pooled, hf_llava_outputs, save_clip, save_llava)
 from mmenc.testing.checkpoints.pixtral import (  # noqa: F401  (ck.<name> for tests and benchmarks)
     TINY_INTERNVL_VISION, TINY_MISTRAL_TEXT, TINY_PIXTRAL_VISION, hf_internvl_outputs, hf_pixtral_outputs, pixtral_images,
     save_internvl, save_pixtral)
@@ -59,6 +62,11 @@ class FamilyCase:
     grid: the grid_thw rows the generic tests run (None: their mixed-size GRID); fixed-size towers
         give rows of their tile size, e.g. Llama 4's (tiles, s, s).
     meta_grid: grid_thw rows for the built-in sizes on the meta device (None: [[1, 4, 4], [1, 4, 6]]).
+    architecture: the checkpoint architecture when the row's key is not one (several rows of one
+        architecture, one per vision tower: "LlavaForConditionalGeneration+clip").
+    vision_model_type: the built-ins this row covers have this vision_config.model_type (None: any).
+    output_width: config.json dict -> the tower's output width (None: the language model's width;
+        image-embedding towers such as CLIP give the vision width).
     """
 
     save: Callable[..., tuple[pathlib.Path, Any]]
@@ -69,6 +77,9 @@ class FamilyCase:
     hf_tower: Callable[[Any], Any] | None = hf_vision
     grid: tuple[tuple[int, int, int], ...] | None = None
     meta_grid: tuple[tuple[int, int, int], ...] | None = None
+    architecture: str | None = None
+    vision_model_type: str | None = None
+    output_width: Callable[[dict], int] | None = None
 
     @property
     def patch_features(self) -> int:
@@ -92,6 +103,21 @@ def hf_tower_parameters(case: FamilyCase, hf_model, hf_config: dict) -> int:
 
 
 _QWEN_PIXELS = (3 * 2 * 14 * 14,)
+
+# The CLIP lineage (issue 31): CLIP itself and the LLaVA families over CLIP / SigLIP towers.
+CLIP_FAMILIES: dict[str, FamilyCase] = {
+    "CLIPModel": FamilyCase(save_clip, hf_clip_outputs, (3 * 8 * 8,), "openai/clip-vit-",
+                            aliases=("CLIPVisionModel", "CLIPVisionModelWithProjection"), hf_tower=clip_vision,
+                            output_width=lambda config: config["vision_config"]["hidden_size"]),
+    "LlavaForConditionalGeneration+clip": FamilyCase(
+        save_llava, hf_llava_outputs, (3 * 8 * 8,), "llava-hf/llava-1.5-", hf_tower=None,
+        architecture="LlavaForConditionalGeneration", vision_model_type="clip_vision_model"),
+    # vision_feature_layer as a list (concatenated) and the "full" strategy, under SigLIP
+    "LlavaForConditionalGeneration+siglip": FamilyCase(
+        functools.partial(save_llava, tower="siglip", feature_layer=[-3, -1], strategy="full"), hf_llava_outputs,
+        (3 * 8 * 8,), "llava-hf/llava-interleave-", hf_tower=None, architecture="LlavaForConditionalGeneration",
+        vision_model_type="siglip_vision_model"),
+}
 FAMILIES: dict[str, FamilyCase] = {
     "Qwen2VLForConditionalGeneration": FamilyCase(save_qwen2_vl, hf_tower_outputs, _QWEN_PIXELS, "Qwen/Qwen2-VL-"),
     "Qwen2_5_VLForConditionalGeneration": FamilyCase(save_qwen2_5_vl, hf_tower_outputs, _QWEN_PIXELS,
@@ -134,9 +160,11 @@ FAMILIES: dict[str, FamilyCase] = {
                                                    "mistralai/Mistral-Small-", hf_tower=None),
     "LlavaForConditionalGeneration": FamilyCase(functools.partial(save_pixtral, llava=True,
                                                                   vision=dict(patch_size=16, image_size=16 * 16)),
-                                                hf_pixtral_outputs, (3, 16, 16), "mistralai/Pixtral-", hf_tower=None),
+                                                hf_pixtral_outputs, (3, 16, 16), "mistralai/Pixtral-", hf_tower=None,
+                                                vision_model_type="pixtral"),
     "InternVLForConditionalGeneration": FamilyCase(save_internvl, hf_internvl_outputs, (3, 14, 14), "OpenGVLab/InternVL",
                                                    hf_tower=None),
+    **CLIP_FAMILIES,
 }
 
 
@@ -154,4 +182,8 @@ NEW_FAMILY_GRIDS: dict[str, tuple[list[list[int]], list[list[int]]]] = {  # arch
     "Qwen3OmniMoeForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
     "Llama4ForConditionalGeneration": ([[3, 4, 4], [1, 4, 4]], [[2, 4, 4], [2, 4, 4]]),
     "Ovis2ForConditionalGeneration": ([[2, 4, 4], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
+    # issue 31: frames of mixed sizes (packed, class tokens interleaved) and at the table's size (dense)
+    "CLIPModel": ([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
+    "LlavaForConditionalGeneration+clip": ([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
+    "LlavaForConditionalGeneration+siglip": ([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
 }

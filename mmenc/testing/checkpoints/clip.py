@@ -1,0 +1,95 @@
+"""Tiny CLIP and LLaVA-1.5 (CLIP or SigLIP tower) checkpoints and transformers' reference calls."""
+
+import torch
+
+from mmenc.testing.checkpoints.base import TINY_TEXT, _randomise_position_table, _save, _seeded, _unit_scale
+
+# CLIP: a 6x6 position table (48 px / patch 8) after the class row, resampled for every other frame size;
+# 3 layers so that LLaVA's vision_feature_layer=-2 leaves one unbuilt.
+TINY_CLIP_VISION = dict(model_type="clip_vision_model", hidden_size=32, num_attention_heads=2, num_hidden_layers=3,
+                        intermediate_size=40, patch_size=8, image_size=48, num_channels=3, hidden_act="quick_gelu",
+                        projection_dim=24)
+TINY_CLIP_TEXT = dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=2, intermediate_size=40,
+                      vocab_size=64, max_position_embeddings=16, bos_token_id=0, eos_token_id=1, pad_token_id=1,
+                      projection_dim=24, hidden_act="quick_gelu")
+TINY_LLAVA_SIGLIP_VISION = dict(model_type="siglip_vision_model", hidden_size=32, num_attention_heads=2,
+                                num_hidden_layers=3, intermediate_size=40, patch_size=8, image_size=48)
+
+
+def _randomise_embeddings(model) -> None:
+    """Position tables and class tokens at unit scale, matrices at 1/sqrt(fan_in): a wrong
+    interpolation, token order or skipped layer shows in the parity error."""
+    _unit_scale(model, ("vision",))
+    _randomise_position_table(model, "embeddings.position_embedding.weight")
+    _randomise_position_table(model, "embeddings.class_embedding")
+
+
+def save_clip(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None, text: dict | None = None):
+    """CLIPModel: vision and text towers and both projections, all weights random."""
+    import transformers
+
+    config = transformers.CLIPConfig(vision_config={**TINY_CLIP_VISION, **(vision or {})},
+                                     text_config={**TINY_CLIP_TEXT, **(text or {})}, projection_dim=24)
+    model = _seeded(transformers.CLIPModel, config, seed)
+    _randomise_embeddings(model)
+    return _save(model, folder, max_shard_size), model
+
+
+def save_llava(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None, tower: str = "clip",
+               feature_layer=-2, strategy: str = "default"):
+    """LlavaForConditionalGeneration (LLaVA-1.5's layout: projector with bias) over a tiny CLIP or
+    SigLIP tower and a one-layer Llama."""
+    import transformers
+
+    base = TINY_CLIP_VISION if tower == "clip" else TINY_LLAVA_SIGLIP_VISION
+    config = transformers.LlavaConfig(vision_config={**base, **(vision or {})},
+                                      text_config=dict(TINY_TEXT, model_type="llama"),
+                                      vision_feature_layer=feature_layer, vision_feature_select_strategy=strategy,
+                                      dtype=torch.float32)
+    model = _seeded(transformers.LlavaForConditionalGeneration, config, seed)
+    _randomise_embeddings(model)
+    return _save(model, folder, max_shard_size), model
+
+
+def frame_images(pixel_values: torch.Tensor, grid_thw: torch.Tensor, patch: int) -> list[torch.Tensor]:
+    """mmenc's packed (C, p, p) patch rows -> one [1, C, h*p, w*p] image per frame (t frames per grid row)."""
+    sizes = [(h, w) for t, h, w in grid_thw.tolist() for _ in range(t)]
+    rows = pixel_values.reshape(pixel_values.shape[0], -1, patch, patch)
+    return [piece.view(h, w, -1, patch, patch).permute(2, 0, 3, 1, 4).reshape(1, -1, h * patch, w * patch)
+            for piece, (h, w) in zip(rows.split([h * w for h, w in sizes]), sizes)]
+
+
+def clip_vision(model):
+    """A transformers CLIPVisionModelWithProjection at the CLIPModel's vision size: the module class whose
+    parameters mmenc's CLIP tower holds (tower + visual_projection)."""
+    import transformers
+
+    with torch.device("meta"):
+        return transformers.CLIPVisionModelWithProjection(model.config.vision_config)
+
+
+def hf_clip_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """transformers' CLIP last_hidden_state, frame by frame with interpolate_pos_encoding=True: [frames * (1 + h*w), D]."""
+    with torch.no_grad():
+        outs = [model.vision_model(pixel_values=image, interpolate_pos_encoding=True).last_hidden_state[0]
+                for image in frame_images(pixel_values, grid_thw, model.config.vision_config.patch_size)]
+    return torch.cat(outs), []
+
+
+def hf_clip_pooled(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+    """transformers' CLIPModel.get_image_features per frame: [frames, projection_dim]."""
+    with torch.no_grad():
+        return torch.cat([model.get_image_features(pixel_values=image, interpolate_pos_encoding=True).pooler_output
+                          for image in frame_images(pixel_values, grid_thw, model.config.vision_config.patch_size)])
+
+
+def hf_llava_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """transformers' LlavaModel.get_image_features (tower, feature layer(s), strategy, projector), frame
+    by frame with interpolate_pos_encoding=True, concatenated."""
+    config = model.config
+    with torch.no_grad():
+        outs = [model.model.get_image_features(pixel_values=image, vision_feature_layer=config.vision_feature_layer,
+                                               vision_feature_select_strategy=config.vision_feature_select_strategy,
+                                               interpolate_pos_encoding=True).pooler_output[0]
+                for image in frame_images(pixel_values, grid_thw, config.vision_config.patch_size)]
+    return torch.cat(outs), []
