@@ -8,6 +8,7 @@ encoded nothing is written, and an existing file of that name is left unchanged 
 """
 import argparse
 import dataclasses
+import json
 import os
 import pathlib
 import sys
@@ -30,7 +31,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        description="Encode images (files or folders) and write their embeddings to a safetensors "
                                    "file keyed by the path as given, with '<path>.grid_thw' beside each. An image "
                                    "that fails is reported and skipped; the others are written, also after Ctrl-C.")
-    p.add_argument("inputs", nargs="+", metavar="IMAGE_OR_DIR")
+    p.add_argument("inputs", nargs="*", metavar="IMAGE_OR_DIR")
     add_encoder_args(p, f"default: {DEFAULT_MODEL} with random weights")
     p.add_argument("--output", "-o", default="embeddings.safetensors", help="output file (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=16,
@@ -40,8 +41,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_image_args(p)
     add_preprocess_args(p)
     p.add_argument("--pooled", action="store_true",
-                   help="write one pooled image embedding [hidden] per image (SigLIP/SigLIP2 attention-pooling "
-                        "head) instead of the token embeddings")
+                   help="write one pooled image embedding per image (CLIP's projected class token, SigLIP/SigLIP2's "
+                        "attention-pooling head) instead of the token embeddings")
+    p.add_argument("--text", metavar="FILE",
+                   help="also embed the texts of FILE (one per line, blank lines skipped) with the checkpoint's "
+                        "tokenizer and text tower (CLIPModel, SiglipModel, Siglip2Model): keys 'text:<line>', the "
+                        "texts in the file's metadata 'texts'; in the space of --pooled image embeddings")
     from mmenc.cli.encode_ray import add_ray_encode_args
 
     add_ray_encode_args(p)  # --ray: the Ray Data job (mmenc/ray), a folder of shards
@@ -71,6 +76,7 @@ class Results:
 
     tensors: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     failed: list[str] = dataclasses.field(default_factory=list)
+    texts: dict[str, str] = dataclasses.field(default_factory=dict)  # key -> text (--text)
     images: int = 0
     tokens: int = 0
 
@@ -104,6 +110,9 @@ def run(args) -> int:
     apply_log_level(args)
     if args.batch_size < 1:
         raise ValueError(f"--batch-size={args.batch_size} must be >= 1")
+    if not args.inputs and not args.text:
+        raise ValueError("give images (IMAGE_OR_DIR ...), --text FILE, or both")
+    texts = read_texts(args.text) if args.text else {}
     paths = collect_images(args.inputs)
     output = check_output_path(args.output, "--output", paths)
     kwargs = dict(encoder_kwargs(args, DEFAULT_MODEL), preprocess_worker_kind=args.preprocess_worker_kind,
@@ -121,6 +130,8 @@ def run(args) -> int:
             print("\nmmenc encode: interrupted while loading the model; nothing was written", file=sys.stderr)
             return EXIT_INTERRUPTED
         with encoder:
+            if texts:
+                embed_texts(encoder, texts, results)
             written, interrupted, seconds = _encode_and_save(encoder, paths, args, output, results)
     print(f"model={encoder.model_name} backend={encoder.attention_backends()} images={results.images} "
           f"tokens={results.tokens} seconds={seconds:.2f} images/s={results.images / max(seconds, 1e-9):.2f} "
@@ -188,10 +199,30 @@ def encode_all(encoder, paths: list[str], batch_size: int, results: Results, pro
         chunks.close()  # on Ctrl-C or an error: the images not started are cancelled
 
 
+def read_texts(path: str) -> dict[str, str]:
+    """--text FILE: 'text:<line number>' -> the line, for its non-blank lines (1-based numbers)."""
+    try:
+        lines = pathlib.Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--text {path!r} cannot be read as UTF-8 text ({e}); pass a file of one text per line") from e
+    texts = {f"text:{i}": line for i, line in enumerate(lines, 1) if line.strip()}
+    if not texts:
+        raise ValueError(f"--text {path!r} holds no text (every line is blank); put one text per line")
+    return texts
+
+
+def embed_texts(encoder, texts: dict[str, str], results: Results) -> None:
+    """Each text's embedding [dim] into `results` under its key (Encoder.embed_text)."""
+    vectors = encoder.embed_text(list(texts.values()))
+    for key, vector in zip(texts, vectors):
+        results.tensors[key] = vector.float().cpu().contiguous()
+    results.texts.update(texts)
+
+
 def save(encoder, output: pathlib.Path, results: Results, complete: bool, partial: bool) -> bool:
     """Write what was encoded (atomically; metadata complete="true" when every input was encoded);
     False, and a note on an existing file, when nothing was. partial: the run was cut short (say so)."""
-    if not results.images:
+    if not results.images and not results.texts:
         kept = f"; the existing {str(output)!r} is from an earlier run and was left unchanged" if output.exists() else ""
         print(f"mmenc encode: no image was encoded, so nothing was written{kept}", file=sys.stderr)
         return False
@@ -199,6 +230,8 @@ def save(encoder, output: pathlib.Path, results: Results, complete: bool, partia
 
     metadata = {"model": encoder.model_name, "backend": encoder.attention_backends(),
                 "images": str(results.images), "complete": str(complete).lower()}
+    if results.texts:
+        metadata["texts"] = json.dumps(results.texts, ensure_ascii=False)
     write_atomically(output, lambda tmp: save_file(results.tensors, tmp, metadata=metadata))
     if partial:
         print(f"mmenc encode: wrote the {results.images} encoded image(s) to {output} "

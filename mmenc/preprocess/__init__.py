@@ -12,6 +12,7 @@ Each family's `*_from_hf` is a `dict -> processor` callable for ModelSpec.proces
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from mmenc.preprocess.clip import ClipProcessor, clip_from_hf
 from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image, load_images
 from mmenc.preprocess.internvl import InternVLProcessor, internvl_from_hf
 from mmenc.preprocess.kimi import KimiProcessor, KimiProcessorConfig, kimi_k25_from_hf
@@ -50,6 +51,8 @@ PROCESSORS: dict[str, Callable[..., Any]] = {
     "qwen3_omni_moe": qwen3_vl_from_hf,  # transformers: Qwen2VLImageProcessor; Qwen3-VL's preset
     "llama4": llama4_from_hf,
     "ovis2": ovis2_from_hf,
+    "clip": clip_from_hf,  # CLIPImageProcessor; LLaVA-1.5's too (LlavaImageProcessor, or SigLIP's when named)
+    "llava": clip_from_hf,
 }
 
 
@@ -71,5 +74,5 @@ __all__ = [
     "Llama4Processor", "llama4_from_hf", "Ovis2Processor", "ovis2_from_hf",
     "PROCESSORS", "get_processor",
     "SiglipProcessor", "SiglipProcessorConfig", "siglip_from_hf", "siglip2_from_hf",
-    "PixtralProcessor", "pixtral_from_hf", "mistral3_from_hf", "InternVLProcessor", "internvl_from_hf",
+    "ClipProcessor", "clip_from_hf", "PixtralProcessor", "pixtral_from_hf", "mistral3_from_hf", "InternVLProcessor", "internvl_from_hf",
 ]

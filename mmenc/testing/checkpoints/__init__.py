@@ -40,7 +40,7 @@ from mmenc.testing.checkpoints.siglip import (  # noqa: F401  (ck.<name> for tes
     save_siglip, siglip_frames, siglip_vision)
 from mmenc.testing.checkpoints.clip import (  # noqa: F401  (ck.<name> for tests and benchmarks)
     TINY_CLIP_TEXT, TINY_CLIP_VISION, TINY_LLAVA_SIGLIP_VISION, clip_vision, frame_images, hf_clip_outputs,
-    hf_clip_pooled, hf_llava_outputs, save_clip, save_llava)
+    hf_clip_pooled, hf_llava_outputs, save_clip, save_llava, save_tiny_tokenizer)
 from mmenc.testing.checkpoints.pixtral import (  # noqa: F401  (ck.<name> for tests and benchmarks)
     TINY_INTERNVL_VISION, TINY_MISTRAL_TEXT, TINY_PIXTRAL_VISION, hf_internvl_outputs, hf_pixtral_outputs, pixtral_images,
     save_internvl, save_pixtral)

@@ -93,3 +93,31 @@ def hf_llava_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) 
                                                interpolate_pos_encoding=True).pooler_output[0]
                 for image in frame_images(pixel_values, grid_thw, config.vision_config.patch_size)]
     return torch.cat(outs), []
+
+
+def save_tiny_tokenizer(folder, kind: str = "clip", eos_last: bool = False):
+    """A tokenizer written beside a tiny checkpoint (nothing downloaded): CLIP's BPE tokenizer over single
+    letters (CLIPTokenizer, ids 0 <|startoftext|>, 1 <|endoftext|>, or with eos_last=True the end-of-text
+    token last, id 63, as the real vocabulary has it), or for SigLIP a word-level PreTrainedTokenizerFast
+    (ids 0 <unk>, 1 <pad>, 2 </s>, then lower-case words). Returns the tokenizer."""
+    import string
+
+    import transformers
+
+    if kind == "clip":
+        letters = [c for c in string.ascii_lowercase] + [f"{c}</w>" for c in string.ascii_lowercase]
+        names = ["<|startoftext|>", *letters, "<|endoftext|>"] if eos_last else \
+            ["<|startoftext|>", "<|endoftext|>", *letters]
+        vocab = {name: i if not (eos_last and name == "<|endoftext|>") else 63 for i, name in enumerate(names)}
+        tokenizer = transformers.CLIPTokenizer(vocab=vocab, merges=[], model_max_length=16)
+    else:
+        from tokenizers import Tokenizer, models, pre_tokenizers
+
+        words = "a photo of the cat dog two on grass red blue car house tree".split()
+        vocab = {"<unk>": 0, "<pad>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+        backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+        backend.pre_tokenizer = pre_tokenizers.Whitespace()
+        tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>",
+                                                         pad_token="<pad>", eos_token="</s>", model_max_length=16)
+    tokenizer.save_pretrained(folder)
+    return tokenizer
