@@ -131,7 +131,7 @@ def test_batch_composition_and_order(family):
     loaded, pixels, expected = family.loaded, family.pixels, family.out
     grid = family.grid
     tokens = loaded.output_tokens(grid)
-    per_image = pixels.split(grid.prod(-1).tolist())
+    per_image = pixels.split(grid[:, :3].prod(-1).tolist())  # (t, h, w): anyres rows add the image size
     expected_rows = expected.embeddings.split(tokens)
     order = [2, 0, 3, 1]
     shuffled = run_tower(loaded, torch.cat([per_image[i] for i in order]), grid[order]).embeddings
@@ -209,7 +209,7 @@ def test_builtin_builds_on_meta(name, prepared):
     grid = torch.tensor(case.meta_grid if case.meta_grid is not None else [[1, 4, 4], [1, 4, 6]])  # images only
     # one patch per row at the built-in's own patch size (SigLIP's built-ins: 14 / 16, its tiny rows: 8)
     shape = case.patch_shape if len(case.patch_shape) > 1 else (loaded.config.patch_features,)
-    pixels = torch.empty(int(grid.prod(-1).sum()), *shape, device="meta")
+    pixels = torch.empty(int(grid[:, :3].prod(-1).sum()), *shape, device="meta")
     out = run_tower(loaded, pixels, grid).embeddings
     vlm = vlm_config_dict(hf_config)  # Qwen-Omni: under thinker_config
     text_width = case.output_width(hf_config) if case.output_width else (vlm.get("text_config") or vlm)["hidden_size"]

@@ -179,7 +179,7 @@ def encode_all(encoder, paths: list[str], batch_size: int, results: Results, pro
                 results.fail(f.message)  # the message names the file
             progress.advance(len(chunk.failures))
             good = [paths[i] for i in chunk.indices]
-            pieces = list(chunk.pixel_values.split(chunk.grid_thw.prod(-1).tolist())) if good else []
+            pieces = list(chunk.pixel_values.split(chunk.grid_thw[:, :3].prod(-1).tolist())) if good else []
             grids = chunk.grid_thw
             done = 0
             while done < len(good):

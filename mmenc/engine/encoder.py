@@ -348,7 +348,7 @@ class Encoder:
 
     def _chunks(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor):
         """Split into runs of whole images of at most max_batch_patches patches (one image may exceed it)."""
-        sizes = grid_thw.prod(-1).tolist()
+        sizes = grid_thw[:, :3].prod(-1).tolist()  # t*h*w (LLaVA-NeXT rows add columns after them)
         start_img, start_patch, count = 0, 0, 0
         for i, n in enumerate(sizes):
             if count and count + n > self.max_batch_patches:
@@ -390,11 +390,12 @@ def _concat_outputs(outputs: list[TowerOutput]) -> TowerOutput:
 
 def _check_grid(pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
     grid_thw = torch.as_tensor(grid_thw, dtype=torch.int64, device="cpu")
-    if grid_thw.dim() != 2 or grid_thw.shape[1] != 3:
-        raise ValueError(f"grid_thw must be [N, 3] (t, h, w per image), got shape {tuple(grid_thw.shape)}")
+    if grid_thw.dim() != 2 or grid_thw.shape[1] < 3:
+        raise ValueError(f"grid_thw must be [N, 3] (t, h, w per image; anyres families add the image size: "
+                         f"[N, 5]), got shape {tuple(grid_thw.shape)}")
     if (grid_thw <= 0).any():
         raise ValueError(f"grid_thw entries must be positive, got {grid_thw.tolist()}")
-    total = int(grid_thw.prod(-1).sum())
+    total = int(grid_thw[:, :3].prod(-1).sum())
     if pixel_values.dim() != 2 or pixel_values.shape[0] != total:
         raise ValueError(f"pixel_values has shape {tuple(pixel_values.shape)}; grid_thw {grid_thw.tolist()} "
                          f"needs [{total}, C*temporal_patch*patch*patch]")

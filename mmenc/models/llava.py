@@ -1,4 +1,6 @@
-"""LLaVA-1.5 (`LlavaForConditionalGeneration` with a CLIP or SigLIP tower) with its projector.
+"""The LLaVA family with its projector: LLaVA-1.5 (`LlavaForConditionalGeneration` with a CLIP or SigLIP
+tower), LLaVA-NeXT (`LlavaNextForConditionalGeneration`) and LLaVA-OneVision
+(`LlavaOnevisionForConditionalGeneration`), which add anyres tiling.
 
 The tower is mmenc.layers.vit.ViTEncoder: CLIP (class token, pre-LayerNorm, quick_gelu) or SigLIP
 (patch bias, gelu-tanh), as vision_config.model_type says; only the layers up to the deepest
@@ -12,15 +14,27 @@ Embeddings the language model consumes: transformers' get_image_features(...).po
 frames concatenated: [t * (h*w + class token - dropped), text hidden] per grid row.
 Frames that are not the position table's size get it resampled bicubically (interpolate_pos_encoding);
 LLaVA-1.5's processor always gives the trained size.
+Anyres (NeXT, OneVision): an image is a grid row (tiles, s, s, H, W): the base tile and the canvas's tiles
+(mmenc.preprocess.anyres), (H, W) its size in pixels (transformers' image_sizes). The tiles run as one
+dense batch; after the projector, the features are packed as transformers' pack_image_features does
+(mmenc.layers.anyres: base tile, the unpadded canvas rows, OneVision's anyres_max shrink, image_newline
+after each row) by one gather over the projected rows [tokens, text hidden]. A three-column row (t, h, w)
+is t untiled images (OneVision's multi-image form): each one's tokens and a newline.
 """
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
+from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
+
 from mmenc.layers.activation import get_act_fn
+from mmenc.layers.anyres import AnyresGeometry, pack_taps, packed_tokens
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ColumnParallelLinear, RowParallelLinear
 from mmenc.layers.row_blocks import MAX_INTERMEDIATE_BYTES, map_rows
@@ -39,6 +53,12 @@ VISION_TOWERS = {
                                        "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6}),
 }
 STRATEGIES = ("default", "full")
+# anyres families: config.json model_type -> (kind, vision_feature_layer, strategy, image_grid_pinpoints)
+# defaults of LlavaNextConfig / LlavaOnevisionConfig
+ANYRES = {
+    "llava_next": ("next", -2, "default", ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))),
+    "llava_onevision": ("onevision", -1, "full", tuple((384 * a, 384 * b) for a in range(1, 7) for b in range(1, 7))),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,12 +68,14 @@ class LlavaVisionConfig(TowerConfigBase):
 
     tower: "clip" or "siglip"; depth: the checkpoint tower's layers; feature_layers: hidden-state
     indices as the config gives them (negative from the end).
+    anyres: "" (LLaVA-1.5), "next" or "onevision"; grid_pinpoints: the canvases (h, w) in pixels;
+    max_tiles: OneVision's vision_aspect_ratio anyres_max_N.
     """
 
     hf_aliases: ClassVar = {"depth": ("num_hidden_layers",), "num_heads": ("num_attention_heads",),
                             "in_channels": ("num_channels",), "tower": (), "feature_layers": (), "select": (),
                             "out_hidden_size": (), "projector_act": (), "projector_bias": (),
-                            "spatial_merge_size": ()}
+                            "spatial_merge_size": (), "anyres": (), "grid_pinpoints": (), "max_tiles": ()}
     tower: str = "clip"
     depth: int = 24
     hidden_size: int = 1024
@@ -70,6 +92,9 @@ class LlavaVisionConfig(TowerConfigBase):
     projector_act: str = "gelu"
     projector_bias: bool = True
     spatial_merge_size: int = 1
+    anyres: str = ""
+    grid_pinpoints: tuple[tuple[int, int], ...] = ()
+    max_tiles: int = 0
 
     def __post_init__(self):
         check_vit_config(self)
@@ -82,6 +107,16 @@ class LlavaVisionConfig(TowerConfigBase):
         for layer in self.feature_layers:
             feature_index(layer, self.depth)
         self.check_positive("out_hidden_size")
+        if self.anyres not in ("", "next", "onevision"):
+            raise ValueError(f"LlavaVisionConfig.anyres={self.anyres!r}; expected '', 'next' or 'onevision'")
+        if self.anyres and self.class_token != (self.select == "default"):
+            raise ValueError(f"vision_feature_select_strategy={self.select!r} with a {self.tower} tower leaves "
+                             f"{'one more' if self.class_token else 'one fewer'} token than a tile's patches; anyres "
+                             f"packing (as transformers') needs 'default' for CLIP towers and 'full' for SigLIP")
+        if self.anyres and (not self.grid_pinpoints or any(h % self.image_size or w % self.image_size
+                                                           for h, w in self.grid_pinpoints)):
+            raise ValueError(f"image_grid_pinpoints={[list(p) for p in self.grid_pinpoints]}; expected canvases "
+                             f"[[h, w], ...] that are multiples of the tile size {self.image_size}")
 
     @classmethod
     def hf_computed(cls, vision: dict[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
@@ -95,9 +130,19 @@ class LlavaVisionConfig(TowerConfigBase):
         for key, value in defaults.items():
             if vision.get(key) is None:
                 values[{"num_hidden_layers": "depth", "num_attention_heads": "num_heads"}.get(key, key)] = value
-        layer = config.get("vision_feature_layer", -2)
+        anyres, default_layer, default_select, pinpoints = ANYRES.get(config.get("model_type"), ("", -2, "default", ()))
+        layer = config.get("vision_feature_layer", default_layer)
         values["feature_layers"] = tuple(layer) if isinstance(layer, (list, tuple)) else (layer,)
-        values["select"] = config.get("vision_feature_select_strategy", "default")
+        values["select"] = config.get("vision_feature_select_strategy", default_select)
+        if anyres:
+            values["anyres"] = anyres
+            values["grid_pinpoints"] = tuple((int(h), int(w)) for h, w in config.get("image_grid_pinpoints")
+                                             or pinpoints)
+        if anyres == "onevision":
+            ratio = str(config.get("vision_aspect_ratio", "anyres_max_9"))
+            if not ratio.startswith("anyres_max_") or not ratio.removeprefix("anyres_max_").isdigit():
+                raise ValueError(f"vision_aspect_ratio={ratio!r}; expected 'anyres_max_N' (e.g. anyres_max_9)")
+            values["max_tiles"] = int(ratio.removeprefix("anyres_max_"))
         values["projector_act"] = config.get("projector_hidden_act", "gelu")
         values["projector_bias"] = bool(config.get("multimodal_projector_bias", True))
         text = config.get("text_config") or {}
@@ -108,9 +153,11 @@ class LlavaVisionConfig(TowerConfigBase):
     def processor_defaults(self) -> dict[str, Any]:
         """The tower's own preprocessing at its size: CLIP's shortest edge + centre crop, SigLIP's fixed size."""
         side = {"height": self.image_size, "width": self.image_size}
+        anyres = {"image_grid_pinpoints": [list(p) for p in self.grid_pinpoints]} if self.anyres else {}
         if self.tower == "siglip":
-            return {"patch_size": self.patch_size, "size": side, "image_processor_type": "SiglipImageProcessor"}
-        return {"patch_size": self.patch_size, "size": {"shortest_edge": self.image_size}, "crop_size": side}
+            return {"patch_size": self.patch_size, "size": side, "image_processor_type": "SiglipImageProcessor",
+                    "do_center_crop": False, "image_mean": [0.5] * 3, "image_std": [0.5] * 3, **anyres}
+        return {"patch_size": self.patch_size, "size": {"shortest_edge": self.image_size}, "crop_size": side, **anyres}
 
     @property
     def temporal_patch_size(self) -> int:
@@ -121,9 +168,28 @@ class LlavaVisionConfig(TowerConfigBase):
         return self.tower == "clip"
 
     @property
+    def geometry(self) -> AnyresGeometry:
+        """The anyres tiling this tower's features are packed by."""
+        return AnyresGeometry(self.image_size // self.patch_size, self.image_size, self.grid_pinpoints, self.max_tiles)
+
+    @property
     def feature_indices(self) -> tuple[int, ...]:
         """feature_layers as 0..depth indices, in the listed order."""
         return tuple(feature_index(layer, self.depth) for layer in self.feature_layers)
+
+
+@dataclasses.dataclass
+class LlavaPlan:
+    """The encoder's plan for the tiles, and (anyres) the packing taps: pack_index int64 [out] (a gather) or
+    [out, k] with pack_weight float32 [out, k] (OneVision's bilinear shrink); None for LLaVA-1.5."""
+
+    vit: ViTPlan
+    pack_index: torch.Tensor | None = None
+    pack_weight: torch.Tensor | None = None
+
+    @property
+    def num_patches(self) -> int:
+        return self.vit.num_patches
 
 
 class LlavaTower(VisionTower):
@@ -145,29 +211,64 @@ class LlavaTower(VisionTower):
         self.act = get_act_fn(config.projector_act)
         self.linear_2 = RowParallelLinear(out, out, bias=config.projector_bias, prefix="linear_2", **dd)
         self.max_intermediate_bytes = MAX_INTERMEDIATE_BYTES  # the projector's row blocks (mmenc.layers.row_blocks)
+        if config.anyres:  # LlavaNextModel.image_newline: the checkpoint's "image_newline", read as "newline"
+            self.newline = nn.Parameter(torch.empty(out, **dd), requires_grad=False)
 
     @property
     def drop_first(self) -> bool:
         return self.config.select == "default"
 
+    def frame_tokens(self, h: int, w: int) -> int:
+        """Tokens a frame (tile) of h x w patches yields before packing."""
+        return h * w + int(self.config.class_token) - int(self.drop_first)
+
+    def read_grid(self, grid_thw: torch.Tensor) -> Grid:
+        """(t, h, w) rows, or for anyres towers also (tiles, s, s, H, W) rows (ValueError naming a bad row)."""
+        if not self.config.anyres or grid_thw.dim() != 2 or grid_thw.shape[-1] != 5:
+            return super().read_grid(grid_thw)
+        grid = super().read_grid(grid_thw[:, :3])
+        s, geometry = self.config.geometry.side, self.config.geometry
+        rows = tuple((*row, int(h), int(w)) for row, (h, w) in zip(grid, grid_thw[:, 3:].tolist()))
+        for i, (t, gh, gw, h, w) in enumerate(rows):
+            expected = (1 + math.prod(geometry.canvas_tiles(h, w)), s, s, h, w) if min(h, w) > 0 else None
+            if (t, gh, gw, h, w) != expected:
+                raise ValueError(f"grid_thw[{i}] = {(t, gh, gw, h, w)}: an anyres image of {h}x{w} px is "
+                                 f"{expected or '(tiles, s, s, H, W) with a positive H, W'} here (the base tile and "
+                                 f"its canvas's tiles); pass the grid_thw the processor gave")
+        return rows
+
     def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
-        per_frame = int(self.config.class_token) - int(self.drop_first)
-        return [t * (h * w + per_frame) for t, h, w in self.read_grid(grid_thw)]
+        grid = self.read_grid(grid_thw)
+        if not self.config.anyres:
+            return [t * self.frame_tokens(h, w) for t, h, w in grid]
+        return [packed_tokens(row, self.frame_tokens(*row[1:3]), self.config.geometry) for row in grid]
 
-    def make_plan(self, grid: Grid, device) -> ViTPlan:
-        return self.encoder.make_plan(grid, device)
+    def make_plan(self, grid: Grid, device) -> LlavaPlan:
+        plan = LlavaPlan(self.encoder.make_plan(tuple(row[:3] for row in grid), device))
+        if self.config.anyres:
+            index, weight = pack_taps(grid, [self.frame_tokens(*row[1:3]) for row in grid], self.config.geometry)
+            plan.pack_index = to_device(index, device)
+            plan.pack_weight = None if weight is None else to_device(weight, device)
+        return plan
 
-    def features(self, pixel_values: torch.Tensor, plan: ViTPlan) -> torch.Tensor:
+    def features(self, pixel_values: torch.Tensor, plan: LlavaPlan) -> torch.Tensor:
         """The selected hidden states, concatenated: [frames * tokens per frame, hidden * len(layers)]."""
-        states = self.encoder(pixel_values, plan, keep=self.layers_used)
-        parts = [self.encoder.tokens(states[i], plan, self.drop_first) for i in self.layers_used]
+        states = self.encoder(pixel_values, plan.vit, keep=self.layers_used)
+        parts = [self.encoder.tokens(states[i], plan.vit, self.drop_first) for i in self.layers_used]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
         plan = self.plan_for(pixel_values, grid_thw)
         x = self.features(pixel_values, plan)
         width = (self.linear_1.weight.shape[0] + 2 * self.config.out_hidden_size) * x.element_size()
-        return TowerOutput(map_rows(self.project, x, width, self.max_intermediate_bytes))
+        x = map_rows(self.project, x, width, self.max_intermediate_bytes)  # [tokens, out_hidden]
+        if plan.pack_index is None:
+            return TowerOutput(x)
+        table = torch.cat([x, self.newline.to(x.dtype)[None]])  # the newline is the row after the features
+        if plan.pack_weight is None:
+            return TowerOutput(table[plan.pack_index])
+        packed = F.embedding_bag(plan.pack_index, table.float(), per_sample_weights=plan.pack_weight, mode="sum")
+        return TowerOutput(packed.to(x.dtype))
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """The projector's MLP: x [rows, hidden * layers] -> [rows, out_hidden]."""
@@ -199,7 +300,7 @@ def llava_builtin(vision: dict, text_hidden: int, layer: int, strategy: str, arc
 LLAVA_WEIGHT_PREFIXES = (("model.vision_tower.", "model.multi_modal_projector."),
                          ("vision_tower.", "multi_modal_projector."))
 
-LLAVA_SPEC = register_model(ModelSpec(
+LLAVA_SPEC = register_model(ModelSpec(  # LLaVA-1.5
     architectures=("LlavaForConditionalGeneration",),
     vision_model_types=tuple(VISION_TOWERS),
     tower_cls=LlavaTower,
@@ -211,5 +312,52 @@ LLAVA_SPEC = register_model(ModelSpec(
         "llava-hf/llava-1.5-13b-hf": llava_builtin(_CLIP_L14_336, 5120, -2, "default"),
         "llava-hf/llava-interleave-qwen-0.5b-hf": llava_builtin(_SIGLIP_SO400M_26, 896, -1, "full"),
         "llava-hf/llava-interleave-qwen-7b-hf": llava_builtin(_SIGLIP_SO400M_26, 3584, -1, "full"),
+    },
+))
+
+# -- LLaVA-NeXT and LLaVA-OneVision (anyres) ---------------------------------------------------------------
+# Published: llava-hf/llava-v1.6-* (CLIP ViT-L/14-336, five canvases up to 2 x 2 / 1 x 3 tiles), and
+# llava-hf/llava-onevision-qwen2-*-ov-hf (SigLIP so400m/14-384 without its last layer, 6 x 6 canvases of 384 px,
+# anyres_max_9).
+_NEXT_PINPOINTS = [list(p) for p in ANYRES["llava_next"][3]]
+_ONEVISION_PINPOINTS = [list(p) for p in ANYRES["llava_onevision"][3]]
+ANYRES_WEIGHT_PREFIXES = (("model.vision_tower.", "model.multi_modal_projector.", "model.image_"),
+                          ("vision_tower.", "multi_modal_projector.", "image_"))
+
+
+def _next(text_hidden: int) -> dict:
+    return llava_builtin(_CLIP_L14_336, text_hidden, -2, "default", "LlavaNextForConditionalGeneration", "llava_next",
+                         image_grid_pinpoints=_NEXT_PINPOINTS)
+
+
+def _onevision(text_hidden: int) -> dict:
+    return llava_builtin(_SIGLIP_SO400M_26, text_hidden, -1, "full", "LlavaOnevisionForConditionalGeneration",
+                         "llava_onevision", image_grid_pinpoints=_ONEVISION_PINPOINTS,
+                         vision_aspect_ratio="anyres_max_9")
+
+
+LLAVA_NEXT_SPEC = register_model(ModelSpec(
+    architectures=("LlavaNextForConditionalGeneration",),
+    tower_cls=LlavaTower,
+    config_from_hf=LlavaVisionConfig.from_hf,
+    weight_prefixes=ANYRES_WEIGHT_PREFIXES,
+    processor_from_hf=lazy_processor("mmenc.preprocess.anyres:llava_next_from_hf"),
+    builtin_configs={
+        "llava-hf/llava-v1.6-mistral-7b-hf": _next(4096),
+        "llava-hf/llava-v1.6-vicuna-13b-hf": _next(5120),
+        "llava-hf/llava-v1.6-34b-hf": _next(7168),
+    },
+))
+
+LLAVA_ONEVISION_SPEC = register_model(ModelSpec(
+    architectures=("LlavaOnevisionForConditionalGeneration",),
+    tower_cls=LlavaTower,
+    config_from_hf=LlavaVisionConfig.from_hf,
+    weight_prefixes=ANYRES_WEIGHT_PREFIXES,
+    processor_from_hf=lazy_processor("mmenc.preprocess.anyres:llava_onevision_from_hf"),
+    builtin_configs={
+        "llava-hf/llava-onevision-qwen2-0.5b-ov-hf": _onevision(896),
+        "llava-hf/llava-onevision-qwen2-7b-ov-hf": _onevision(3584),
+        "llava-hf/llava-onevision-qwen2-72b-ov-hf": _onevision(8192),
     },
 ))

@@ -37,13 +37,14 @@ class ImagePlan:
 
     resize: (h, w) after the bicubic resize (== size when there is none);
     padded: (h, w) after zero padding bottom/right (== resize when there is none; Kimi pads);
-    grid: the image's grid_thw row (t, h, w); rows: its rows in pixel_values.
+    grid: the image's grid_thw row (t, h, w), for anyres families (LLaVA-NeXT, OneVision) followed by the
+    image's (height, width) in pixels; rows: its rows in pixel_values (t * h * w).
     """
 
     size: tuple[int, int]
     resize: tuple[int, int]
     padded: tuple[int, int]
-    grid: tuple[int, int, int]
+    grid: tuple[int, ...]
     rows: int
 
 
@@ -54,7 +55,8 @@ def finish_patches(processor: Any, patches: Sequence[torch.Tensor], plans: Seque
     concatenated and normalized into it in one call (what a GPU wants); `normalize_parts(list of
     (patches_i, out_rows_i))` instead normalizes each image into its rows, e.g. in worker threads
     (what a CPU wants: the first writes to fresh memory, page faults, then spread over threads)."""
-    grid_thw = torch.tensor([list(pl.grid) for pl in plans], dtype=torch.int64).reshape(-1, 3)
+    columns = len(plans[0].grid) if plans else 3
+    grid_thw = torch.tensor([list(pl.grid) for pl in plans], dtype=torch.int64).reshape(-1, columns)
     sizes = [p.shape[0] for p in patches]
     device = patches[0].device if patches else torch.device("cpu")
     out = torch.empty((sum(sizes), *processor.row_shape), dtype=torch.float32, device=device)

@@ -40,7 +40,8 @@ from mmenc.testing.checkpoints.siglip import (  # noqa: F401  (ck.<name> for tes
     save_siglip, siglip_frames, siglip_vision)
 from mmenc.testing.checkpoints.clip import (  # noqa: F401  (ck.<name> for tests and benchmarks)
     TINY_CLIP_TEXT, TINY_CLIP_VISION, TINY_LLAVA_SIGLIP_VISION, clip_vision, frame_images, hf_clip_outputs,
-    hf_clip_pooled, hf_llava_outputs, save_clip, save_llava, save_tiny_tokenizer)
+    hf_clip_pooled, hf_llava_outputs, save_clip, save_llava, save_tiny_tokenizer, TINY_NEXT_PINPOINTS,
+    TINY_ONEVISION_PINPOINTS, anyres_grid, hf_anyres_outputs, save_llava_anyres)
 from mmenc.testing.checkpoints.pixtral import (  # noqa: F401  (ck.<name> for tests and benchmarks)
     TINY_INTERNVL_VISION, TINY_MISTRAL_TEXT, TINY_PIXTRAL_VISION, hf_internvl_outputs, hf_pixtral_outputs, pixtral_images,
     save_internvl, save_pixtral)
@@ -117,6 +118,19 @@ CLIP_FAMILIES: dict[str, FamilyCase] = {
         functools.partial(save_llava, tower="siglip", feature_layer=[-3, -1], strategy="full"), hf_llava_outputs,
         (3 * 8 * 8,), "llava-hf/llava-interleave-", hf_tower=None, architecture="LlavaForConditionalGeneration",
         vision_model_type="siglip_vision_model"),
+    # anyres: base + canvas tiles per image; canvases 1x2, 2x2, 3x1 (cut rows / columns) in one call
+    "LlavaNextForConditionalGeneration": FamilyCase(
+        save_llava_anyres, hf_anyres_outputs, (3 * 8 * 8,), "llava-hf/llava-v1.6-", hf_tower=None,
+        grid=anyres_grid([(40, 90), (100, 100), (150, 30), (47, 47)], TINY_NEXT_PINPOINTS),
+        meta_grid=anyres_grid([(672, 672), (336, 700)], [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]],
+                              336, 24)),
+    # OneVision: a 2x2 canvas shrunk bilinearly (anyres_max_1), 1x1 and 1x3 ones kept, SigLIP tower
+    "LlavaOnevisionForConditionalGeneration": FamilyCase(
+        functools.partial(save_llava_anyres, onevision=True), hf_anyres_outputs, (3 * 8 * 8,),
+        "llava-hf/llava-onevision-", hf_tower=None,
+        grid=anyres_grid([(90, 100), (30, 40), (40, 130), (100, 50)], TINY_ONEVISION_PINPOINTS),
+        meta_grid=anyres_grid([(1000, 700), (384, 768)], [[384 * a, 384 * b] for a in range(1, 7) for b in range(1, 7)],
+                              384, 27)),
 }
 FAMILIES: dict[str, FamilyCase] = {
     "Qwen2VLForConditionalGeneration": FamilyCase(save_qwen2_vl, hf_tower_outputs, _QWEN_PIXELS, "Qwen/Qwen2-VL-"),
@@ -186,4 +200,7 @@ NEW_FAMILY_GRIDS: dict[str, tuple[list[list[int]], list[list[int]]]] = {  # arch
     "CLIPModel": ([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
     "LlavaForConditionalGeneration+clip": ([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
     "LlavaForConditionalGeneration+siglip": ([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
+    # anyres: tiles of one size always (a dense batch); images of different canvases, then one image
+    "LlavaNextForConditionalGeneration": ([[3, 6, 6, 40, 90], [5, 6, 6, 100, 100]], [[4, 6, 6, 150, 30]]),
+    "LlavaOnevisionForConditionalGeneration": ([[7, 6, 6, 90, 100], [2, 6, 6, 30, 40]], [[4, 6, 6, 40, 130]]),
 }

@@ -121,3 +121,59 @@ def save_tiny_tokenizer(folder, kind: str = "clip", eos_last: bool = False):
                                                          pad_token="<pad>", eos_token="</s>", model_max_length=16)
     tokenizer.save_pretrained(folder)
     return tokenizer
+
+
+# LLaVA-NeXT / OneVision: 48 px tiles (6 x 6 patches of 8 px), canvases up to 3 tiles a side; OneVision at
+# anyres_max_1 so that a 2 x 2 canvas is shrunk (bilinear) and a 1 x 1 one is not.
+TINY_NEXT_PINPOINTS = [[48, 96], [96, 48], [96, 96], [144, 48], [48, 144]]
+TINY_ONEVISION_PINPOINTS = [[48 * a, 48 * b] for a in range(1, 4) for b in range(1, 4)]
+
+
+def save_llava_anyres(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None,
+                      onevision: bool = False):
+    """LlavaNextForConditionalGeneration over a tiny CLIP tower (layer -2, "default"), or with onevision=True
+    LlavaOnevisionForConditionalGeneration over a tiny SigLIP tower (layer -1, "full", anyres_max_1);
+    image_newline random."""
+    import transformers
+
+    text = dict(TINY_TEXT, model_type="qwen2" if onevision else "llama")
+    if onevision:
+        config = transformers.LlavaOnevisionConfig(vision_config={**TINY_LLAVA_SIGLIP_VISION, **(vision or {})},
+                                                   text_config=text, image_grid_pinpoints=TINY_ONEVISION_PINPOINTS,
+                                                   vision_aspect_ratio="anyres_max_1", dtype=torch.float32)
+        model = _seeded(transformers.LlavaOnevisionForConditionalGeneration, config, seed)
+    else:
+        config = transformers.LlavaNextConfig(vision_config={**TINY_CLIP_VISION, **(vision or {})}, text_config=text,
+                                              image_grid_pinpoints=TINY_NEXT_PINPOINTS, dtype=torch.float32)
+        model = _seeded(transformers.LlavaNextForConditionalGeneration, config, seed)
+    _randomise_embeddings(model)
+    return _save(model, folder, max_shard_size), model
+
+
+def anyres_grid(sizes, pinpoints, tile_px: int = 48, side: int = 6) -> tuple[tuple[int, ...], ...]:
+    """grid_thw rows (1 + canvas tiles, s, s, H, W) of images of `sizes` (h, w), as the anyres processor gives them."""
+    from mmenc.anyres import select_best_resolution
+
+    rows = []
+    for h, w in sizes:
+        ch, cw = select_best_resolution(h, w, pinpoints)
+        rows.append((1 + (ch // tile_px) * (cw // tile_px), side, side, h, w))
+    return tuple(rows)
+
+
+def hf_anyres_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """transformers' get_image_features of LLaVA-NeXT / OneVision image by image (pixel_values [1, tiles, C, T, T],
+    image_sizes [[H, W]]): base tile, unpadded canvas (OneVision shrunk), newlines; images concatenated."""
+    config = model.config
+    p = config.vision_config.patch_size
+    outs, rows = [], pixel_values.reshape(pixel_values.shape[0], -1, p, p)
+    kwargs = ({"vision_aspect_ratio": config.vision_aspect_ratio} if hasattr(config, "vision_aspect_ratio") else {})
+    with torch.no_grad():
+        for image, (t, s, _, h, w) in zip(rows.split((grid_thw[:, :3].prod(-1)).tolist()), grid_thw.tolist()):
+            tiles = image.view(t, s, s, -1, p, p).permute(0, 3, 1, 4, 2, 5).reshape(1, t, -1, s * p, s * p)
+            out = model.model.get_image_features(pixel_values=tiles, image_sizes=torch.tensor([[h, w]]),
+                                                 vision_feature_layer=config.vision_feature_layer,
+                                                 vision_feature_select_strategy=config.vision_feature_select_strategy,
+                                                 **kwargs)
+            outs.append(out.pooler_output[0])
+    return torch.cat(outs), []
