@@ -4,7 +4,9 @@ Per frame of h x w patches (an image is one frame; a grid row (t, h, w) is t fra
   patch embedding (a convolution as one matmul; bias for SigLIP, none for CLIP);
   a class token in front (CLIP), its own position row (row 0 of the table);
   learned positions: the table's side x side grid added as is at its trained size, else resampled
-  bicubically (align_corners=False) to h x w: transformers' interpolate_pos_encoding=True;
+  bicubically (align_corners=False) to h x w: transformers' interpolate_pos_encoding=True; or with
+  positions="bucket" (Idefics3 / SmolVLM, NaViT-style) each patch takes the table row of its fractional
+  coordinates bucketed into side x side cells (`bucket_positions`);
   pre-LayerNorm over all tokens (CLIP's `pre_layrnorm`);
   LayerNorm blocks (fused qkv with bias, plain MLP: quick_gelu, gelu or gelu-tanh) within the frame.
 `ViTEncoder.forward` returns the hidden states a caller asks for, by transformers' `hidden_states`
@@ -93,6 +95,18 @@ def tower_tensors(weights: Iterable[tuple[str, torch.Tensor]], built_depth: int
             yield name, tensor
 
 
+def bucket_positions(h: int, w: int, side: int) -> torch.Tensor:
+    """Idefics3VisionEmbeddings' position ids of an h x w frame over a side x side table: row i sits at the
+    fraction i / h, bucketed by the boundaries 1/side, 2/side, ... (float32, as transformers computes them,
+    so the buckets match to the last rounding); int64 [h*w], raster order."""
+    boundaries = torch.arange(1 / side, 1.0, 1 / side)
+    rows = torch.bucketize((torch.arange(h, dtype=torch.float32) * (1.0 / torch.tensor(h))).clamp(max=1 - 1e-6),
+                           boundaries, right=True)
+    cols = torch.bucketize((torch.arange(w, dtype=torch.float32) * (1.0 / torch.tensor(w))).clamp(max=1 - 1e-6),
+                           boundaries, right=True)
+    return (rows[:, None] * side + cols[None, :]).reshape(-1)
+
+
 @dataclasses.dataclass
 class ViTPlan:
     """What a forward derives from grid_thw, once (device tensors, cached per grid).
@@ -121,11 +135,14 @@ class ViTEncoder(nn.Module):
 
     def __init__(self, *, dim: int, num_heads: int, mlp_hidden: int, depth: int, act: str, norm_eps: float,
                  patch_features: int, position_side: int, patch_bias: bool, class_token: bool, pre_norm: bool,
-                 multimodal_config: MultiModalConfig | None = None, prefix: str = "encoder", device=None,
-                 dtype=None):
+                 positions: str = "bicubic", multimodal_config: MultiModalConfig | None = None, prefix: str = "encoder",
+                 device=None, dtype=None):
         super().__init__()
         dd = {"device": device, "dtype": dtype}
-        self.depth = depth
+        if positions not in ("bicubic", "bucket") or (positions == "bucket" and class_token):
+            raise ValueError(f"{prefix}: positions={positions!r} with class_token={class_token}; expected 'bicubic', or "
+                             f"'bucket' without a class token")
+        self.depth, self.positions = depth, positions
         self.patch_embed = PatchEmbed(patch_features, dim, bias=patch_bias, prefix=f"{prefix}.patch_embed", **dd)
         self.class_embedding = nn.Parameter(torch.empty(dim, **dd), requires_grad=False) if class_token else None
         self.pos_embed = InterpolatedPosEmbed(position_side ** 2, dim, mode="bicubic", leading_rows=int(class_token),
@@ -144,9 +161,13 @@ class ViTEncoder(nn.Module):
         lengths = frame_lengths(grid)
         extra = int(self.class_token)
         side = self.pos_embed.side
-        native = all((h, w) == (side, side) for _, h, w in grid)
+        native = all((h, w) == (side, side) for _, h, w in grid) and self.positions == "bicubic"
         dense = len(set(lengths)) == 1
-        if native:
+        if self.positions == "bucket":  # one table row per patch: taps of weight 1
+            frames = [bucket_positions(h, w, side) for _, h, w in (grid[:1] if dense else grid)]
+            ids = frames[0] if dense else torch.cat([f.repeat(t) for (t, _, _), f in zip(grid, frames)])
+            index, weight = to_device(ids[:, None], device), to_device(torch.ones(len(ids), 1), device)
+        elif native:
             index = weight = None
         elif dense:  # one frame's taps, shared by the batch's rows
             index, weight = (to_device(t, device) for t in self.pos_embed.frame_taps(*grid[0][1:]))

@@ -41,7 +41,8 @@ from mmenc.testing.checkpoints.siglip import (  # noqa: F401  (ck.<name> for tes
 from mmenc.testing.checkpoints.clip import (  # noqa: F401  (ck.<name> for tests and benchmarks)
     TINY_CLIP_TEXT, TINY_CLIP_VISION, TINY_LLAVA_SIGLIP_VISION, clip_vision, frame_images, hf_clip_outputs,
     hf_clip_pooled, hf_llava_outputs, save_clip, save_llava, save_tiny_tokenizer, TINY_NEXT_PINPOINTS,
-    TINY_ONEVISION_PINPOINTS, anyres_grid, hf_anyres_outputs, save_llava_anyres)
+    TINY_ONEVISION_PINPOINTS, anyres_grid, hf_anyres_outputs, save_llava_anyres, TINY_IDEFICS3_VISION,
+    hf_idefics3_outputs, save_idefics3)
 from mmenc.testing.checkpoints.pixtral import (  # noqa: F401  (ck.<name> for tests and benchmarks)
     TINY_INTERNVL_VISION, TINY_MISTRAL_TEXT, TINY_PIXTRAL_VISION, hf_internvl_outputs, hf_pixtral_outputs, pixtral_images,
     save_internvl, save_pixtral)
@@ -131,6 +132,13 @@ CLIP_FAMILIES: dict[str, FamilyCase] = {
         grid=anyres_grid([(90, 100), (30, 40), (40, 130), (100, 50)], TINY_ONEVISION_PINPOINTS),
         meta_grid=anyres_grid([(1000, 700), (384, 768)], [[384 * a, 384 * b] for a in range(1, 7) for b in range(1, 7)],
                               384, 27)),
+    # square tiles (the processor's): several per image, two sizes in one call (packed), bucketed positions
+    "Idefics3ForConditionalGeneration": FamilyCase(
+        save_idefics3, hf_idefics3_outputs, (3 * 8 * 8,), "HuggingFace", hf_tower=None,
+        grid=((3, 6, 6), (1, 4, 4), (5, 6, 6), (1, 6, 6)), meta_grid=((5, 32, 32), (1, 32, 32))),
+    "SmolVLMForConditionalGeneration": FamilyCase(
+        functools.partial(save_idefics3, smolvlm=True), hf_idefics3_outputs, (3 * 8 * 8,), "HuggingFaceTB/SmolVLM",
+        hf_tower=None, grid=((2, 6, 6), (1, 4, 4), (1, 6, 6), (3, 4, 4)), meta_grid=((5, 32, 32), (1, 32, 32))),
 }
 FAMILIES: dict[str, FamilyCase] = {
     "Qwen2VLForConditionalGeneration": FamilyCase(save_qwen2_vl, hf_tower_outputs, _QWEN_PIXELS, "Qwen/Qwen2-VL-"),
@@ -203,4 +211,6 @@ NEW_FAMILY_GRIDS: dict[str, tuple[list[list[int]], list[list[int]]]] = {  # arch
     # anyres: tiles of one size always (a dense batch); images of different canvases, then one image
     "LlavaNextForConditionalGeneration": ([[3, 6, 6, 40, 90], [5, 6, 6, 100, 100]], [[4, 6, 6, 150, 30]]),
     "LlavaOnevisionForConditionalGeneration": ([[7, 6, 6, 90, 100], [2, 6, 6, 30, 40]], [[4, 6, 6, 40, 130]]),
+    "Idefics3ForConditionalGeneration": ([[3, 6, 6], [1, 4, 4]], [[5, 6, 6]]),
+    "SmolVLMForConditionalGeneration": ([[2, 6, 6], [1, 4, 4]], [[3, 6, 6]]),
 }

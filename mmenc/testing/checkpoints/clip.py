@@ -177,3 +177,33 @@ def hf_anyres_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor)
                                                  **kwargs)
             outs.append(out.pooler_output[0])
     return torch.cat(outs), []
+
+
+# Idefics3 / SmolVLM: a 6x6 position table (48 px tiles of 8 px patches) read by bucketed coordinates; scale 2.
+TINY_IDEFICS3_VISION = dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=2, intermediate_size=40,
+                            patch_size=8, image_size=48)
+
+
+def save_idefics3(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None, smolvlm: bool = False):
+    """Idefics3ForConditionalGeneration (or SmolVLMForConditionalGeneration) over a tiny tower, scale_factor 2."""
+    import transformers
+
+    prefix = "SmolVLM" if smolvlm else "Idefics3"
+    config = getattr(transformers, f"{prefix}Config")(vision_config={**TINY_IDEFICS3_VISION, **(vision or {})},
+                                                      text_config=dict(TINY_TEXT, model_type="llama"), scale_factor=2,
+                                                      image_token_id=63, dtype=torch.float32)
+    model = _seeded(getattr(transformers, f"{prefix}ForConditionalGeneration"), config, seed)
+    _randomise_embeddings(model)
+    return _save(model, folder, max_shard_size), model
+
+
+def hf_idefics3_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """transformers' get_image_features image by image (its tiles as [1, tiles, C, h*p, w*p], no padding mask),
+    concatenated: [tiles * h*w / scale^2, text hidden] per grid row."""
+    p = model.config.vision_config.patch_size
+    rows, outs = pixel_values.reshape(pixel_values.shape[0], -1, p, p), []
+    with torch.no_grad():
+        for image, (t, h, w) in zip(rows.split(grid_thw.prod(-1).tolist()), grid_thw.tolist()):
+            tiles = image.view(t, h, w, -1, p, p).permute(0, 3, 1, 4, 2, 5).reshape(1, t, -1, h * p, w * p)
+            outs.append(model.model.get_image_features(pixel_values=tiles).pooler_output[0])
+    return torch.cat(outs), []
