@@ -1,6 +1,7 @@
 """The LLaVA family with its projector: LLaVA-1.5 (`LlavaForConditionalGeneration` with a CLIP or SigLIP
 tower), LLaVA-NeXT (`LlavaNextForConditionalGeneration`) and LLaVA-OneVision
-(`LlavaOnevisionForConditionalGeneration`), which add anyres tiling.
+(`LlavaOnevisionForConditionalGeneration`), which add anyres tiling; VipLlava (`VipLlavaForConditionalGeneration`:
+five layers of LLaVA-1.5's tower, class tokens dropped, a LayerNorm before the projector).
 
 The tower is mmenc.layers.vit.ViTEncoder: CLIP (class token, pre-LayerNorm, quick_gelu) or SigLIP
 (patch bias, gelu-tanh), as vision_config.model_type says; only the layers up to the deepest
@@ -37,6 +38,7 @@ from mmenc.layers.activation import get_act_fn
 from mmenc.layers.anyres import AnyresGeometry, pack_taps, packed_tokens
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ColumnParallelLinear, RowParallelLinear
+from mmenc.layers.norm import LayerNorm
 from mmenc.layers.row_blocks import MAX_INTERMEDIATE_BYTES, map_rows
 from mmenc.layers.vit import ViTPlan, check_vit_config, feature_index, tower_tensors, vit_encoder, vit_weight_rules
 from mmenc.layers.weights import WeightMap
@@ -70,11 +72,12 @@ class LlavaVisionConfig(TowerConfigBase):
     indices as the config gives them (negative from the end).
     anyres: "" (LLaVA-1.5), "next" or "onevision"; grid_pinpoints: the canvases (h, w) in pixels;
     max_tiles: OneVision's vision_aspect_ratio anyres_max_N.
+    projector_norm_eps: > 0: a LayerNorm before linear_1 (VipLlava's projector_layernorm).
     """
 
     hf_aliases: ClassVar = {"depth": ("num_hidden_layers",), "num_heads": ("num_attention_heads",),
                             "in_channels": ("num_channels",), "tower": (), "feature_layers": (), "select": (),
-                            "out_hidden_size": (), "projector_act": (), "projector_bias": (),
+                            "out_hidden_size": (), "projector_act": (), "projector_bias": (), "projector_norm_eps": (),
                             "spatial_merge_size": (), "anyres": (), "grid_pinpoints": (), "max_tiles": ()}
     tower: str = "clip"
     depth: int = 24
@@ -91,6 +94,7 @@ class LlavaVisionConfig(TowerConfigBase):
     out_hidden_size: int = 4096
     projector_act: str = "gelu"
     projector_bias: bool = True
+    projector_norm_eps: float = 0.0
     spatial_merge_size: int = 1
     anyres: str = ""
     grid_pinpoints: tuple[tuple[int, int], ...] = ()
@@ -145,6 +149,11 @@ class LlavaVisionConfig(TowerConfigBase):
             values["max_tiles"] = int(ratio.removeprefix("anyres_max_"))
         values["projector_act"] = config.get("projector_hidden_act", "gelu")
         values["projector_bias"] = bool(config.get("multimodal_projector_bias", True))
+        if config.get("model_type") == "vipllava":  # VipLlava: CLS always dropped, a LayerNorm first
+            layer = config.get("vision_feature_layer", (-2, -5, -8, -11, 6))
+            values["feature_layers"] = tuple(layer) if isinstance(layer, (list, tuple)) else (layer,)
+            values["select"] = "default"
+            values["projector_norm_eps"] = float(config.get("projector_layernorm_eps", 1e-5))
         text = config.get("text_config") or {}
         if text.get("hidden_size"):
             values["out_hidden_size"] = int(text["hidden_size"])
@@ -207,6 +216,8 @@ class LlavaTower(VisionTower):
         self.layers_used = config.feature_indices
         self.encoder = vit_encoder(config, max(self.layers_used), multimodal_config, **dd)
         features = config.hidden_size * len(self.layers_used)
+        self.projector_layernorm = (LayerNorm(features, config.projector_norm_eps, **dd) if config.projector_norm_eps
+                                    else None)
         self.linear_1 = ColumnParallelLinear(features, out, bias=config.projector_bias, prefix="linear_1", **dd)
         self.act = get_act_fn(config.projector_act)
         self.linear_2 = RowParallelLinear(out, out, bias=config.projector_bias, prefix="linear_2", **dd)
@@ -272,6 +283,8 @@ class LlavaTower(VisionTower):
 
     def project(self, x: torch.Tensor) -> torch.Tensor:
         """The projector's MLP: x [rows, hidden * layers] -> [rows, out_hidden]."""
+        if self.projector_layernorm is not None:
+            x = self.projector_layernorm(x)
         return self.linear_2(self.act(self.linear_1(x)))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -314,6 +327,21 @@ LLAVA_SPEC = register_model(ModelSpec(  # LLaVA-1.5
         "llava-hf/llava-interleave-qwen-7b-hf": llava_builtin(_SIGLIP_SO400M_26, 3584, -1, "full"),
     },
 ))
+
+# VipLlava (llava-hf/vip-llava-{7b,13b}-hf): LLaVA-1.5's tower, five layers concatenated, a normed projector.
+VIPLLAVA_SPEC = register_model(ModelSpec(
+    architectures=("VipLlavaForConditionalGeneration",),
+    tower_cls=LlavaTower,
+    config_from_hf=LlavaVisionConfig.from_hf,
+    weight_prefixes=LLAVA_WEIGHT_PREFIXES,
+    processor_from_hf=lazy_processor("mmenc.preprocess.clip:clip_from_hf"),
+    builtin_configs={
+        f"llava-hf/vip-llava-{size}-hf": builtin_config(
+            "VipLlavaForConditionalGeneration", "vipllava", _CLIP_L14_336, text_config={"hidden_size": width},
+            projector_hidden_act="gelu", projector_layernorm_eps=1e-5, vision_feature_layer=[-2, -5, -8, -11, 6])
+        for size, width in (("7b", 4096), ("13b", 5120))},
+))
+
 
 # -- LLaVA-NeXT and LLaVA-OneVision (anyres) ---------------------------------------------------------------
 # Published: llava-hf/llava-v1.6-* (CLIP ViT-L/14-336, five canvases up to 2 x 2 / 1 x 3 tiles), and

@@ -42,7 +42,7 @@ from mmenc.testing.checkpoints.clip import (  # noqa: F401  (ck.<name> for tests
     TINY_CLIP_TEXT, TINY_CLIP_VISION, TINY_LLAVA_SIGLIP_VISION, clip_vision, frame_images, hf_clip_outputs,
     hf_clip_pooled, hf_llava_outputs, save_clip, save_llava, save_tiny_tokenizer, TINY_NEXT_PINPOINTS,
     TINY_ONEVISION_PINPOINTS, anyres_grid, hf_anyres_outputs, save_llava_anyres, TINY_IDEFICS3_VISION,
-    hf_idefics3_outputs, save_idefics3)
+    hf_idefics3_outputs, save_idefics3, hf_vipllava_outputs, save_vipllava, hf_aya_outputs, save_aya_vision)
 from mmenc.testing.checkpoints.pixtral import (  # noqa: F401  (ck.<name> for tests and benchmarks)
     TINY_INTERNVL_VISION, TINY_MISTRAL_TEXT, TINY_PIXTRAL_VISION, hf_internvl_outputs, hf_pixtral_outputs, pixtral_images,
     save_internvl, save_pixtral)
@@ -119,6 +119,8 @@ CLIP_FAMILIES: dict[str, FamilyCase] = {
         functools.partial(save_llava, tower="siglip", feature_layer=[-3, -1], strategy="full"), hf_llava_outputs,
         (3 * 8 * 8,), "llava-hf/llava-interleave-", hf_tower=None, architecture="LlavaForConditionalGeneration",
         vision_model_type="siglip_vision_model"),
+    "VipLlavaForConditionalGeneration": FamilyCase(save_vipllava, hf_vipllava_outputs, (3 * 8 * 8,),
+                                                   "llava-hf/vip-llava-", hf_tower=None),
     # anyres: base + canvas tiles per image; canvases 1x2, 2x2, 3x1 (cut rows / columns) in one call
     "LlavaNextForConditionalGeneration": FamilyCase(
         save_llava_anyres, hf_anyres_outputs, (3 * 8 * 8,), "llava-hf/llava-v1.6-", hf_tower=None,
@@ -132,6 +134,10 @@ CLIP_FAMILIES: dict[str, FamilyCase] = {
         grid=anyres_grid([(90, 100), (30, 40), (40, 130), (100, 50)], TINY_ONEVISION_PINPOINTS),
         meta_grid=anyres_grid([(1000, 700), (384, 768)], [[384 * a, 384 * b] for a in range(1, 7) for b in range(1, 7)],
                               384, 27)),
+    # square tiles (its pixel shuffle, as transformers', needs them); a 4x4 tile resamples the 6x6 table
+    "AyaVisionForConditionalGeneration": FamilyCase(save_aya_vision, hf_aya_outputs, (3 * 8 * 8,), "CohereLabs/aya-",
+                                                    hf_tower=None, grid=((3, 6, 6), (1, 4, 4), (2, 6, 6), (1, 6, 6)),
+                                                    meta_grid=((3, 26, 26), (1, 26, 26))),
     # square tiles (the processor's): several per image, two sizes in one call (packed), bucketed positions
     "Idefics3ForConditionalGeneration": FamilyCase(
         save_idefics3, hf_idefics3_outputs, (3 * 8 * 8,), "HuggingFace", hf_tower=None,
@@ -211,6 +217,8 @@ NEW_FAMILY_GRIDS: dict[str, tuple[list[list[int]], list[list[int]]]] = {  # arch
     # anyres: tiles of one size always (a dense batch); images of different canvases, then one image
     "LlavaNextForConditionalGeneration": ([[3, 6, 6, 40, 90], [5, 6, 6, 100, 100]], [[4, 6, 6, 150, 30]]),
     "LlavaOnevisionForConditionalGeneration": ([[7, 6, 6, 90, 100], [2, 6, 6, 30, 40]], [[4, 6, 6, 40, 130]]),
+    "VipLlavaForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
+    "AyaVisionForConditionalGeneration": ([[3, 6, 6], [1, 4, 4]], [[2, 6, 6]]),
     "Idefics3ForConditionalGeneration": ([[3, 6, 6], [1, 4, 4]], [[5, 6, 6]]),
     "SmolVLMForConditionalGeneration": ([[2, 6, 6], [1, 4, 4]], [[3, 6, 6]]),
 }

@@ -51,6 +51,27 @@ def save_llava(folder, vision: dict | None = None, seed: int = 0, max_shard_size
     return _save(model, folder, max_shard_size), model
 
 
+def save_vipllava(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None):
+    """VipLlavaForConditionalGeneration over a tiny CLIP tower, three layers concatenated (0, -2, 1)."""
+    import transformers
+
+    config = transformers.VipLlavaConfig(vision_config={**TINY_CLIP_VISION, **(vision or {})},
+                                         text_config=dict(TINY_TEXT, model_type="llama"),
+                                         vision_feature_layer=[0, -2, 1], dtype=torch.float32)
+    model = _seeded(transformers.VipLlavaForConditionalGeneration, config, seed)
+    _randomise_embeddings(model)
+    return _save(model, folder, max_shard_size), model
+
+
+def hf_vipllava_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """transformers' VipLlavaModel.get_image_features frame by frame (interpolate_pos_encoding=True), concatenated."""
+    with torch.no_grad():
+        outs = [model.model.get_image_features(pixel_values=image, vision_feature_layer=model.config.vision_feature_layer,
+                                               interpolate_pos_encoding=True).pooler_output[0]
+                for image in frame_images(pixel_values, grid_thw, model.config.vision_config.patch_size)]
+    return torch.cat(outs), []
+
+
 def frame_images(pixel_values: torch.Tensor, grid_thw: torch.Tensor, patch: int) -> list[torch.Tensor]:
     """mmenc's packed (C, p, p) patch rows -> one [1, C, h*p, w*p] image per frame (t frames per grid row)."""
     sizes = [(h, w) for t, h, w in grid_thw.tolist() for _ in range(t)]
@@ -206,4 +227,29 @@ def hf_idefics3_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tenso
         for image, (t, h, w) in zip(rows.split(grid_thw.prod(-1).tolist()), grid_thw.tolist()):
             tiles = image.view(t, h, w, -1, p, p).permute(0, 3, 1, 4, 2, 5).reshape(1, t, -1, h * p, w * p)
             outs.append(model.model.get_image_features(pixel_values=tiles).pooler_output[0])
+    return torch.cat(outs), []
+
+
+def save_aya_vision(folder, vision: dict | None = None, seed: int = 0, max_shard_size=None):
+    """AyaVisionForConditionalGeneration over a tiny SigLIP tower (48 px tiles), downsample 2, a one-layer Cohere2."""
+    import transformers
+
+    text = dict(model_type="cohere2", hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=1, intermediate_size=48, vocab_size=64, layer_types=["full_attention"])
+    config = transformers.AyaVisionConfig(vision_config={**TINY_LLAVA_SIGLIP_VISION, **(vision or {})},
+                                          text_config=text, alignment_intermediate_size=40, image_token_index=63,
+                                          dtype=torch.float32)
+    model = _seeded(transformers.AyaVisionForConditionalGeneration, config, seed)
+    _randomise_embeddings(model)
+    return _save(model, folder, max_shard_size), model
+
+
+def hf_aya_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
+    """transformers' AyaVisionModel.get_image_features tile by tile (square tiles, interpolate_pos_encoding=True)."""
+    config = model.config
+    with torch.no_grad():
+        outs = [model.model.get_image_features(pixel_values=image, vision_feature_layer=config.vision_feature_layer,
+                                               vision_feature_select_strategy="full",
+                                               interpolate_pos_encoding=True).pooler_output[0]
+                for image in frame_images(pixel_values, grid_thw, config.vision_config.patch_size)]
     return torch.cat(outs), []
