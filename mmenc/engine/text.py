@@ -35,8 +35,9 @@ class TextEncoder:
         folder = pathlib.Path(folder)
         config = TextConfig.from_hf(read_config(folder))
         if not any((folder / name).is_file() for name in TOKENIZER_FILES):
-            raise ValueError(f"checkpoint {str(folder)!r} has no tokenizer files (none of {', '.join(TOKENIZER_FILES)});"
-                             f" text embeddings need the checkpoint's own tokenizer: copy its tokenizer files there")
+            raise ValueError(f"checkpoint {str(folder)!r} has no tokenizer files (none of "
+                             f"{', '.join(TOKENIZER_FILES)}); text embeddings need the checkpoint's own tokenizer: "
+                             f"copy its tokenizer files there")
         try:
             from transformers import AutoTokenizer
 

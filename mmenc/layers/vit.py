@@ -140,8 +140,8 @@ class ViTEncoder(nn.Module):
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if positions not in ("bicubic", "bucket") or (positions == "bucket" and class_token):
-            raise ValueError(f"{prefix}: positions={positions!r} with class_token={class_token}; expected 'bicubic', or "
-                             f"'bucket' without a class token")
+            raise ValueError(f"{prefix}: positions={positions!r} with class_token={class_token}; expected "
+                             f"'bicubic', or 'bucket' without a class token")
         self.depth, self.positions = depth, positions
         self.patch_embed = PatchEmbed(patch_features, dim, bias=patch_bias, prefix=f"{prefix}.patch_embed", **dd)
         self.class_embedding = nn.Parameter(torch.empty(dim, **dd), requires_grad=False) if class_token else None
@@ -200,9 +200,7 @@ class ViTEncoder(nn.Module):
             if self.class_token:
                 cls = (self.class_embedding + table[0]).to(x.dtype)
                 x = torch.cat([cls.expand(plan.frames, 1, -1), x], dim=1)  # [F, 1 + h*w, D]
-        else:
-            if plan.pos_index is None:
-                pos = pos.repeat(plan.frames, 1)
+        else:  # packed frames are never all at the table's size (that is dense): pos [T, D]
             x = x + pos.to(x.dtype)
             if self.class_token:
                 packed = x.new_empty(x.shape[0] + plan.frames, x.shape[-1])

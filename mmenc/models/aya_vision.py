@@ -61,14 +61,15 @@ class AyaVisionConfig(TowerConfigBase):
     def hf_computed(cls, vision: dict[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
         layer = config.get("vision_feature_layer", -1)
         strategy = config.get("vision_feature_select_strategy", "full")
-        if not isinstance(layer, int) or strategy != "full" or vision.get("model_type",
-                                                                          "siglip_vision_model") != "siglip_vision_model":
+        model_type = vision.get("model_type", "siglip_vision_model")
+        if not isinstance(layer, int) or strategy != "full" or model_type != "siglip_vision_model":
             raise ValueError(f"vision_feature_layer={layer!r}, vision_feature_select_strategy={strategy!r}, "
                              f"vision_config.model_type={vision.get('model_type')!r}: mmenc's Aya Vision takes one "
                              f"layer of a SigLIP tower, every token ('full'), as the published checkpoints do")
         text = config.get("text_config") or {}
         out = int(text.get("hidden_size", 4096))
-        return {"feature_layer": layer, "out_hidden_size": out, "spatial_merge_size": int(config.get("downsample_factor", 2)),
+        return {"feature_layer": layer, "out_hidden_size": out,
+                "spatial_merge_size": int(config.get("downsample_factor", 2)),
                 "alignment_size": int(config.get("alignment_intermediate_size") or out),
                 "adapter_eps": float(config.get("adapter_layer_norm_eps", 1e-6))}
 
@@ -118,7 +119,8 @@ class AyaVisionTower(VisionTower):
                                          prefix="linear_2", **dd)
 
     def make_plan(self, grid: Grid, device) -> AyaVisionPlan:
-        return AyaVisionPlan(self.encoder.make_plan(grid, device), to_device(merge_block_order(grid, self.merge), device))
+        order = to_device(merge_block_order(grid, self.merge), device)
+        return AyaVisionPlan(self.encoder.make_plan(grid, device), order)
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
         plan = self.plan_for(pixel_values, grid_thw)
@@ -141,7 +143,8 @@ AYA_VISION_SPEC = register_model(ModelSpec(
     architectures=("AyaVisionForConditionalGeneration",),
     tower_cls=AyaVisionTower,
     config_from_hf=AyaVisionConfig.from_hf,
-    weight_prefixes=(("model.vision_tower.", "model.multi_modal_projector."), ("vision_tower.", "multi_modal_projector.")),
+    weight_prefixes=(("model.vision_tower.", "model.multi_modal_projector."),
+                     ("vision_tower.", "multi_modal_projector.")),
     processor_from_hf=lazy_processor("mmenc.preprocess.internvl:internvl_from_hf"),  # GotOcr2ImageProcessor
     builtin_configs={
         "CohereLabs/aya-vision-8b": builtin_config(

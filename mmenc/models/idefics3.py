@@ -105,7 +105,8 @@ class Idefics3Tower(VisionTower):
         self.proj = ReplicatedLinear(dim * self.merge ** 2, config.out_hidden_size, bias=False, prefix="proj", **dd)
 
     def make_plan(self, grid: Grid, device) -> Idefics3Plan:
-        return Idefics3Plan(self.encoder.make_plan(grid, device), to_device(merge_block_order(grid, self.merge), device))
+        order = to_device(merge_block_order(grid, self.merge), device)
+        return Idefics3Plan(self.encoder.make_plan(grid, device), order)
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
         plan = self.plan_for(pixel_values, grid_thw)

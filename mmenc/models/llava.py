@@ -301,8 +301,8 @@ _SIGLIP_SO400M_26 = {"model_type": "siglip_vision_model", "hidden_size": 1152, "
                      "hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-6, "vision_use_head": False}
 
 
-def llava_builtin(vision: dict, text_hidden: int, layer: int, strategy: str, arch: str = "LlavaForConditionalGeneration",
-                  model_type: str = "llava", **top) -> dict:
+def llava_builtin(vision: dict, text_hidden: int, layer: int, strategy: str,
+                  arch: str = "LlavaForConditionalGeneration", model_type: str = "llava", **top) -> dict:
     return builtin_config(arch, model_type, vision, text_config={"hidden_size": text_hidden},
                           projector_hidden_act="gelu", multimodal_projector_bias=True, vision_feature_layer=layer,
                           vision_feature_select_strategy=strategy, **top)

@@ -47,7 +47,8 @@ def model_specs(architecture: str) -> list[ModelSpec]:
     """Every family registered under `architecture` (one, or several told apart by vision_model_types)."""
     _discover_families()
     if architecture not in _SPECS:
-        raise ValueError(f"unsupported architecture {architecture!r}; supported: {', '.join(supported_architectures())}")
+        raise ValueError(f"unsupported architecture {architecture!r}; supported: "
+                         f"{', '.join(supported_architectures())}")
     return list(_SPECS[architecture])
 
 

@@ -87,7 +87,8 @@ class AnyresProcessor(PatchProcessor):
         tiles = 1 + (canvas[0] // a.side) * (canvas[1] // a.side)
         final = self.tile_size(a.side, a.side)
         if final != self.tile_size(*a.base_size) or final[0] != final[1] or final[0] < p:
-            raise ImagePreprocessError(f"tiles come out {final[0]}x{final[1]} px (base {self.tile_size(*a.base_size)}); "
+            base = self.tile_size(*a.base_size)
+            raise ImagePreprocessError(f"tiles come out {final[0]}x{final[1]} px (base {base[0]}x{base[1]}); "
                                        f"the tower needs square tiles of at least its {p} px patch: check size / "
                                        f"crop_size", index=index, name=name)
         s = final[0] // p

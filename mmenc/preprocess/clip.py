@@ -20,11 +20,11 @@ from typing import Any
 import torch
 
 from mmenc.preprocess import ops
-from mmenc.preprocess.base import PatchProcessor, check_positive_ints, hf_rescale_normalize, resize_exact
+from mmenc.preprocess.base import (PatchProcessor, check_positive_ints, hf_keys, hf_resample, hf_rescale_normalize,
+                                   resize_exact)
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
 from mmenc.preprocess.qwen_vl import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
-_RESAMPLE = {2: "bilinear", 3: "bicubic", "bilinear": "bilinear", "bicubic": "bicubic"}  # PIL enum -> name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,14 +84,8 @@ class ClipProcessorConfig:
             kw["crop"] = bool(d["do_center_crop"])
         if d.get("do_pad") is not None and not siglip:
             kw["pad_to_square"] = bool(d["do_pad"])
-        if d.get("resample") is not None:
-            if d["resample"] not in _RESAMPLE:
-                raise ValueError(f"preprocessor_config resample={d['resample']!r} is not supported; expected 2 "
-                                 f"(bilinear) or 3 (bicubic)")
-            kw["resample"] = _RESAMPLE[d["resample"]]
-        for k in ("patch_size", "do_resize", "do_rescale", "do_normalize"):
-            if d.get(k) is not None:
-                kw[k] = d[k]
+        kw.update(hf_resample(d))
+        kw.update(hf_keys(d, ("patch_size", "do_resize", "do_rescale", "do_normalize")))
         kw.update(hf_rescale_normalize(d))
         return cls(**{**kw, **overrides})
 

@@ -20,11 +20,10 @@ from typing import Any
 import torch
 
 from mmenc.preprocess import ops
-from mmenc.preprocess.base import PatchProcessor, check_positive_ints, hf_rescale_normalize, patchify_tiles, resize_exact
+from mmenc.preprocess.base import (PatchProcessor, check_positive_ints, hf_keys, hf_resample, hf_rescale_normalize,
+                                   patchify_tiles, resize_exact)
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
 
-_RESAMPLE = {1: "lanczos", 2: "bilinear", 3: "bicubic", "lanczos": "lanczos", "bilinear": "bilinear",
-             "bicubic": "bicubic"}
 MAX_IMAGE_SIZE = 4096  # transformers' absolute bound on a side after the first resize
 
 
@@ -97,14 +96,8 @@ class Idefics3ProcessorConfig:
             kw["tile"] = int(d["max_image_size"]["longest_edge"])
         if d.get("do_image_splitting") is not None:
             kw["split"] = bool(d["do_image_splitting"])
-        if d.get("resample") is not None:
-            if d["resample"] not in _RESAMPLE:
-                raise ValueError(f"preprocessor_config resample={d['resample']!r} is not supported; expected 1 "
-                                 f"(lanczos), 2 (bilinear) or 3 (bicubic)")
-            kw["resample"] = _RESAMPLE[d["resample"]]
-        for k in ("patch_size", "do_resize", "do_rescale", "do_normalize"):
-            if d.get(k) is not None:
-                kw[k] = d[k]
+        kw.update(hf_resample(d, ("lanczos", "bilinear", "bicubic")))
+        kw.update(hf_keys(d, ("patch_size", "do_resize", "do_rescale", "do_normalize")))
         kw.update(hf_rescale_normalize(d))
         return cls(**{**kw, **overrides})
 

@@ -66,8 +66,8 @@ def save_vipllava(folder, vision: dict | None = None, seed: int = 0, max_shard_s
 def hf_vipllava_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
     """transformers' VipLlavaModel.get_image_features frame by frame (interpolate_pos_encoding=True), concatenated."""
     with torch.no_grad():
-        outs = [model.model.get_image_features(pixel_values=image, vision_feature_layer=model.config.vision_feature_layer,
-                                               interpolate_pos_encoding=True).pooler_output[0]
+        outs = [model.model.get_image_features(pixel_values=image, interpolate_pos_encoding=True,
+                                               vision_feature_layer=model.config.vision_feature_layer).pooler_output[0]
                 for image in frame_images(pixel_values, grid_thw, model.config.vision_config.patch_size)]
     return torch.cat(outs), []
 
@@ -90,7 +90,8 @@ def clip_vision(model):
 
 
 def hf_clip_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
-    """transformers' CLIP last_hidden_state, frame by frame with interpolate_pos_encoding=True: [frames * (1 + h*w), D]."""
+    """transformers' CLIP last_hidden_state, frame by frame with interpolate_pos_encoding=True:
+    [frames * (1 + h*w), D]."""
     with torch.no_grad():
         outs = [model.vision_model(pixel_values=image, interpolate_pos_encoding=True).last_hidden_state[0]
                 for image in frame_images(pixel_values, grid_thw, model.config.vision_config.patch_size)]
