@@ -39,7 +39,7 @@ def test_clip_text_matches_get_text_features(tmp_path, eos_last):
     ck.save_tiny_tokenizer(folder, "clip", eos_last=eos_last)
     want = _reference(model, folder, TEXTS, padding=True)
     with Encoder(str(folder), device="cpu") as enc:
-        assert enc.supports_text
+        assert enc.supports_text and enc.pooled_dim == 24
         got = enc.embed_text(TEXTS)
         assert enc.embed_text([]).shape == (0, 24)
     assert got.shape == (len(TEXTS), 24)
@@ -53,6 +53,7 @@ def test_siglip_text_matches_get_text_features(tmp_path, version):
     ck.save_tiny_tokenizer(folder, "siglip")
     want = _reference(model, folder, TEXTS, padding="max_length")
     with Encoder(str(folder), device="cpu") as enc:
+        assert enc.pooled_dim == 32
         got = enc.embed_text(TEXTS)
     err = assert_close(got, want, f"SigLIP{version} get_text_features", TOL)
     print(f"SigLIP{version} text: relative error {err:.2e} (tolerance {TOL:.0e})")
@@ -76,7 +77,7 @@ def test_image_text_scores_equal_transformers_logits(tmp_path):
 def test_text_errors_name_the_model(tmp_path):
     folder, _ = ck.save_llava(tmp_path / "llava")
     with Encoder(str(folder), device="cpu") as enc:
-        assert not enc.supports_text
+        assert not enc.supports_text and enc.pooled_dim is None
         with pytest.raises(ValueError, match=r"LlavaForConditionalGeneration has no text tower mmenc runs"):
             enc.embed_text(["a"])
     clip, _ = ck.save_clip(tmp_path / "clip")  # no tokenizer files

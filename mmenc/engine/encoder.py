@@ -173,6 +173,12 @@ class Encoder:
         return tower.pool(embeddings, torch.as_tensor(grid_thw, dtype=torch.int64).cpu())
 
     @property
+    def pooled_dim(self) -> int | None:
+        """The width of `encode(images, pooled=True)`'s vectors (and of `embed_text`'s, for contrastive
+        checkpoints), or None when the tower has no pooled image embedding (VLM towers)."""
+        return getattr(self.loaded.tower, "pooled_width", None)
+
+    @property
     def supports_text(self) -> bool:
         """Whether `embed_text` can run: the checkpoint is a contrastive image-text model (CLIPModel,
         SiglipModel, Siglip2Model) given as a folder (its text tower and tokenizer are read from it)."""

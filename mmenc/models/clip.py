@@ -93,6 +93,11 @@ class ClipVisionTower(VisionTower):
         self.visual_projection = (ReplicatedLinear(dim, config.projection_dim, bias=False, prefix="visual_projection",
                                                    **dd) if config.projection_dim else None)
 
+    @property
+    def pooled_width(self) -> int:
+        """The width of `pool`'s vectors: projection_dim, or hidden_size without a visual_projection."""
+        return self.config.projection_dim or self.config.hidden_size
+
     def output_tokens(self, grid_thw: torch.Tensor) -> list[int]:
         return [t * (1 + h * w) for t, h, w in self.read_grid(grid_thw)]
 
@@ -113,8 +118,7 @@ class ClipVisionTower(VisionTower):
             raise ValueError(f"embeddings has {embeddings.shape[0]} rows but grid_thw describes {sum(lengths)} "
                              f"tokens (class token + patches per frame); pass the tower's output for this grid_thw")
         if not lengths:
-            width = self.config.projection_dim or self.config.hidden_size
-            return embeddings.new_zeros(0, width)
+            return embeddings.new_zeros(0, self.pooled_width)
         starts = torch.tensor([0, *lengths[:-1]]).cumsum(0).to(embeddings.device)
         pooled = self.post_layernorm(embeddings[starts])  # [frames, hidden]
         return self.visual_projection(pooled) if self.visual_projection is not None else pooled
