@@ -118,6 +118,10 @@ STAGES: dict[str, Stage] = {
         Step(_script("parity_fp32.py", "--compile"), 300)]),
     "fa4-cost": Stage("FlashAttention-4 first-use compile time per shape class", lambda out: [
         Step(_script("fa4_first_use.py", "--json", str(out / "fa4_cost.json")), 300)]),
+    "video": Stage("mmenc bench --video: a 60 s 1280x720 H.264 clip at 2 fps, 1 and 16 of them, compiled + CUDA "
+                   "graphs, vs the tower alone and transformers (needs av: pip install its wheel first)", lambda out: [
+        Step([*MMENC, "bench", "--video", "--compile", "--cuda-graphs", "--video-dir", str(out),
+              "--json", str(out / "bench_video.json")], 600)]),
     "cpu-parity": Stage("full-size towers in float32 on CPU vs transformers (slow; no GPU needed)", lambda out: [
         Step(_script("fullsize_parity_cpu.py"), 3600)], needs_cuda=False),
 }

@@ -62,6 +62,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--graph-recent-calls", type=int, default=16, metavar="N",
                    help="with --cuda-graphs: a packing is captured only when seen again within N tower calls "
                         "(0: whenever seen twice, the rule before; default: %(default)s)")
+    v = p.add_argument_group("--video: video files end to end (mmenc/bench/video.py; needs av)")
+    v.add_argument("--video", action="store_true",
+                   help="a clip it writes itself (H.264), one and --video-batch of them through encode, against the "
+                        "tower alone over the same pixels and transformers' PyAV reader + video processor + tower")
+    v.add_argument("--video-seconds", type=float, default=60.0, metavar="S", help="clip length (default: %(default)s)")
+    v.add_argument("--video-size", default="1280x720", metavar="WxH", help="clip size (default: %(default)s)")
+    v.add_argument("--video-fps", type=float, default=2.0, metavar="F", help="frames sampled per second (default: 2)")
+    v.add_argument("--video-batch", type=int, default=16, metavar="N", help="clips in the batch case (default: 16)")
+    v.add_argument("--video-lengths", default="15,30,60", metavar="S,S,...",
+                   help="clip lengths of the peak-memory rows, on CUDA (default: %(default)s)")
+    v.add_argument("--video-dir", default=None, metavar="DIR", help="where the clips are written (default: a temp dir)")
     return p
 
 
@@ -111,6 +122,8 @@ def run(args) -> int:
             print(f"mmenc bench: transformers side skipped: {why}", file=sys.stderr)
     if args.e2e:
         return run_e2e(args, encoder, workloads, hf, json_path)
+    if args.video:
+        return run_video_bench(args, encoder, hf, json_path)
     ceiling = matmul_tflops(device, dtype) if device.type == "cuda" else None
     calls = 2 + args.warmup + args.iters + (1 + args.warmup + args.iters if hf is not None else 0)  # per workload
     if device.type == "cpu":
@@ -173,6 +186,21 @@ def run(args) -> int:
                    "rows": [dict(vars(r), images_per_s=r.images_per_s, patches_per_s=r.patches_per_s) for r in rows]}
         write_atomically(json_path, lambda tmp: _dump(payload, tmp))
     encoder.close()
+    return 0
+
+
+def run_video_bench(args, encoder, hf, json_path) -> int:
+    import pathlib
+    import tempfile
+
+    from mmenc.bench.video import run_video
+
+    width, height = (int(x) for x in args.video_size.lower().split("x"))
+    lengths = [float(x) for x in args.video_lengths.split(",") if x]
+    with tempfile.TemporaryDirectory() as tmp:
+        run_video(encoder, hf, seconds=args.video_seconds, size=(height, width), fps=args.video_fps,
+                  batch=args.video_batch, lengths=lengths, folder=pathlib.Path(args.video_dir or tmp),
+                  warmup=min(args.warmup, 2), iters=max(1, min(args.iters, 3)), json_path=json_path)
     return 0
 
 

@@ -18,6 +18,7 @@ import torch
 
 from mmenc.cli.common import (add_encoder_args, add_image_args, add_preprocess_args, apply_log_level, check_output_path,
                               encoder_kwargs, image_pixel_limit, write_atomically)
+from mmenc.cli.encode_video import VIDEO_EXTENSIONS, add_video_args, encode_videos, planned_frames, video_options
 from mmenc.cli.progress import Progress
 from mmenc.engine.encoder import DEFAULT_MODEL
 
@@ -27,11 +28,13 @@ EXIT_INTERRUPTED = 130
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("encode", help="encode images into vision-tower embeddings",
-                       description="Encode images (files or folders) and write their embeddings to a safetensors "
-                                   "file keyed by the path as given, with '<path>.grid_thw' beside each. An image "
-                                   "that fails is reported and skipped; the others are written, also after Ctrl-C.")
-    p.add_argument("inputs", nargs="*", metavar="IMAGE_OR_DIR")
+    p = sub.add_parser("encode", help="encode images and videos into vision-tower embeddings",
+                       description="Encode images and videos (files or folders) and write their embeddings to a "
+                                   "safetensors file keyed by the path as given, with '<path>.grid_thw' beside each "
+                                   "(videos: also '<path>.frames_indices', '<path>.timestamps' and their metadata). "
+                                   "An input that fails is reported and skipped; the others are written, also after "
+                                   "Ctrl-C. --text FILE adds text embeddings (contrastive checkpoints).")
+    p.add_argument("inputs", nargs="*", metavar="IMAGE_VIDEO_OR_DIR")
     add_encoder_args(p, f"default: {DEFAULT_MODEL} with random weights")
     p.add_argument("--output", "-o", default="embeddings.safetensors", help="output file (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=16,
@@ -39,6 +42,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         f"take over {CALL_SECONDS:.0f} s, so progress keeps moving. Images are decoded and resized "
                         "in parallel threads, ahead of the tower")
     add_image_args(p)
+    add_video_args(p)
     add_preprocess_args(p)
     p.add_argument("--pooled", action="store_true",
                    help="write one pooled image embedding per image (CLIP's projected class token, SigLIP/SigLIP2's "
@@ -59,7 +63,7 @@ def collect_images(inputs: list[str]) -> list[str]:
     for item in inputs:
         if os.path.isdir(item):
             found = sorted(os.path.join(root, f) for root, _, files in os.walk(item) for f in files
-                           if os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS)
+                           if os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS | VIDEO_EXTENSIONS)
             if not found:
                 raise FileNotFoundError(f"folder {item!r} holds no image files ({', '.join(sorted(IMAGE_EXTENSIONS))})")
             paths += found
@@ -77,8 +81,10 @@ class Results:
     tensors: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     failed: list[str] = dataclasses.field(default_factory=list)
     texts: dict[str, str] = dataclasses.field(default_factory=dict)  # key -> text (--text)
-    images: int = 0
+    images: int = 0  # inputs encoded, videos included
     tokens: int = 0
+    videos: int = 0
+    metadata: dict[str, str] = dataclasses.field(default_factory=dict)  # the file's metadata (video:PATH)
 
     def fail(self, message: str) -> None:
         self.failed.append(message)
@@ -104,14 +110,14 @@ def run(args) -> int:
     if args.ray:  # the offline job on Ray Data: its own module, its own output (a folder of shards)
         from mmenc.cli.encode_ray import run_encode
 
-        return run_encode(args, collect_images, IMAGE_EXTENSIONS)
+        return run_encode(args, collect_images, IMAGE_EXTENSIONS | VIDEO_EXTENSIONS)
     from mmenc.engine.encoder import Encoder
 
     apply_log_level(args)
     if args.batch_size < 1:
         raise ValueError(f"--batch-size={args.batch_size} must be >= 1")
     if not args.inputs and not args.text:
-        raise ValueError("give images (IMAGE_OR_DIR ...), --text FILE, or both")
+        raise ValueError("give images or videos (IMAGE_VIDEO_OR_DIR ...), --text FILE, or both")
     texts = read_texts(args.text) if args.text else {}
     paths = collect_images(args.inputs)
     output = check_output_path(args.output, "--output", paths)
@@ -134,10 +140,12 @@ def run(args) -> int:
                 embed_texts(encoder, texts, results)
             written, interrupted, seconds = _encode_and_save(encoder, paths, args, output, results)
     print(f"model={encoder.model_name} backend={encoder.attention_backends()} images={results.images} "
-          f"tokens={results.tokens} seconds={seconds:.2f} images/s={results.images / max(seconds, 1e-9):.2f} "
+          + (f"(videos={results.videos} frames={int(encoder.tally.snapshot().get('video_frames', 0))}) "
+             if results.videos else "")
+          + f"tokens={results.tokens} seconds={seconds:.2f} images/s={results.images / max(seconds, 1e-9):.2f} "
           f"output={output if written else '(none)'}")
     if results.failed:
-        print(f"mmenc encode: {len(results.failed)} of {len(paths)} images failed (named above)", file=sys.stderr)
+        print(f"mmenc encode: {len(results.failed)} of {len(paths)} inputs failed (named above)", file=sys.stderr)
     if interrupted:
         return EXIT_INTERRUPTED
     return 1 if results.failed or not written else 0
@@ -149,9 +157,16 @@ def _encode_and_save(encoder, paths: list[str], args, output: pathlib.Path,
     part is written and the error raised again."""
     start = time.perf_counter()
     interrupted = False
+    videos = [p for p in paths if os.path.splitext(p)[1].lower() in VIDEO_EXTENSIONS]
+    images = [p for p in paths if p not in set(videos)]
+    options = video_options(args)
+    total = len(images) + sum(planned_frames(encoder, p, options) for p in videos)
+    unit = "frames" if videos and not images else "images + video frames" if videos else "images"
     try:
-        with Progress(len(paths), unit="images", label="mmenc encode", enabled=not args.quiet) as progress:
-            encode_all(encoder, paths, args.batch_size, results, progress, pooled=args.pooled)
+        with Progress(total, unit=unit, label="mmenc encode", enabled=not args.quiet) as progress:
+            encode_all(encoder, images, args.batch_size, results, progress, pooled=args.pooled)
+            if videos:
+                encode_videos(encoder, videos, options, results, progress)
     except KeyboardInterrupt:
         print(f"\nmmenc encode: interrupted after {results.images} of {len(paths)} images", file=sys.stderr)
         interrupted = True
@@ -229,7 +244,9 @@ def save(encoder, output: pathlib.Path, results: Results, complete: bool, partia
     from safetensors.torch import save_file
 
     metadata = {"model": encoder.model_name, "backend": encoder.attention_backends(),
-                "images": str(results.images), "complete": str(complete).lower()}
+                "images": str(results.images), "complete": str(complete).lower(), **results.metadata}
+    if results.videos:
+        metadata["videos"] = str(results.videos)
     if results.texts:
         metadata["texts"] = json.dumps(results.texts, ensure_ascii=False)
     write_atomically(output, lambda tmp: save_file(results.tensors, tmp, metadata=metadata))

@@ -60,9 +60,11 @@ def run_encode(args, collect_images: Callable[[list[str]], list[str]], extension
     keys = list_inputs(args.inputs, collect_images, extensions)
     kwargs = encoder_kwargs(args, DEFAULT_MODEL)
     pixel_dtype = args.dtype if args.dtype in ("bfloat16", "float16") else "float32"
+    from mmenc.cli.encode_video import video_options
+
     settings = OfflineSettings(output=args.output, shard_size=args.shard_size, encoders=args.encoders,
                                batch_size=args.batch_size, max_image_pixels=_pixel_limit(args.max_image_pixels),
-                               pixel_dtype=pixel_dtype)
+                               pixel_dtype=pixel_dtype, video=video_options(args).as_dict())
     started = connect(args.ray_address)
     try:
         with Progress(len(keys), unit="images", label="mmenc encode --ray", enabled=not args.quiet) as progress:

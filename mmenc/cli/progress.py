@@ -10,6 +10,7 @@ shows signs of life), and the last line is printed when the block ends. stdout s
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 
@@ -22,6 +23,7 @@ class Progress:
         self.enabled = enabled
         self.stream = stream if stream is not None else sys.stderr
         self.done = 0
+        self.count: Callable[[], int] | None = None  # where `done` is read from, if not advance()'s count
         self._start = time.perf_counter()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -34,7 +36,7 @@ class Progress:
     def line(self) -> str:
         """e.g. 'mmenc encode: 3/8 images (38%), 0.42 images/s, 7 s elapsed, ETA 12 s'."""
         with self._lock:
-            done = self.done
+            done = self.done if self.count is None else self.count()
         elapsed = time.perf_counter() - self._start
         share = f" ({100 * done // self.total}%)" if self.total else ""
         text = f"{self.label}: {done}/{self.total} {self.unit}{share}, {_duration(elapsed)} elapsed"

@@ -36,6 +36,7 @@ from mmenc.engine.checks import check_dtype, check_finite, check_positive_int, c
 from mmenc.engine.inflight import ChunkWindow, Launched
 from mmenc.engine.runner import TowerRecipe, empty_output
 from mmenc.engine.runners import make_runner
+from mmenc.engine.videos import VideoAssembler, VideoEmbedding, entry_tokens
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
 from mmenc.preprocess.images import ImageLoadError, LoadFailure
@@ -119,7 +120,8 @@ class Encoder:
         self.loaded = self.runner.loaded
         self.processor = self.loaded.processor
         self.preprocessor = Preprocessor(self.processor, device=self.runner.input_device, workers=preprocess_workers,
-                                         worker_kind=preprocess_worker_kind, resize=preprocess_resize)
+                                         worker_kind=preprocess_worker_kind, resize=preprocess_resize,
+                                         video_processor=self.video_processor)
         self._lock = threading.Lock()  # one call at a time: results can never cross between threads
         self._empty: TowerOutput | None = None
         self._text = None  # the TextEncoder, built by the first embed_text
@@ -129,6 +131,13 @@ class Encoder:
         """pixel_values float32 [patches, C*tp*p*p] and grid_thw int64 [N, 3], as the model's HF
         image processor gives them. Inputs: paths, PIL images, numpy arrays (see mmenc.preprocess)."""
         return self.processor(list(images))
+
+    @property
+    def video_processor(self) -> Any:
+        """The model's video processor (mmenc.preprocess.video.VideoProcessor: `vp(path, VideoOptions(fps=2))`
+        -> (pixel_values, grid_thw, VideoInfo), as transformers' video processor), or None for a family
+        that takes no video."""
+        return self.loaded.video_processor
 
     def preprocess_video(self, frames: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """One video (a list of frames) -> (pixel_values, grid_thw [1, 3])."""
@@ -206,7 +215,9 @@ class Encoder:
     def encode(self, images: Sequence[Any], return_extras: bool = False,
                errors: Literal["raise", "skip"] = "raise", pooled: bool = False) -> list:
         """One [tokens_i, out_hidden] tensor per image (ImageEmbedding with return_extras), on the
-        tower's device. Inputs: paths, bytes, PIL images, numpy arrays (see mmenc.preprocess).
+        tower's device. Inputs: paths, bytes, PIL images, numpy arrays (see mmenc.preprocess); videos
+        (a path with a video extension, a video file's bytes, or mmenc.preprocess.video.Video(path,
+        fps=...)) give a VideoEmbedding (embeddings, extras, video: VideoInfo) whatever return_extras.
         pooled=True: one [hidden] pooled embedding per image instead (the tower's pooling head, see
         `pool`; in ImageEmbedding.extras["pooled"] with return_extras).
 
@@ -225,7 +236,8 @@ class Encoder:
                 if errors == "skip":
                     logger.warning("skipped: %s", value.message)  # the message names the input
             else:
-                results[index] = value if return_extras else (value.extras["pooled"] if pooled else value.embeddings)
+                results[index] = value if return_extras or isinstance(value, VideoEmbedding) else (
+                    value.extras["pooled"] if pooled else value.embeddings)
         if failures and errors == "raise":
             lines = "\n".join(f"  [{f.index}] {f.message}" for f in failures)
             raise ImageLoadError(f"{len(failures)} of {len(items)} images failed to preprocess:\n{lines}")
@@ -252,7 +264,7 @@ class Encoder:
                 logger.warning("skipped: %s", value.message)
                 yield index, value
             else:
-                yield index, value if return_extras else value.embeddings
+                yield index, value if return_extras or isinstance(value, VideoEmbedding) else value.embeddings
 
     @property
     def chunk_schedule(self) -> ChunkSchedule:
@@ -298,6 +310,7 @@ class Encoder:
         Seconds spent land in self.tally (chunk_wait_s, launch_s, device_wait_s, consumer_s)."""
         chunks = self.preprocessor.iter_chunks(images, schedule=self.chunk_schedule, errors="skip")
         window = ChunkWindow(depth=self.chunks_in_flight, strict=self.strict, tally=self.tally)
+        videos = VideoAssembler()  # a long video's pieces, until its last
         failed = False
         try:
             while True:
@@ -311,9 +324,9 @@ class Encoder:
                     with self.tally.time("launch_s"):
                         launched = self._launch(chunk, pooled)
                 for done in window.push(launched):
-                    yield from self._hand_out(done)
+                    yield from self._hand_out(done, videos)
             for done in window.drain():
-                yield from self._hand_out(done)
+                yield from self._hand_out(done, videos)
         finally:
             chunks.close()
 
@@ -330,26 +343,35 @@ class Encoder:
         self.tally.add(tower_calls=1, images=len(chunk.indices))
         return Launched(chunk, out, flag, self.output_tokens(chunk.grid_thw))
 
-    def _hand_out(self, launched: Launched):
+    def _hand_out(self, launched: Launched, videos: VideoAssembler):
         """_deliver's items, the caller's time between them counted as consumer_s."""
-        for item in self._deliver(launched):
+        for item in self._deliver(launched, videos):
             begin = time.perf_counter()
             yield item
             self.tally.add(consumer_s=time.perf_counter() - begin)
 
-    def _deliver(self, launched: Launched):
+    def _deliver(self, launched: Launched, videos: VideoAssembler):
         """One chunk's failures and (if it ran) per-image results, merged in input order (the finite
-        check is the ChunkWindow's)."""
+        check is the ChunkWindow's); a video's pieces go to `videos`, which gives its VideoEmbedding
+        after its last piece."""
         chunk, out = launched.chunk, launched.out
-        items: list[tuple[int, ImageEmbedding | LoadFailure]] = [(f.index, f) for f in chunk.failures]
+        items: list[tuple[int, Any]] = [(f.index, f) for f in chunk.failures]
+        for f in chunk.failures:
+            videos.fail(f.index)  # nothing for an image; a video's earlier pieces are dropped
         if out is not None:
             extras = dict(out.extras)
             vectors = extras.pop("pooled", None)
-            pieces = split_per_image(TowerOutput(out.embeddings, extras), launched.tokens)
+            tokens = entry_tokens(chunk.videos, len(chunk.grid_thw), launched.tokens)
+            pieces = split_per_image(TowerOutput(out.embeddings, extras), tokens)
             if vectors is not None:
                 for piece, vector in zip(pieces, vectors):
                     piece.extras["pooled"] = vector
-            items += list(zip(chunk.indices, pieces))
+            for index, piece, video in zip(chunk.indices, pieces, chunk.videos or [None] * len(pieces)):
+                if video is not None:
+                    self.tally.add(video_frames=len(video.frames))  # progress of long videos (mmenc encode)
+                value = piece if video is None else videos.take(index, video, piece)
+                if value is not None:
+                    items.append((index, value))
         yield from sorted(items, key=lambda pair: pair[0])
 
     def _chunks(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor):

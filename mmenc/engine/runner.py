@@ -50,6 +50,7 @@ class LoadedTower:
     load_format: str = "auto"
     preprocessor_config: dict[str, Any] = dataclasses.field(default_factory=dict)
     graphs: Any = None  # a CudaGraphCache when MultiModalConfig.cuda_graphs is on
+    video_config: dict[str, Any] = dataclasses.field(default_factory=dict)  # the video processor's settings
 
     @functools.cached_property
     def processor(self) -> Any:
@@ -57,6 +58,19 @@ class LoadedTower:
         the tower implies (its config's processor_defaults())."""
         defaults = getattr(self.config, "processor_defaults", dict)()
         return self.spec.processor_from_hf({**defaults, **self.preprocessor_config})
+
+    @functools.cached_property
+    def video_processor(self) -> Any:
+        """The model's video processor (mmenc.preprocess.video_families), or None for a family that takes
+        no video; from the checkpoint's video processor settings (transformers' file order) over the keys
+        the tower implies."""
+        from mmenc.preprocess.video_families import get_video_processor, video_kind
+
+        kind = video_kind(self.hf_config.get("model_type"))
+        if kind is None:
+            return None
+        defaults = getattr(self.config, "processor_defaults", dict)()
+        return get_video_processor(kind, {**defaults, **self.video_config})
 
     @property
     def spatial_merge_size(self) -> int:
@@ -195,7 +209,18 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
     preprocessor = read_json_if_present(folder, "preprocessor_config.json") if folder is not None else {}
     return LoadedTower(model=str(model), spec=spec, hf_config=hf_config, config=config, tower=tower.eval(),
                        dtype=dtype, device=device, load_format=load_format, preprocessor_config=preprocessor,
-                       graphs=graphs)
+                       graphs=graphs, video_config=_video_config(folder, preprocessor))
+
+
+def _video_config(folder, preprocessor: dict[str, Any]) -> dict[str, Any]:
+    """The video processor's settings as transformers finds them (processor_config.json's
+    "video_processor", else video_preprocessor_config.json, else preprocessor_config.json)."""
+    if folder is None:
+        return {}
+    from mmenc.preprocess.video_families import video_config_from_files
+
+    return video_config_from_files(read_json_if_present(folder, "processor_config.json"),
+                                   read_json_if_present(folder, "video_preprocessor_config.json"), preprocessor)
 
 
 def run_tower(loaded: LoadedTower, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:

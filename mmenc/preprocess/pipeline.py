@@ -59,6 +59,8 @@ from mmenc.preprocess.prepare import ImageWork, Ready
 from mmenc.preprocess.procs import ProcessWorkers, runs_in_process
 from mmenc.preprocess.schedule import ChunkSchedule
 from mmenc.preprocess.staging import to_device_each
+from mmenc.preprocess.video import VideoPiece
+from mmenc.preprocess.video_units import VideoUnits
 from mmenc.tally import Tally
 
 # worker_kind="auto" picks processes on a CUDA device from this many workers: there the calling thread
@@ -86,12 +88,16 @@ class Preprocessed(NamedTuple):
 
 class Chunk(NamedTuple):
     """One ready batch of `iter_chunks`: as Preprocessed, plus indices (the input positions of its n
-    images, ascending). failures: inputs skipped since the previous chunk. n may be 0."""
+    images, ascending). failures: inputs skipped since the previous chunk. n may be 0.
+    videos: with video inputs, per entry of indices its VideoPiece (a run of whole temporal units of
+    that video: one or, for Kimi, several grid rows; a long video's pieces repeat its index over
+    consecutive entries and chunks), None for an image; () when the chunk holds no video."""
 
     pixel_values: torch.Tensor
     grid_thw: torch.Tensor
     indices: list[int]
     failures: list[LoadFailure]
+    videos: tuple = ()
 
 
 class Preprocessor:
@@ -103,13 +109,16 @@ class Preprocessor:
                  resize: Literal["auto", "cpu", "device", "split"] = "auto",
                  decode: Literal["auto", "cpu", "gpu"] = "auto",
                  max_pixels: int | None = -1, prefetch_chunks: int = 2,
-                 worker_kind: Literal["auto", "thread", "process"] = "auto"):
+                 worker_kind: Literal["auto", "thread", "process"] = "auto", video_processor: Any = None,
+                 video_piece_patches: int | None = None):
         """workers: decode/resize workers (None: default_workers(); 0: run in the calling thread).
         max_pixels: decompression-bomb limit of `load_image`. prefetch_chunks: how many chunks
         `iter_chunks` lets the workers prepare ahead of the one being consumed (memory bound).
         worker_kind: "thread" (a thread pool), "process" (worker processes for paths and bytes, see the
         module docstring) or "auto" (processes on a CUDA device with >= PROCESS_MIN_WORKERS workers, else
-        threads)."""
+        threads). video_processor: the model's (mmenc.preprocess.video), for video inputs (paths with a
+        video extension, video bytes, mmenc.preprocess.video.Video), each cut into pieces of at most
+        video_piece_patches rows (None: a quarter of the call's max_batch_patches; run(): whole videos)."""
         for name in ("plan", "resize_one", "patchify", "normalize", "as_pixel_values", "finish"):
             if not callable(getattr(processor, name, None)):
                 raise TypeError(f"processor {type(processor).__name__} has no {name}(); expected a "
@@ -126,8 +135,9 @@ class Preprocessor:
         self.decode = self._choose_decode(decode)
         self.worker_kind = self._choose_worker_kind(worker_kind)
         self.resize = self._choose_resize(resize)
+        self.video, self.video_piece_patches = video_processor, video_piece_patches
         self.work = ImageWork(processor, self.decode, "cpu" if self.resize == "split" else self.resize,
-                              self.device.type, max_pixels)
+                              self.device.type, max_pixels, video_processor)
         self._patchify_in_workers = self.work.patchify_in_workers
         self._pool: ThreadPoolExecutor | None = None
         self._procs: ProcessWorkers | None = None
@@ -217,6 +227,7 @@ class Preprocessor:
             pool.shutdown(wait=True, cancel_futures=True)
         if procs is not None:
             procs.close()
+        self.work.cursors.clear()  # videos' decoders kept for pieces that never came
 
     def __enter__(self):
         return self
@@ -228,8 +239,11 @@ class Preprocessor:
     def _chunks(self, items: Iterable[Any], *, schedule: ChunkSchedule | None, raise_first: bool = False
                 ) -> Iterator[Chunk]:
         """schedule None: everything in one chunk (run())."""
-        source = enumerate(items)
         max_rows = schedule.max_patches if schedule is not None else None
+        piece_rows = self.video_piece_patches or (max(1, max_rows // 4) if max_rows else 1 << 62)
+        first = min(piece_rows, schedule.first_limit()) if schedule is not None else None
+        units = VideoUnits(self.video, piece_rows, first)
+        source = units.expand(items)
         limit = schedule.first_limit() if schedule is not None else None
         pending: collections.deque[Future] = collections.deque()
         ready: list[Ready] = []
@@ -249,6 +263,9 @@ class Preprocessor:
                     break
                 with self.tally.time("worker_wait_s"):  # the calling thread blocked on the workers
                     res = pending.popleft().result()
+                if units.skip(res):  # the rest of a video that has failed already
+                    _release([res] if isinstance(res, Ready) else [])
+                    continue
                 if isinstance(res, LoadFailure):
                     if raise_first:
                         if ready:  # what came before the failure is still delivered
@@ -285,9 +302,9 @@ class Preprocessor:
     def _submit(self, index: int, item: Any) -> Future:
         # "split": a call's first round of images (one per worker) is resized on the device, the rest in the workers
         resize = "device" if self.resize == "split" and index < self.workers else None
-        if self.workers == 0:
+        if self.workers == 0 or isinstance(item, LoadFailure):  # (a video that could not be planned)
             fut: Future = Future()
-            fut.set_result(self._prepare(index, item, resize))
+            fut.set_result(item if isinstance(item, LoadFailure) else self._prepare(index, item, resize))
             return fut
         if self.worker_kind == "process" and runs_in_process(item):
             with self._pool_lock:
@@ -344,9 +361,11 @@ class Preprocessor:
     def _stage_now(self, ready: list[Ready], failures: list[LoadFailure]) -> Chunk:
         failures = sorted(failures, key=lambda f: f.index)
         if self._patchify_in_workers:  # the workers normalize each image into its rows of one output
+            procs = [self._processor_of(r) for r in ready]
             pixel_values, grid_thw = finish_patches(self.processor, [r.pixels for r in ready], [r.plan for r in ready],
-                                                    normalize_parts=self._normalize_parts)
-            return Chunk(pixel_values, grid_thw, [r.index for r in ready], failures)
+                                                    normalize_parts=lambda jobs: self._normalize_parts(jobs, procs),
+                                                    normalizers=procs)
+            return Chunk(pixel_values, grid_thw, [r.index for r in ready], failures, _videos(ready))
         images: list[torch.Tensor | None] = [None] * len(ready)
         plain = [i for i, r in enumerate(ready) if not r.encoded]
         for i, t in zip(plain, to_device_each([ready[i].pixels for i in plain], self.device)):
@@ -364,18 +383,27 @@ class Preprocessor:
         plans = [ready[i].plan for i in keep]
         resized = [images[i] if ready[i].resized else self.processor.resize_one(images[i], ready[i].plan)
                    for i in keep]
-        pixel_values, grid_thw = self.processor.finish(resized, plans)
+        procs = [self._processor_of(ready[i]) for i in keep]
+        if all(p is self.processor for p in procs):
+            pixel_values, grid_thw = self.processor.finish(resized, plans)
+        else:  # video pieces among them: each patchified (and normalized) by its own processor
+            pixel_values, grid_thw = finish_patches(self.processor, [p.patchify(x, pl) for p, x, pl in
+                                                                     zip(procs, resized, plans)], plans, normalizers=procs)
         failures = sorted(failures, key=lambda f: f.index)  # nvJPEG fallbacks may have added some
-        return Chunk(pixel_values.to(self.device), grid_thw, [ready[i].index for i in keep], failures)
+        return Chunk(pixel_values.to(self.device), grid_thw, [ready[i].index for i in keep], failures,
+                     _videos([ready[i] for i in keep]))
 
-    def _normalize_parts(self, jobs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """normalize each (patches, out rows) pair in the worker threads (CPU device)."""
+    def _processor_of(self, ready: Ready) -> Any:
+        return self.video if isinstance(ready.item, VideoPiece) else self.processor
+
+    def _normalize_parts(self, jobs: list[tuple[torch.Tensor, torch.Tensor]], procs: list[Any]) -> None:
+        """normalize each (patches, out rows) pair in the worker threads (CPU device), each by its processor."""
         if self.workers == 0:
-            for part, dst in jobs:
-                self.processor.normalize(part, out=dst)
+            for proc, (part, dst) in zip(procs, jobs):
+                proc.normalize(part, out=dst)
             return
         pool = self._threads()
-        for fut in [pool.submit(self.processor.normalize, part, out=dst) for part, dst in jobs]:
+        for fut in [pool.submit(proc.normalize, part, out=dst) for proc, (part, dst) in zip(procs, jobs)]:
             fut.result()
 
     def _prepare_cpu(self, ready: Ready) -> torch.Tensor | LoadFailure:
@@ -385,6 +413,12 @@ class Preprocessor:
         except ImageLoadError as e:
             return LoadFailure(ready.index, name, str(e))
         return to_device_each([array], self.device)[0]
+
+
+def _videos(ready: list[Ready]) -> tuple:
+    """Chunk.videos: each entry's VideoPiece (None for an image); () when there is none."""
+    pieces = tuple(r.item if isinstance(r.item, VideoPiece) else None for r in ready)
+    return pieces if any(p is not None for p in pieces) else ()
 
 
 def _release(ready: list[Ready]) -> None:

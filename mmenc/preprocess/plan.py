@@ -49,19 +49,26 @@ class ImagePlan:
 
 
 def finish_patches(processor: Any, patches: Sequence[torch.Tensor], plans: Sequence[ImagePlan], *,
-                   normalize_parts: Callable[[list], Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   normalize_parts: Callable[[list], Any] | None = None,
+                   normalizers: Sequence[Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per image uint8 patches [rows_i, *processor.row_shape] (one device) -> (pixel_values float32,
     grid_thw int64 [N, 3] on the CPU). The output is allocated once; by default the patches are
     concatenated and normalized into it in one call (what a GPU wants); `normalize_parts(list of
     (patches_i, out_rows_i))` instead normalizes each image into its rows, e.g. in worker threads
-    (what a CPU wants: the first writes to fresh memory, page faults, then spread over threads)."""
-    columns = len(plans[0].grid) if plans else 3
-    grid_thw = torch.tensor([list(pl.grid) for pl in plans], dtype=torch.int64).reshape(-1, columns)
+    (what a CPU wants: the first writes to fresh memory, page faults, then spread over threads).
+    normalizers: per image, the processor whose `normalize` it takes (a chunk mixing images and video
+    pieces, whose video processor may normalize with its own constants); None: `processor` for all."""
+    rows = [list(row) for pl in plans for row in (getattr(pl, "grid_rows", None) or (pl.grid,))]  # a video piece: several
+    columns = len(rows[0]) if rows else 3  # anyres images: (tiles, s, s, H, W)
+    grid_thw = torch.tensor(rows, dtype=torch.int64).reshape(-1, columns)
     sizes = [p.shape[0] for p in patches]
     device = patches[0].device if patches else torch.device("cpu")
     out = torch.empty((sum(sizes), *processor.row_shape), dtype=torch.float32, device=device)
     if normalize_parts is not None and len(patches) > 1:
         normalize_parts(list(zip(patches, out.split(sizes))))
+    elif normalizers is not None and any(n is not processor for n in normalizers):
+        for n, part, dst in zip(normalizers, patches, out.split(sizes)):
+            n.normalize(part, out=dst)
     elif patches:  # one concatenation (uint8), one normalize
         processor.normalize(torch.cat(list(patches)), out=out)
     return processor.as_pixel_values(out), grid_thw

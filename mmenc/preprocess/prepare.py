@@ -15,6 +15,8 @@ from mmenc.preprocess import gpu_decode
 from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image
 from mmenc.preprocess.plan import ImagePlan, input_name
 from mmenc.preprocess.staging import chw
+from mmenc.preprocess.video import VideoPiece
+from mmenc.preprocess.video_frames import DecodeCursors
 
 
 @dataclasses.dataclass
@@ -38,13 +40,16 @@ class ImageWork:
     """What a worker does to one image. decode: "cpu" | "torchvision" | "gpu" and resize: "cpu" |
     "device" as Preprocessor chose them (its "split" sets "cpu" here and passes "device" with some
     images to `prepare`); device_type: the tower's input device type; max_pixels: `load_image`'s
-    decompression-bomb limit (-1: PIL's Image.MAX_IMAGE_PIXELS at call time)."""
+    decompression-bomb limit (-1: PIL's Image.MAX_IMAGE_PIXELS at call time); video: the model's
+    VideoProcessor (mmenc.preprocess.video), which prepares VideoPiece items, or None."""
 
     processor: Any
     decode: str
     resize: str
     device_type: str
     max_pixels: int | None
+    video: Any = None
+    cursors: DecodeCursors = dataclasses.field(default_factory=DecodeCursors, compare=False)  # videos' open decoders
 
     @property
     def patchify_in_workers(self) -> bool:
@@ -53,6 +58,8 @@ class ImageWork:
 
     def prepare(self, index: int, item: Any, resize: str | None = None) -> Ready | LoadFailure:
         """resize: "cpu" or "device" for this image instead of self.resize (Preprocessor's "split")."""
+        if isinstance(item, VideoPiece):
+            return self._prepare_piece(index, item)
         name = input_name(item, index)
         resize = resize or self.resize
         try:
@@ -77,6 +84,17 @@ class ImageWork:
         except ImageLoadError as e:  # includes ImagePreprocessError
             message = str(e) if str(e).startswith(name) else f"{name}: {e}"
             return LoadFailure(index, name, message)
+
+    def _prepare_piece(self, index: int, piece: VideoPiece) -> Ready | LoadFailure:
+        """A video piece: decode its frames (seeking) and resize them here, whatever the image resize mode
+        (uint8 [n, C, h, w] crosses; on a CPU device its patches)."""
+        try:
+            pixels = self.video.prepare_piece(piece, self.cursors)  # a video's next piece goes on from its last
+        except ImageLoadError as e:  # VideoDecodeError: names the file and the frame
+            return LoadFailure(index, piece.name, str(e) if str(e).startswith(piece.name) else f"{piece.name}: {e}")
+        if self.patchify_in_workers:
+            pixels = self.video.patchify(pixels, piece.plan)
+        return Ready(index, piece, piece.plan, pixels, resized=True)
 
     def _decode(self, index: int, item: Any) -> torch.Tensor | np.ndarray:
         """torchvision's decoder for a plain colour JPEG (decode="torchvision": uint8 [3, H, W], a view

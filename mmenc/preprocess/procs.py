@@ -41,6 +41,7 @@ from PIL import Image
 
 from mmenc.logger import init_logger
 from mmenc.preprocess.prepare import ImageWork, Ready
+from mmenc.preprocess.video import VideoPiece
 from mmenc.shm import Channel, socket_pair
 
 logger = init_logger(__name__)
@@ -52,7 +53,7 @@ def runs_in_process(item: Any) -> bool:
     """Paths and encoded bytes go to the processes: what crosses is a path or the compressed file.
     PIL images and arrays stay in threads: they are already decoded, so pickling one to a process
     copies as many bytes as the work it saves (benchmarks/preprocess_gil.py measures both)."""
-    return isinstance(item, ENCODED_TYPES)
+    return isinstance(item, ENCODED_TYPES + (VideoPiece,))  # a video piece: its file's path or bytes
 
 
 @dataclasses.dataclass(eq=False)

@@ -12,6 +12,7 @@ Files are renamed into place whole, so a rerun with the same inputs skips the sh
 A bad file is logged with its key and recorded as failed in its shard; the job goes on.
 """
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -45,6 +46,8 @@ class OfflineSettings:
     preprocess_batch: int = 8
     max_image_pixels: int | None = -1
     pixel_dtype: str = "float32"
+    video: dict = dataclasses.field(default_factory=dict)  # VideoOptions fields for the videos (fps, ...)
+    video_piece_patches: int = 16384  # rows of one video piece (one row of the job each)
 
     def __post_init__(self):
         for field in ("shard_size", "batch_size", "preprocess_batch"):
@@ -103,6 +106,7 @@ def run_job(keys: list[str], encoder_kwargs: dict, settings: OfflineSettings,
 
     from mmenc.engine.runner import build_tower
     from mmenc.ray.stages import EncoderActor, preprocess_batch
+    from mmenc.ray.video_rows import expand_row, is_video_key, prepare_piece
 
     start = time.perf_counter()
     output = pathlib.Path(settings.output)
@@ -120,7 +124,8 @@ def run_job(keys: list[str], encoder_kwargs: dict, settings: OfflineSettings,
         report.seconds = time.perf_counter() - start
         return report
 
-    processor = build_tower(encoder_kwargs["model"], load_format="dummy", device="meta").processor
+    meta_tower = build_tower(encoder_kwargs["model"], load_format="dummy", device="meta")
+    processor = meta_tower.processor
     gpus = float(ray.cluster_resources().get("GPU", 0))
     per_actor = settings.gpus_per_encoder if settings.gpus_per_encoder is not None else (1.0 if gpus else 0.0)
     actors = settings.encoders or (max(1, int(gpus // per_actor)) if per_actor else 1)
@@ -131,13 +136,19 @@ def run_job(keys: list[str], encoder_kwargs: dict, settings: OfflineSettings,
     ctx.execution_options.preserve_order = True  # shards complete in order: the driver holds about one
     ctx.enable_progress_bars = False  # ours is one line (progress=)
     ds = ray.data.from_items(rows, override_num_blocks=max(1, len(rows) // settings.preprocess_batch))
+    prepare = None
+    if any(is_video_key(row["key"]) for row in rows):  # one row per video piece (mmenc.ray.video_rows)
+        video = {"video_processor": meta_tower.video_processor, "options": dict(settings.video),
+                 "piece_patches": settings.video_piece_patches}
+        ds = ds.flat_map(expand_row, fn_kwargs=video, num_cpus=1)
+        prepare = functools.partial(prepare_piece, **video)
     # CPU tasks (Ray Data spreads them over the nodes and retries them); each reserves memory for one
     # batch of large decoded images, and remote arguments unlike the actors' keep Ray Data from fusing
     # this stage into the encoder actors (which would then decode on the GPU actors' own few CPUs)
     ds = ds.map_batches(preprocess_batch, batch_size=settings.preprocess_batch, batch_format="numpy",
                         num_cpus=1, memory=PREPROCESS_MEMORY,
                         fn_kwargs={"processor": processor, "max_pixels": settings.max_image_pixels,
-                                   "pixel_dtype": settings.pixel_dtype})
+                                   "pixel_dtype": settings.pixel_dtype, "prepare_piece": prepare})
     ds = ds.map_batches(EncoderActor, batch_size=settings.batch_size, batch_format="numpy",
                         compute=ray.data.ActorPoolStrategy(size=actors), num_gpus=per_actor,
                         num_cpus=settings.cpus_per_encoder,
@@ -157,28 +168,38 @@ def _collect(ds, shards, output, encoder_kwargs, report, on_shard, progress) -> 
 
     from mmenc.ray.stages import DTYPES, from_bytes
 
-    open_shards: dict[int, dict[int, dict]] = {}
+    from mmenc.ray.video_rows import join_rows
+
+    def embedding(r) -> torch.Tensor:
+        return from_bytes(r["embedding"], DTYPES[str(r["dtype"])], (int(r["tokens"]), int(r["hidden"])))
+
+    open_shards: dict[int, dict[int, list[dict]]] = {}  # shard -> pos -> its rows (a video: one per piece)
     for batch in ds.iter_batches(batch_size=None, batch_format="numpy"):
         for j in range(len(batch["key"])):
             row = {name: column[j] for name, column in batch.items()}
             shard = int(row["shard"])
             rows = open_shards.setdefault(shard, {})
-            rows[int(row["pos"])] = row
-            if row["error"]:
+            parts = rows.setdefault(int(row["pos"]), [])
+            parts.append(row)
+            if row["error"] and str(row["key"]) not in report.failed:
                 report.failed[str(row["key"])] = str(row["error"])
                 print(f"mmenc encode --ray: failed: {row['error']}", file=sys.stderr, flush=True)
-            if len(rows) < len(shards[shard]):
+            if len(rows) < len(shards[shard]) or any(len(p) < int(p[0].get("pieces", 1)) for p in rows.values()):
                 continue
-            tensors, failed = {}, {}
+            tensors, failed, metadata = {}, {}, {}
             for pos in sorted(rows):
-                r = rows[pos]
-                key = str(r["key"])
-                if r["error"]:
-                    failed[key] = str(r["error"])
-                    continue
-                tensors[key] = from_bytes(r["embedding"], DTYPES[str(r["dtype"])], (int(r["tokens"]), int(r["hidden"])))
-                tensors[f"{key}.grid_thw"] = torch.tensor(r["grid"].tolist(), dtype=torch.int64)
-            _write_shard(shard_path(output, shard), tensors, failed, encoder_kwargs, shard)
+                r, key = rows[pos][0], str(rows[pos][0]["key"])
+                errors = [str(p["error"]) for p in rows[pos] if p["error"]]
+                if errors:
+                    failed[key] = errors[0]
+                elif r.get("video"):
+                    joined = join_rows(rows[pos], embedding)
+                    tensors.update(joined["tensors"])
+                    metadata.update(joined["metadata"])
+                else:
+                    tensors[key] = embedding(r)
+                    tensors[f"{key}.grid_thw"] = torch.tensor(r["grid"].tolist(), dtype=torch.int64)
+            _write_shard(shard_path(output, shard), tensors, failed, encoder_kwargs, shard, metadata)
             report.images += len(rows) - len(failed)
             report.shards_written += 1
             del open_shards[shard]
@@ -188,11 +209,13 @@ def _collect(ds, shards, output, encoder_kwargs, report, on_shard, progress) -> 
                 on_shard(shard, report)
 
 
-def _write_shard(path: pathlib.Path, tensors: dict, failed: dict, encoder_kwargs: dict, index: int) -> None:
+def _write_shard(path: pathlib.Path, tensors: dict, failed: dict, encoder_kwargs: dict, index: int,
+                 extra: dict | None = None) -> None:
     from safetensors.torch import save_file
 
-    metadata = {"model": str(encoder_kwargs["model"]), "shard": str(index),
-                "images": str(len(tensors) // 2), "failed": json.dumps(failed)}
+    images = sum(1 for name in tensors if name.endswith(".grid_thw"))
+    metadata = {"model": str(encoder_kwargs["model"]), "shard": str(index), "images": str(images),
+                "failed": json.dumps(failed), **(extra or {})}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         save_file(tensors, str(tmp), metadata=metadata)

@@ -34,11 +34,24 @@ def read_bytes(key: str) -> bytes:
         return f.read()
 
 
-def preprocess_batch(batch: dict, *, processor, max_pixels: int | None, pixel_dtype: str) -> dict:
+def preprocess_batch(batch: dict, *, processor, max_pixels: int | None, pixel_dtype: str,
+                     prepare_piece=None) -> dict:
     """CPU stage: read, decode, resize and patchify each image alone, so a bad file fails alone
-    (its row gets `error`, naming the key, and empty pixels)."""
+    (its row gets `error`, naming the key, and empty pixels). prepare_piece(key, piece, pixel_dtype=)
+    -> (pixel bytes, grid [3]): for the rows of video pieces (`video` column set; mmenc.ray.video_rows)."""
     pixels, grids, errors = [], [], []
-    for key in batch["key"]:
+    for j, key in enumerate(batch["key"]):
+        if "video" in batch and (batch["video"][j] or batch["error"][j]):  # a video piece, or a video's error
+            pixels.append(b"")
+            grids.append(np.zeros(3, np.int64))
+            errors.append(str(batch["error"][j]))
+            if errors[-1]:
+                continue
+            try:
+                pixels[-1], grids[-1] = prepare_piece(str(key), int(batch["piece"][j]), pixel_dtype=DTYPES[pixel_dtype])
+            except (ImageLoadError, OSError, ValueError) as e:
+                errors[-1] = f"{key!r}: {str(e).removeprefix(repr(str(key)) + ': ')}"
+            continue
         try:
             image = load_image(read_bytes(key), max_pixels=max_pixels)
             pv, grid = processor([image])  # [patches, C*tp*p*p] float32, [1, 3]

@@ -14,11 +14,13 @@ class EncodedImage:
     """full: [tokens, hidden * (1 + deepstack levels)] on the CPU in the model dtype, owning its
     storage: the main embeddings first, then Qwen3-VL's deepstack features concatenated on dim 1
     (what vLLM takes as image_embeds and reads from its encoder-cache files). hidden: the main
-    embeddings' width. grid_thw: (t, h, w)."""
+    embeddings' width. grid_thw: (t, h, w). video: a video's VideoInfo as a dict (grid_thw rows,
+    frames, timestamps, second_per_grid_ts, ...; mmenc.serving.video), None for an image."""
 
     full: torch.Tensor
     hidden: int
     grid_thw: tuple[int, int, int]
+    video: dict | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -58,6 +60,14 @@ def render_item(image: EncodedImage, fmt: str, meta: dict, saver: TensorSaver | 
     The large base64 strings are spliced in as bytes (base64 needs no JSON escaping), so no JSON
     encoder scans megabytes of them, and stay separate fragments (see Body). saver: see torch_b64."""
     head = dumps(meta)[:-1] + b","  # '{...,' : the object stays open for the format's fields
+    if fmt == "vllm" and image.video is not None:  # what vLLM's multi_modal_data["video"] takes
+        grid = torch.tensor(image.video["grid_thw"], dtype=torch.int64)
+        second = image.video.get("second_per_grid_ts")
+        extra = [] if second is None else [b'","second_per_grid_ts":"',
+                                           *torch_b64(torch.tensor([second], dtype=torch.float64), saver)]
+        return [head, b'"video_embeds":{"type":"video_embeds","uuid":', dumps(meta.get("uuid")),
+                b',"video_embeds":{"video_embeds":"', *torch_b64(image.full, saver), b'","video_grid_thw":"',
+                *torch_b64(grid, saver), *extra, b'"}}}']
     if fmt == "vllm":
         grid = torch.tensor([image.grid_thw], dtype=torch.int64)
         return [head, b'"image_embeds":{"type":"image_embeds","uuid":', dumps(meta.get("uuid")),

@@ -8,11 +8,13 @@ import dataclasses
 import json
 from typing import Any
 
+from mmenc.preprocess.video_sampling import VideoOptions
 from mmenc.serving.b64 import b64decode
 
 FORMATS = ("vllm", "base64", "json")
 DEFAULT_FORMAT = "vllm"
 MAX_UUID_CHARS = 256
+VIDEO_FIELDS = ("fps", "num_frames", "min_frames", "max_frames")  # sampling of the request's videos
 
 
 class RequestError(ValueError):
@@ -48,6 +50,7 @@ class ImageInput:
 class EncodeRequest:
     images: list[ImageInput]
     format: str
+    video: dict = dataclasses.field(default_factory=dict)  # sampling fields for its videos (mmenc.serving.video)
 
 
 def check_format(value: Any) -> str:
@@ -126,24 +129,27 @@ def parse_json(body: bytes, max_images: int) -> EncodeRequest:
         raise RequestError(400, "body", f"body is not valid JSON ({e})") from e
     if not isinstance(doc, dict):
         raise RequestError(400, "body", f"body must be a JSON object, got {type(doc).__name__}")
-    unknown = sorted(set(doc) - {"images", "format", "uuids"})
+    unknown = sorted(set(doc) - {"images", "format", "uuids", *VIDEO_FIELDS})
     if unknown:
-        raise RequestError(400, unknown[0], f"unknown field(s) {unknown}; expected images, format, uuids")
+        raise RequestError(400, unknown[0], f"unknown field(s) {unknown}; expected images, format, uuids, "
+                                            f"{', '.join(VIDEO_FIELDS)}")
     images = doc.get("images")
     if not isinstance(images, list):
         raise RequestError(400, "images", f"images must be a list of images, got {type(images).__name__}")
     fmt = check_format(doc.get("format"))
     _check_count(len(images), max_images)
     uuids = check_uuids(doc.get("uuids"), len(images))
-    return EncodeRequest([_json_image(item, i, u) for i, (item, u) in enumerate(zip(images, uuids))], fmt)
+    return EncodeRequest([_json_image(item, i, u) for i, (item, u) in enumerate(zip(images, uuids))], fmt,
+                         _video_fields(doc))
 
 
 def parse_form(files: list[bytes], fields: dict[str, list[str]], max_images: int) -> EncodeRequest:
     """files: the file parts' bytes in body order; fields: the text fields (`format`, `uuids`:
     repeated once per file, or one JSON list)."""
-    unknown = sorted(set(fields) - {"format", "uuids"})
+    unknown = sorted(set(fields) - {"format", "uuids", *VIDEO_FIELDS})
     if unknown:
-        raise RequestError(400, unknown[0], f"unknown form field(s) {unknown}; expected file parts, format, uuids")
+        raise RequestError(400, unknown[0], f"unknown form field(s) {unknown}; expected file parts, format, uuids, "
+                                            f"{', '.join(VIDEO_FIELDS)}")
     _check_count(len(files), max_images)
     formats = fields.get("format", [])
     if len(formats) > 1:
@@ -159,4 +165,30 @@ def parse_form(files: list[bytes], fields: dict[str, list[str]], max_images: int
     items = [ImageInput(i, u, data=data) if data else
              ImageInput(i, u, error=ItemError("invalid_image", f"images[{i}]: empty file part (0 bytes)"))
              for i, (data, u) in enumerate(zip(files, uuids))]
-    return EncodeRequest(items, fmt)
+    return EncodeRequest(items, fmt, _video_fields({k: v[-1] for k, v in fields.items()}))
+
+
+def _video_fields(values: dict) -> dict:
+    """The request's video sampling fields, checked (RequestError naming the field)."""
+    video = {k: values[k] for k in VIDEO_FIELDS if values.get(k) is not None}
+    video_options(video)
+    return video
+
+
+def video_options(values: dict[str, Any]) -> VideoOptions:
+    """The request's sampling fields -> VideoOptions, or RequestError 400 naming the field."""
+    kw = {}
+    for name in VIDEO_FIELDS:
+        value = values.get(name)
+        if value is None:
+            continue
+        if isinstance(value, str):  # a multipart field
+            try:
+                value = float(value) if name == "fps" else int(value)
+            except ValueError as e:
+                raise RequestError(400, name, f"{name}={value!r} is not a number") from e
+        kw[name] = value
+    try:
+        return VideoOptions(**kw)
+    except ValueError as e:
+        raise RequestError(400, next(iter(kw), "fps"), str(e)) from e

@@ -79,7 +79,8 @@ class LocalEngine(EngineClient):
         self.batcher = self._batcher_factory(enc, self.settings, self.metrics)
         self.batcher.alloc = self._alloc
         self.info = EngineInfo(model_name=enc.model_name, card=card, identity=identity, processor=enc.processor,
-                               uint8=self.batcher.prepare is not None, dtype=loaded.dtype)
+                               uint8=self.batcher.prepare is not None, dtype=loaded.dtype,
+                               video_processor=enc.video_processor)
         self.state = "ready"
         logger.info("encoder %s ready in %.1f s (%s)", enc.model_name, time.perf_counter() - start, card)
 

@@ -14,7 +14,7 @@ from mmenc.serving.batcher import Batcher, Job
 from mmenc.serving.cache import content_key
 from mmenc.serving.ec_storage import ECStorage
 from mmenc.serving.formats import Body, EncodedImage, dumps, render_item
-from mmenc.serving.frontends.client import EngineClient, describe
+from mmenc.serving.frontends.client import Encoded, EngineClient, describe, done_future
 from mmenc.serving.inputs import EncodeRequest, ImageInput, ItemError, RequestError
 from mmenc.serving.launch import make_batcher
 from mmenc.serving.metrics import ServeMetrics
@@ -22,6 +22,7 @@ from mmenc.serving.pending import Pending
 from mmenc.serving.preprocess import preprocess_image
 from mmenc.serving.settings import ServeSettings
 from mmenc.serving.tensor_bytes import TensorSaver
+from mmenc.serving.video import VideoJobs, join, looks_like_video, prepare_video, video_options
 
 logger = init_logger(__name__)
 
@@ -126,7 +127,7 @@ class EncodeService:
         self.metrics.in_flight.set(self._in_flight)
         pending = Pending(n, lambda items: self._render(request, items))
         try:
-            self.pool.submit(pending.guard, self._start, pending, request.images)
+            self.pool.submit(pending.guard, self._start, pending, request.images, video_options(request.video))
             return await asyncio.wrap_future(pending.answer)
         except asyncio.CancelledError:  # the client left: its jobs not yet in a tower call are dropped
             self.metrics.cancelled.inc(pending.cancel())
@@ -136,17 +137,20 @@ class EncodeService:
             self.admission.give_back(n)
             self.metrics.in_flight.set(self._in_flight)
 
-    def _start(self, pending: Pending, images: list[ImageInput]) -> None:
-        """In a pool thread: the request's first image here, each other one in its own pool task."""
+    def _start(self, pending: Pending, images: list[ImageInput], video=None) -> None:
+        """In a pool thread: the request's first image here, each other one in its own pool task.
+        video: the request's VideoOptions (for its videos)."""
         for image in images[1:]:
-            self.pool.submit(pending.guard, self._image, pending, image)
-        self._image(pending, images[0])
+            self.pool.submit(pending.guard, self._image, pending, image, video)
+        self._image(pending, images[0], video)
 
-    def _image(self, pending: Pending, image: ImageInput) -> None:
+    def _image(self, pending: Pending, image: ImageInput, video=None) -> None:
         if image.error is not None:
             return pending.settle(image.index, _Item(error=image.error), self.pool)
         if pending.answer.done():  # cancelled: nothing more to do
             return
+        if looks_like_video(image.data):
+            return self._video(pending, image, video)
         item, job = self._prepare(image)
         if item.image is not None:
             return pending.settle(image.index, item, self.pool)
@@ -165,6 +169,47 @@ class EncodeService:
 
         # a failed image (job None) still asks the cache: a uuid already cached answers whatever the bytes
         pending.track(self.engine.submit(item.key, job)).add_done_callback(engine_done)
+
+    def _video(self, pending: Pending, image: ImageInput, options) -> None:
+        """A video item: its pieces' jobs (each cached under the video's key + "/k"), joined when all are back."""
+        info = self.engine.info
+        key = image.uuid or content_key(info.identity, image.data + repr(sorted(options.as_dict().items())).encode())
+        start = time.perf_counter()
+        jobs = prepare_video(info.video_processor, info.processor, image.data, image.index, options,
+                             self.settings.max_batch_patches, info.uint8, info.dtype)
+        self.metrics.preprocess_seconds.observe(time.perf_counter() - start)
+        if not isinstance(jobs, VideoJobs):
+            return pending.settle(image.index, _Item(key=key, error=jobs), self.pool)
+        parts: list = [None] * len(jobs.parts)
+        left, lock = [len(parts)], threading.Lock()
+
+        def piece_done(k: int, future) -> None:  # the engine's answer thread: cheap steps only
+            if future.cancelled():
+                return
+            error = future.exception() or (None if future.result() is not None else RuntimeError("no answer"))
+            with lock:
+                if left[0] <= 0:  # settled already (a piece failed)
+                    return
+                if error is not None:
+                    left[0] = 0
+                else:
+                    parts[k] = future.result()
+                    left[0] -= 1
+                done = left[0] == 0
+            if error is not None:
+                failed = ItemError("encoder_error", f"images[{image.index}]: the tower failed ({describe(error)})")
+                return pending.settle(image.index, _Item(key=key, error=failed), self.pool)
+            if done:
+                item = _Item(key=key, image=join([p.image for p in parts], jobs), hit=all(p.cached for p in parts))
+                pending.settle(image.index, item, self.pool)
+
+        for k, (suffix, pixel_values, grid) in enumerate(jobs.parts):
+            cached = self.engine.lookup(key + suffix)
+            if cached is not None:
+                piece_done(k, done_future(Encoded(cached, True)))
+                continue
+            future = self.engine.submit(key + suffix, Job(pixel_values, grid))
+            pending.track(future).add_done_callback(lambda f, k=k: piece_done(k, f))
 
     def _prepare(self, image: ImageInput) -> tuple[_Item, Job | None]:
         """In a pool thread: key, cache lookup, then (on a miss) decode + preprocess."""
@@ -205,6 +250,8 @@ class EncodeService:
             uuid = image.uuid if image.uuid is not None else item.key
             meta = {"index": image.index, "uuid": uuid, "num_tokens": enc.num_tokens, "grid_thw": list(enc.grid_thw),
                     "cached": item.hit}
+            if enc.video is not None:  # the video's metadata (grid rows, frames, timestamps, ...)
+                meta["video"] = enc.video
             body.add(*render_item(enc, request.format, meta, self.saver))
         body.add(b'],"usage":', dumps({"images": images, "tokens": tokens}), b"}")
         self.metrics.images.inc(images)

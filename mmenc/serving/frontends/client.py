@@ -29,6 +29,7 @@ class EngineInfo:
     processor: object
     uint8: bool
     dtype: torch.dtype
+    video_processor: object = None  # the Encoder's (mmenc.serving.video), None: the model takes no video
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,168 @@
+"""Video decoding, streaming and failures on clips the tests encode (runs without torchvision; the
+comparisons with transformers' video processors are tests/test_video_parity.py / test_video_towers.py)."""
+import pytest
+
+av = pytest.importorskip("av")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from mmenc.preprocess import LoadFailure  # noqa: E402
+from mmenc.preprocess.pipeline import Preprocessor  # noqa: E402
+from mmenc.preprocess.video import Video  # noqa: E402
+from mmenc.preprocess.video_decode import VideoDecodeError, looks_like_video, probe  # noqa: E402
+from mmenc.preprocess.video_frames import DecodeCursors, decode  # noqa: E402
+from mmenc.preprocess.video_families import get_video_processor, video_config_from_files  # noqa: E402
+from mmenc.preprocess.video_sampling import VideoOptions  # noqa: E402
+from mmenc.preprocess import get_processor  # noqa: E402
+from mmenc.testing.clips import FAST_CODECS, write_clip  # noqa: E402
+
+
+def sequential(path) -> list[np.ndarray]:
+    with av.open(str(path)) as c:
+        return [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("clips")
+    return {suffix: write_clip(folder / f"c{suffix}", frames=33, size=(32, 48), fps=10, codec=codec, gop=7)
+            for suffix, codec in FAST_CODECS}
+
+
+@pytest.mark.parametrize("suffix", [s for s, _ in FAST_CODECS])
+def test_seeking_decode_gives_the_counted_frames(clips, suffix):
+    """H.264 with B-frames (MP4, MOV), VP9 in WebM, MPEG-4 in Matroska and AVI: one seek per call, the
+    frames of a decode from the start."""
+    path = clips[suffix]
+    meta = probe(path)
+    frames = sequential(path)
+    assert meta.total_num_frames == len(frames) == 33 and meta.fps == 10 and (meta.height, meta.width) == (32, 48)
+    for picks in ([0], [5, 6, 7], [13, 20, 32], [32], [1, 1, 8]):
+        assert np.array_equal(decode(path, picks, meta), np.stack([frames[i] for i in picks])), picks
+
+
+def test_cursors_go_on_from_the_previous_piece(clips):
+    """A video's pieces through one DecodeCursors: each goes on from the last (or seeks when behind it),
+    the frames of a decode from the start; the decoder is closed after the last piece."""
+    path = clips[".mp4"]
+    meta, frames = probe(path), sequential(path)
+    cursors = DecodeCursors()
+    for picks, keep in (([2, 4], True), ([6, 9], True), ([9, 20], True), ([1, 3], True), ([31, 32], False)):
+        got = decode(path, picks, meta, cursors=cursors, key="v", keep=keep)
+        assert np.array_equal(got, np.stack([frames[i] for i in picks])), picks
+        assert ("v" in cursors._idle) == keep
+    assert not cursors._busy
+
+
+def test_video_detection(clips):
+    assert looks_like_video("a/b.MP4") and looks_like_video(clips[".mkv"]) and not looks_like_video("a.jpg")
+    for suffix in (".mp4", ".webm", ".avi", ".mov"):
+        assert looks_like_video(clips[suffix].read_bytes()), suffix
+    assert not looks_like_video(b"\x89PNG\r\n\x1a\n" + bytes(40))
+
+
+def test_decode_errors_name_the_file_and_frame(clips, tmp_path):
+    data = clips[".mp4"].read_bytes()
+    cut = tmp_path / "cut.mp4"
+    cut.write_bytes(data[:len(data) // 2])  # the index (moov) survives at the end? not here: unreadable
+    broken = tmp_path / "broken.mkv"
+    raw = bytearray(clips[".mkv"].read_bytes())
+    broken.write_bytes(bytes(raw[:len(raw) * 2 // 3]))  # Matroska streams: the frames after the cut are missing
+    with pytest.raises(VideoDecodeError, match="cut.mp4"):
+        meta = probe(cut, "'cut.mp4'")
+        decode(cut, [30], meta, "'cut.mp4'")
+    meta = probe(clips[".mkv"])  # the full file's header: 33 frames
+    with pytest.raises(VideoDecodeError, match=r"broken\.mkv.*frame \d+ \(t=\d+\.\d+ s\)"):
+        decode(broken, [32], meta, "'broken.mkv'")
+    with pytest.raises(VideoDecodeError, match="not a readable video"):
+        probe(b"\x00\x00\x00\x18ftypmp42" + bytes(100), "video #0")
+    with pytest.raises(VideoDecodeError, match="no such file"):
+        probe(tmp_path / "missing.mp4", "'missing.mp4'")
+
+
+def test_options_are_checked():
+    with pytest.raises(ValueError, match="exclude each other"):
+        VideoOptions(fps=2, num_frames=8)
+    with pytest.raises(ValueError, match="fps=0"):
+        VideoOptions(fps=0)
+    vp = get_video_processor("glm4v")
+    with pytest.raises(ValueError, match="max_frames=4 is not a setting.*takes fps"):
+        vp.plan(probe_meta(), VideoOptions(max_frames=4), "'v.mp4'")
+    with pytest.raises(ValueError, match="takes no video"):
+        get_video_processor("siglip")
+
+
+def probe_meta():
+    from mmenc.preprocess.video_decode import VideoMetadata
+
+    return VideoMetadata(total_num_frames=40, fps=10.0, duration=4.0, height=32, width=48)
+
+
+def test_video_config_follows_transformers_file_order():
+    image, video = {"max_pixels": 1}, {"max_pixels": 2}
+    assert video_config_from_files({"video_processor": {"max_pixels": 3}}, video, image) == {"max_pixels": 3}
+    assert video_config_from_files({}, video, image) == video
+    assert video_config_from_files(None, {}, image) == image  # no video file: the image processor's file
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_pipeline_pieces_equal_the_whole_video(clips, kind):
+    """Pieces of one temporal unit, over several chunks, prepared by worker threads or processes: the
+    pixels of the processor's own whole-video call; a bad video fails alone, named."""
+    vp = get_video_processor("qwen2_5_vl")
+    whole, grid, info = vp(clips[".webm"], VideoOptions(fps=5))
+    items = [Video(clips[".webm"], fps=5), "missing.mp4", clips[".mp4"]]
+    with Preprocessor(get_processor("qwen2_5_vl"), workers=2, worker_kind=kind, video_processor=vp,
+                      video_piece_patches=1) as pre:
+        chunks = list(pre.iter_chunks(items, max_batch_patches=3 * int(grid[0, 1:].prod()), errors="skip"))
+    assert len(chunks) > 2
+    first = [(c.pixel_values[sum(int(r.prod()) for r in c.grid_thw[:k]):][:int(c.grid_thw[k].prod())], v)
+             for c in chunks for k, (i, v) in enumerate(zip(c.indices, c.videos)) if i == 0]
+    assert [v.piece for _, v in first] == list(range(first[0][1].pieces)) and first[0][1].info == info
+    assert torch.equal(torch.cat([pv for pv, _ in first]), whole)
+    failures = [f for c in chunks for f in c.failures]
+    assert [(f.index, f.name) for f in failures] == [(1, "'missing.mp4'")] and "no such file" in failures[0].message
+    assert {i for c in chunks for i in c.indices} == {0, 2}
+
+
+def test_encoder_streams_a_video_and_skips_a_bad_one(tmp_path, clips):
+    """Encoder.encode / encode_iter: a video in pieces over several tower calls equals one call; a file that
+    does not decode is a per-item failure (encode(errors="skip") -> None, encode_iter -> LoadFailure)."""
+    pytest.importorskip("transformers")
+    from mmenc.engine.encoder import Encoder
+    from mmenc.engine.videos import VideoEmbedding
+    from mmenc.testing import checkpoints as ck
+
+    folder, _ = ck.save_qwen2_5_vl(tmp_path / "ckpt")
+    bad = tmp_path / "bad.mp4"
+    bad.write_bytes(b"\x00\x00\x00\x18ftypisom" + bytes(64))
+    video = Video(clips[".mp4"], fps=4)
+    with Encoder(str(folder), device="cpu", dtype="float32", preprocess_workers=2, batch_invariant=True) as enc:
+        (one,) = enc.encode([video])
+        enc.preprocessor.video_piece_patches = 1
+        enc.max_batch_patches = 2 * int(one.grid_thw[0, 1:].prod())
+        before = enc.tally.snapshot()
+        got = enc.encode([bad, video, np.zeros((28, 28, 3), np.uint8)], errors="skip")
+        assert enc.tally.since(before)["tower_calls"] >= 3
+        streamed = list(enc.encode_iter([video, bad]))
+    assert isinstance(one, VideoEmbedding) and one.video.grid_thw == ((6, 20, 28),) and one.video.second_per_grid_ts
+    assert got[0] is None and isinstance(got[1], VideoEmbedding) and isinstance(got[2], torch.Tensor)
+    assert torch.equal(got[1].embeddings, one.embeddings)  # batch_invariant: bitwise whatever the cut
+    assert [i for i, _ in streamed] == [0, 1] and isinstance(streamed[1][1], LoadFailure)
+    assert "bad.mp4" in streamed[1][1].message and torch.equal(streamed[0][1].embeddings, one.embeddings)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_pipeline_on_cuda_gives_the_cpu_pixels(clips, kind):
+    """Video pieces staged to a GPU (uint8 across, patchify + normalize there, side stream): the CPU's values."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    vp = get_video_processor("qwen3_vl")
+    whole, _, _ = vp(clips[".mp4"], VideoOptions(fps=5))
+    with Preprocessor(get_processor("qwen3_vl"), device="cuda", workers=2, worker_kind=kind, video_processor=vp,
+                      video_piece_patches=1) as pre:
+        chunks = list(pre.iter_chunks([Video(clips[".mp4"], fps=5)], max_batch_patches=1 << 12))
+    got = torch.cat([c.pixel_values for c in chunks])
+    assert got.device.type == "cuda" and torch.equal(got.cpu(), whole)
