@@ -313,34 +313,28 @@ def llava_builtin(vision: dict, text_hidden: int, layer: int, strategy: str,
 LLAVA_WEIGHT_PREFIXES = (("model.vision_tower.", "model.multi_modal_projector."),
                          ("vision_tower.", "multi_modal_projector."))
 
-LLAVA_SPEC = register_model(ModelSpec(  # LLaVA-1.5
-    architectures=("LlavaForConditionalGeneration",),
-    vision_model_types=tuple(VISION_TOWERS),
-    tower_cls=LlavaTower,
-    config_from_hf=LlavaVisionConfig.from_hf,
-    weight_prefixes=LLAVA_WEIGHT_PREFIXES,
-    processor_from_hf=lazy_processor("mmenc.preprocess.clip:clip_from_hf"),
-    builtin_configs={
+def register_llava(architecture: str, processor: str, weight_prefixes: tuple, builtins: dict, **spec) -> ModelSpec:
+    """A family of this file: LlavaTower under `architecture`, its processor "module:function" in mmenc.preprocess."""
+    return register_model(ModelSpec(architectures=(architecture,), tower_cls=LlavaTower,
+                                    config_from_hf=LlavaVisionConfig.from_hf, weight_prefixes=weight_prefixes,
+                                    processor_from_hf=lazy_processor(f"mmenc.preprocess.{processor}"),
+                                    builtin_configs=builtins, **spec))
+
+
+LLAVA_SPEC = register_llava(  # LLaVA-1.5
+    "LlavaForConditionalGeneration", "clip:clip_from_hf", LLAVA_WEIGHT_PREFIXES, {
         "llava-hf/llava-1.5-7b-hf": llava_builtin(_CLIP_L14_336, 4096, -2, "default"),
         "llava-hf/llava-1.5-13b-hf": llava_builtin(_CLIP_L14_336, 5120, -2, "default"),
         "llava-hf/llava-interleave-qwen-0.5b-hf": llava_builtin(_SIGLIP_SO400M_26, 896, -1, "full"),
         "llava-hf/llava-interleave-qwen-7b-hf": llava_builtin(_SIGLIP_SO400M_26, 3584, -1, "full"),
-    },
-))
+    }, vision_model_types=tuple(VISION_TOWERS))
 
 # VipLlava (llava-hf/vip-llava-{7b,13b}-hf): LLaVA-1.5's tower, five layers concatenated, a normed projector.
-VIPLLAVA_SPEC = register_model(ModelSpec(
-    architectures=("VipLlavaForConditionalGeneration",),
-    tower_cls=LlavaTower,
-    config_from_hf=LlavaVisionConfig.from_hf,
-    weight_prefixes=LLAVA_WEIGHT_PREFIXES,
-    processor_from_hf=lazy_processor("mmenc.preprocess.clip:clip_from_hf"),
-    builtin_configs={
-        f"llava-hf/vip-llava-{size}-hf": builtin_config(
-            "VipLlavaForConditionalGeneration", "vipllava", _CLIP_L14_336, text_config={"hidden_size": width},
-            projector_hidden_act="gelu", projector_layernorm_eps=1e-5, vision_feature_layer=[-2, -5, -8, -11, 6])
-        for size, width in (("7b", 4096), ("13b", 5120))},
-))
+VIPLLAVA_SPEC = register_llava("VipLlavaForConditionalGeneration", "clip:clip_from_hf", LLAVA_WEIGHT_PREFIXES, {
+    f"llava-hf/vip-llava-{size}-hf": builtin_config(
+        "VipLlavaForConditionalGeneration", "vipllava", _CLIP_L14_336, text_config={"hidden_size": width},
+        projector_hidden_act="gelu", projector_layernorm_eps=1e-5, vision_feature_layer=[-2, -5, -8, -11, 6])
+    for size, width in (("7b", 4096), ("13b", 5120))})
 
 
 # -- LLaVA-NeXT and LLaVA-OneVision (anyres) ---------------------------------------------------------------
@@ -364,28 +358,11 @@ def _onevision(text_hidden: int) -> dict:
                          vision_aspect_ratio="anyres_max_9")
 
 
-LLAVA_NEXT_SPEC = register_model(ModelSpec(
-    architectures=("LlavaNextForConditionalGeneration",),
-    tower_cls=LlavaTower,
-    config_from_hf=LlavaVisionConfig.from_hf,
-    weight_prefixes=ANYRES_WEIGHT_PREFIXES,
-    processor_from_hf=lazy_processor("mmenc.preprocess.anyres:llava_next_from_hf"),
-    builtin_configs={
-        "llava-hf/llava-v1.6-mistral-7b-hf": _next(4096),
-        "llava-hf/llava-v1.6-vicuna-13b-hf": _next(5120),
-        "llava-hf/llava-v1.6-34b-hf": _next(7168),
-    },
-))
-
-LLAVA_ONEVISION_SPEC = register_model(ModelSpec(
-    architectures=("LlavaOnevisionForConditionalGeneration",),
-    tower_cls=LlavaTower,
-    config_from_hf=LlavaVisionConfig.from_hf,
-    weight_prefixes=ANYRES_WEIGHT_PREFIXES,
-    processor_from_hf=lazy_processor("mmenc.preprocess.anyres:llava_onevision_from_hf"),
-    builtin_configs={
-        "llava-hf/llava-onevision-qwen2-0.5b-ov-hf": _onevision(896),
-        "llava-hf/llava-onevision-qwen2-7b-ov-hf": _onevision(3584),
-        "llava-hf/llava-onevision-qwen2-72b-ov-hf": _onevision(8192),
-    },
-))
+_NEXT_SIZES = (("mistral-7b", 4096), ("vicuna-13b", 5120), ("34b", 7168))
+_ONEVISION_SIZES = (("0.5b", 896), ("7b", 3584), ("72b", 8192))
+LLAVA_NEXT_SPEC = register_llava(
+    "LlavaNextForConditionalGeneration", "anyres:llava_next_from_hf", ANYRES_WEIGHT_PREFIXES,
+    {f"llava-hf/llava-v1.6-{name}-hf": _next(width) for name, width in _NEXT_SIZES})
+LLAVA_ONEVISION_SPEC = register_llava(
+    "LlavaOnevisionForConditionalGeneration", "anyres:llava_onevision_from_hf", ANYRES_WEIGHT_PREFIXES,
+    {f"llava-hf/llava-onevision-qwen2-{name}-ov-hf": _onevision(width) for name, width in _ONEVISION_SIZES})
