@@ -102,6 +102,12 @@ STAGES: dict[str, Stage] = {
         Step([*MMENC, "bench", "--model", "google/siglip2-so400m-patch16-naflex", "--workload", "naflex256-mix-32",
               "--workload", "naflex1024-mix-32", "--json", str(out / "bench_siglip2.json")], 240),
         Step(_script("siglip_e2e.py", "--json", str(out / "siglip_e2e.json")), 300)]),
+    "clip": Stage("CLIP ViT-L/14-336 (batches of 32 and 256) vs transformers eager/compiled, timm compiled, open_clip",
+                  lambda out: [
+        Step(_script("clip_peers.py", "--json", str(out / "clip_peers.json")), 420),
+        Step([*MMENC, "bench", "--model", "openai/clip-vit-large-patch14-336", "--workload", "clip-32x336px",
+              "--workload", "clip-256x336px", "--compile", "--cuda-graphs", "--json", str(out / "bench_clip.json")],
+             300)]),
     "ocr": Stage("mmenc bench for GLM-OCR, PaddleOCR-VL, ERNIE-4.5-VL, HunyuanOCR vs transformers, eager and "
                  "compiled (document pages and 448 px crops)", _ocr),
     "kimi": Stage("Kimi-K2.5 MoonViT vs transformers' remote-code tower", lambda out: [

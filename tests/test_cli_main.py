@@ -27,5 +27,6 @@ def test_python_m_mmenc_is_the_mmenc_command(capsys):
     assert main(["backends", "--head-size", "80", "--dtype", "float32"]) == 0
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout == capsys.readouterr().out
-    done = _python_m("encode")  # argparse's usage error, as from `mmenc encode`
-    assert done.returncode == 2 and "the following arguments are required: IMAGE_OR_DIR" in done.stderr
+    done = _python_m("encode")  # a usage error (no images and no --text), as from `mmenc encode`
+    assert done.returncode == 2
+    assert "give images or videos (IMAGE_VIDEO_OR_DIR ...), --text FILE, or both" in done.stderr

@@ -61,6 +61,16 @@ FAMILIES = {
                lambda m, pv, g: ck.hf_llama4_outputs(m, pv, g)[0], 588, [[1, 24, 24], [3, 24, 24], [2, 24, 24]]),
     "ovis2": (ck.save_ovis2, dict(hidden_size=256, num_attention_heads=2, intermediate_size=512, image_size=448),
               lambda m, pv, g: ck.hf_ovis2_outputs(m, pv, g)[0], 588, [[1, 32, 32], [3, 32, 32]]),
+    # issue 31 (CLIP lineage): CLIP ViT-L's head size 64 at 336 px (dense, the trained size) and resampled
+    # positions (packed); LLaVA-NeXT's anyres tiles; Idefics3's bucketed positions (SigLIP, head 72)
+    "clip": (ck.save_clip, dict(hidden_size=128, num_attention_heads=2, intermediate_size=256, patch_size=14,
+                                image_size=336), lambda m, pv, g: ck.hf_clip_outputs(m, pv, g)[0], 588,
+             [[1, 24, 24], [1, 24, 24], [1, 16, 20]]),
+    "llava_next": (ck.save_llava_anyres, dict(hidden_size=128, num_attention_heads=2, intermediate_size=256),
+                   lambda m, pv, g: ck.hf_anyres_outputs(m, pv, g)[0], 192,
+                   [list(r) for r in ck.anyres_grid([(40, 90), (100, 100)], ck.TINY_NEXT_PINPOINTS)]),
+    "idefics3": (ck.save_idefics3, dict(hidden_size=144, num_attention_heads=2, intermediate_size=256),
+                 lambda m, pv, g: ck.hf_idefics3_outputs(m, pv, g)[0], 192, [[3, 6, 6], [1, 4, 4]]),
 }
 OCR_HEAD_SIZES = {"glm_ocr": 64, "paddleocr_vl": 72, "ernie4_5_vl": 80, "hunyuan_vl": 72}
 
@@ -102,7 +112,8 @@ def test_bf16_parity_with_transformers(family, choice):
     name, folder, pixels, grid, reference, hf_err = family
     backend = None if choice.startswith("auto") else AttentionBackendEnum[choice]
     head_size = OCR_HEAD_SIZES.get(name) or {"qwen3_vl": 72, "kimi_k25": 72, "qwen3_omni": 72, "siglip": 72, "siglip2": 72,
-                                             "glm4v": 96, "llama4": 88, "ovis2": 128}.get(name, 80)
+                                             "glm4v": 96, "llama4": 88, "ovis2": 128, "clip": 64, "llava_next": 64,
+                                             "idefics3": 72}.get(name, 80)
     if backend is not None and backend not in _cuda_backends(head_size):
         pytest.skip(f"{choice} cannot run head_size={head_size} bf16 here")
     config = MultiModalConfig(mm_encoder_attn_backend=backend, compile=choice.endswith("compile"))

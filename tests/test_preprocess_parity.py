@@ -155,8 +155,8 @@ def test_from_hf_and_registry_errors():
     p = get_processor("Qwen2.5-VL", {"min_pixels": 100, "max_pixels": 5000, "size": {"shortest_edge": 1}})
     assert (p.config.min_pixels, p.config.max_pixels) == (100, 5000)  # min/max_pixels win over size
     assert get_processor("qwen3_vl").config.patch_size == 16
-    with pytest.raises(ValueError, match="unknown processor kind 'llava'.*qwen2_vl"):
-        get_processor("llava")
+    with pytest.raises(ValueError, match="unknown processor kind 'dinov2'.*qwen2_vl"):
+        get_processor("dinov2")
     with pytest.raises(ValueError, match="backend='cuda'"):
         get_processor("qwen2_vl", backend="cuda")
     with pytest.raises(ValueError, match="patch_size=0"):

@@ -16,7 +16,7 @@ import torch
 import torch.multiprocessing as mp
 
 from mmenc.engine.runner import LoadedTower, build_tower, run_tower
-from mmenc.models.base import TowerOutput, vlm_config_dict
+from mmenc.models.base import TowerOutput, vision_model_type, vlm_config_dict
 from mmenc.models.registry import builtin_model_names, get_builtin_config, supported_architectures
 from mmenc.testing import checkpoints as ck
 from mmenc.testing.compare import assert_close, relative_error
@@ -82,11 +82,16 @@ def family(request, prepared) -> Family:
     return found
 
 
+def _arch(key: str, case: ck.FamilyCase) -> str:
+    return case.architecture or key
+
+
 def test_table_covers_the_registry():
     aliases = {alias for case in ck.FAMILIES.values() for alias in case.aliases}
-    missing = set(supported_architectures()) - set(ck.FAMILIES) - aliases
+    rows = {_arch(key, case) for key, case in ck.FAMILIES.items()}
+    missing = set(supported_architectures()) - rows - aliases
     assert not missing, f"add a FamilyCase row for {sorted(missing)} to FAMILIES in mmenc/testing/checkpoints/__init__.py"
-    unknown = (set(ck.FAMILIES) | aliases) - set(supported_architectures())
+    unknown = (rows | aliases) - set(supported_architectures())
     assert not unknown, f"FAMILIES names {sorted(unknown)}, which the registry does not serve"
 
 
@@ -126,7 +131,7 @@ def test_batch_composition_and_order(family):
     loaded, pixels, expected = family.loaded, family.pixels, family.out
     grid = family.grid
     tokens = loaded.output_tokens(grid)
-    per_image = pixels.split(grid.prod(-1).tolist())
+    per_image = pixels.split(grid[:, :3].prod(-1).tolist())  # (t, h, w): anyres rows add the image size
     expected_rows = expected.embeddings.split(tokens)
     order = [2, 0, 3, 1]
     shuffled = run_tower(loaded, torch.cat([per_image[i] for i in order]), grid[order]).embeddings
@@ -170,18 +175,25 @@ def test_processor_resolves(family):
     assert callable(family.loaded.processor)
 
 
-def _row(arch: str) -> tuple[str, ck.FamilyCase]:
-    """(table key, row) serving `arch` as its own row or as an alias."""
+def _serves(key: str, case: ck.FamilyCase, hf_config: dict) -> bool:
+    """Whether the row `key` covers a checkpoint of this config.json (architecture, vision tower)."""
+    arch = hf_config["architectures"][0]
+    return (arch == _arch(key, case) or arch in case.aliases) and case.vision_model_type in (
+        None, vision_model_type(hf_config))
+
+
+def _row(hf_config: dict) -> tuple[str, ck.FamilyCase]:
+    """(table key, row) serving this config.json as its own row or as an alias."""
     for key, case in ck.FAMILIES.items():
-        if arch == key or arch in case.aliases:
+        if _serves(key, case, hf_config):
             return key, case
-    raise AssertionError(f"no FAMILIES row serves {arch}")
+    raise AssertionError(f"no FAMILIES row serves {hf_config['architectures']}")
 
 
 def test_every_row_has_builtins():
-    archs = {get_builtin_config(name)[1]["architectures"][0] for name in builtin_model_names()}
+    configs = [get_builtin_config(name)[1] for name in builtin_model_names()]
     for key, case in ck.FAMILIES.items():
-        assert archs & {key, *case.aliases}, f"{key} has no built-in name to build on the meta device"
+        assert any(_serves(key, case, c) for c in configs), f"{key} has no built-in name to build on the meta device"
 
 
 @pytest.mark.parametrize("name", builtin_model_names())
@@ -190,21 +202,21 @@ def test_builtin_builds_on_meta(name, prepared):
     the parameter count equals transformers' tower at the same sizes."""
     _, hf_config = get_builtin_config(name)
     arch = hf_config["architectures"][0]
-    key, case = _row(arch)
+    key, case = _row(hf_config)
     assert name.startswith(case.builtin_prefix), f"{name}: expected a name starting {case.builtin_prefix!r}"
     loaded = build_tower(name, load_format="dummy", device="meta")
     assert loaded.load_format == "dummy" and loaded.dtype == torch.bfloat16
     grid = torch.tensor(case.meta_grid if case.meta_grid is not None else [[1, 4, 4], [1, 4, 6]])  # images only
     # one patch per row at the built-in's own patch size (SigLIP's built-ins: 14 / 16, its tiny rows: 8)
     shape = case.patch_shape if len(case.patch_shape) > 1 else (loaded.config.patch_features,)
-    pixels = torch.empty(int(grid.prod(-1).sum()), *shape, device="meta")
+    pixels = torch.empty(int(grid[:, :3].prod(-1).sum()), *shape, device="meta")
     out = run_tower(loaded, pixels, grid).embeddings
     vlm = vlm_config_dict(hf_config)  # Qwen-Omni: under thinker_config
-    text_width = (vlm.get("text_config") or vlm)["hidden_size"]
+    text_width = case.output_width(hf_config) if case.output_width else (vlm.get("text_config") or vlm)["hidden_size"]
     assert tuple(out.shape) == (sum(loaded.output_tokens(grid)), text_width), \
         f"{name}: output {tuple(out.shape)}, expected ({sum(loaded.output_tokens(grid))}, {text_width})"
     ours = sum(p.numel() for p in loaded.tower.parameters())
-    family = prepared(key) if case.hf_tower is not None and arch == key else None
+    family = prepared(key) if case.hf_tower is not None and arch == _arch(key, case) else None
     if family is None:
         print(f"{name}: {ours / 1e6:.1f}M tower parameters (no transformers tower to compare)")
         return

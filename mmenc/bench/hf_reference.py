@@ -29,6 +29,8 @@ HF_TOWERS: dict[str, tuple[str, str, str]] = {
                                              "Qwen3OmniMoeVisionEncoderConfig"),
     "Llama4ForConditionalGeneration": ("llama4", "Llama4VisionModel", "Llama4VisionConfig"),  # + projector, below
     "Ovis2ForConditionalGeneration": ("ovis2", "Ovis2VisionModel", "Ovis2VisionConfig"),  # + embedding table, below
+    **{arch: ("clip", "CLIPVisionModel", "CLIPVisionConfig")
+       for arch in ("CLIPModel", "CLIPVisionModel", "CLIPVisionModelWithProjection")},
 }
 
 
@@ -136,10 +138,23 @@ class Siglip2HFTower(_SiglipInputs):
         return out[mask.bool()]
 
 
+class ClipHFTower(SiglipHFTower):
+    """CLIPVisionModel on SigLIP's image batches (one per frame size): last_hidden_state, every token (the class
+    token first), as mmenc's CLIP tower gives them."""
+
+    def __init__(self, module: torch.nn.Module, device: torch.device):
+        HFTower.__init__(self, module, device)
+        self._key, self._inputs = None, None
+
+
+# architecture -> checkpoint tensor names (tower prefix removed) that transformers' tower above does not hold
+HF_SKIP: dict[str, tuple[str, ...]] = {"CLIPModel": ("projection.",), "CLIPVisionModelWithProjection": ("projection.",)}
+
 # architecture -> how to call its transformers tower, where not HFTower's (pixel_values, grid_thw=...)
 HF_CALLS: dict[str, type] = {
     "SiglipModel": SiglipHFTower, "SiglipVisionModel": SiglipHFTower,
     "Siglip2Model": Siglip2HFTower, "Siglip2VisionModel": Siglip2HFTower,
+    "CLIPModel": ClipHFTower, "CLIPVisionModel": ClipHFTower, "CLIPVisionModelWithProjection": ClipHFTower,
 }
 
 
@@ -188,8 +203,9 @@ def build_hf_tower(loaded, attn_implementation: str = "sdpa") -> Reference:
     else:
         from mmenc.loader import iter_tower_tensors
 
-        missing, unexpected = tower.load_state_dict(dict(iter_tower_tensors(loaded.model, loaded.spec.weight_prefixes)),
-                                                    strict=False)
+        skip = HF_SKIP.get(architecture, ())  # tensors mmenc's tower holds beyond transformers' tower
+        tensors = {n: t for n, t in iter_tower_tensors(loaded.model, loaded.spec.weight_prefixes) if not n.startswith(skip)}
+        missing, unexpected = tower.load_state_dict(tensors, strict=False)
         missing = [m for m in missing if "inv_freq" not in m]
         if missing or unexpected:
             raise ValueError(f"checkpoint tensors do not fit transformers' {cls_name}: missing {missing[:5]}, "

@@ -18,6 +18,9 @@ WORKLOADS: dict[str, list[tuple[int, int, int]]] = {
     "32x448px": [(1, 32, 32)] * 32,
     # SigLIP so400m/14 at 384 px (27x27 patches), a dense [32, 729] batch
     "siglip-32x384px": [(1, 27, 27)] * 32,
+    # CLIP ViT-L/14 at 336 px (24x24 patches + the class token), dense batches of 32 and 256 (issue 31)
+    "clip-32x336px": [(1, 24, 24)] * 32,
+    "clip-256x336px": [(1, 24, 24)] * 256,
     # SigLIP2 NaFlex, patch 16: the processor's grids for 4:3, 3:4, 16:9, 9:16, 1:1, 1:2, 2:1, 3:1 photos at
     # max_num_patches 256 and 1024 (mmenc.preprocess.siglip.naflex_size), 4 of each
     "naflex256-mix-32": [(1, 14, 18), (1, 18, 14), (1, 12, 21), (1, 21, 12), (1, 16, 16), (1, 11, 22), (1, 22, 11),

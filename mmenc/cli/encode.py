@@ -8,6 +8,7 @@ encoded nothing is written, and an existing file of that name is left unchanged 
 """
 import argparse
 import dataclasses
+import json
 import os
 import pathlib
 import sys
@@ -32,8 +33,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "safetensors file keyed by the path as given, with '<path>.grid_thw' beside each "
                                    "(videos: also '<path>.frames_indices', '<path>.timestamps' and their metadata). "
                                    "An input that fails is reported and skipped; the others are written, also after "
-                                   "Ctrl-C.")
-    p.add_argument("inputs", nargs="+", metavar="IMAGE_VIDEO_OR_DIR")
+                                   "Ctrl-C. --text FILE adds text embeddings (contrastive checkpoints).")
+    p.add_argument("inputs", nargs="*", metavar="IMAGE_VIDEO_OR_DIR")
     add_encoder_args(p, f"default: {DEFAULT_MODEL} with random weights")
     p.add_argument("--output", "-o", default="embeddings.safetensors", help="output file (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=16,
@@ -44,8 +45,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     add_video_args(p)
     add_preprocess_args(p)
     p.add_argument("--pooled", action="store_true",
-                   help="write one pooled image embedding [hidden] per image (SigLIP/SigLIP2 attention-pooling "
-                        "head) instead of the token embeddings")
+                   help="write one pooled image embedding per image (CLIP's projected class token, SigLIP/SigLIP2's "
+                        "attention-pooling head) instead of the token embeddings")
+    p.add_argument("--text", metavar="FILE",
+                   help="also embed the texts of FILE (one per line, blank lines skipped) with the checkpoint's "
+                        "tokenizer and text tower (CLIPModel, SiglipModel, Siglip2Model): keys 'text:<line>', the "
+                        "texts in the file's metadata 'texts'; in the space of --pooled image embeddings")
     from mmenc.cli.encode_ray import add_ray_encode_args
 
     add_ray_encode_args(p)  # --ray: the Ray Data job (mmenc/ray), a folder of shards
@@ -75,6 +80,7 @@ class Results:
 
     tensors: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     failed: list[str] = dataclasses.field(default_factory=list)
+    texts: dict[str, str] = dataclasses.field(default_factory=dict)  # key -> text (--text)
     images: int = 0  # inputs encoded, videos included
     tokens: int = 0
     videos: int = 0
@@ -110,6 +116,9 @@ def run(args) -> int:
     apply_log_level(args)
     if args.batch_size < 1:
         raise ValueError(f"--batch-size={args.batch_size} must be >= 1")
+    if not args.inputs and not args.text:
+        raise ValueError("give images or videos (IMAGE_VIDEO_OR_DIR ...), --text FILE, or both")
+    texts = read_texts(args.text) if args.text else {}
     paths = collect_images(args.inputs)
     output = check_output_path(args.output, "--output", paths)
     kwargs = dict(encoder_kwargs(args, DEFAULT_MODEL), preprocess_worker_kind=args.preprocess_worker_kind,
@@ -129,6 +138,8 @@ def run(args) -> int:
         if not args.quiet:
             print(f"mmenc encode: linears {encoder.linear_backend()}; {encoder.threads()}", file=sys.stderr)
         with encoder:
+            if texts:
+                embed_texts(encoder, texts, results)
             written, interrupted, seconds = _encode_and_save(encoder, paths, args, output, results)
     print(f"model={encoder.model_name} backend={encoder.attention_backends()} images={results.images} "
           + (f"(videos={results.videos} frames={int(encoder.tally.snapshot().get('video_frames', 0))}) "
@@ -185,7 +196,7 @@ def encode_all(encoder, paths: list[str], batch_size: int, results: Results, pro
                 results.fail(f.message)  # the message names the file
             progress.advance(len(chunk.failures))
             good = [paths[i] for i in chunk.indices]
-            pieces = list(chunk.pixel_values.split(chunk.grid_thw.prod(-1).tolist())) if good else []
+            pieces = list(chunk.pixel_values.split(chunk.grid_thw[:, :3].prod(-1).tolist())) if good else []
             grids = chunk.grid_thw
             done = 0
             while done < len(good):
@@ -205,10 +216,30 @@ def encode_all(encoder, paths: list[str], batch_size: int, results: Results, pro
         chunks.close()  # on Ctrl-C or an error: the images not started are cancelled
 
 
+def read_texts(path: str) -> dict[str, str]:
+    """--text FILE: 'text:<line number>' -> the line, for its non-blank lines (1-based numbers)."""
+    try:
+        lines = pathlib.Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--text {path!r} cannot be read as UTF-8 text ({e}); pass a file of one text per line") from e
+    texts = {f"text:{i}": line for i, line in enumerate(lines, 1) if line.strip()}
+    if not texts:
+        raise ValueError(f"--text {path!r} holds no text (every line is blank); put one text per line")
+    return texts
+
+
+def embed_texts(encoder, texts: dict[str, str], results: Results) -> None:
+    """Each text's embedding [dim] into `results` under its key (Encoder.embed_text)."""
+    vectors = encoder.embed_text(list(texts.values()))
+    for key, vector in zip(texts, vectors):
+        results.tensors[key] = vector.float().cpu().contiguous()
+    results.texts.update(texts)
+
+
 def save(encoder, output: pathlib.Path, results: Results, complete: bool, partial: bool) -> bool:
     """Write what was encoded (atomically; metadata complete="true" when every input was encoded);
     False, and a note on an existing file, when nothing was. partial: the run was cut short (say so)."""
-    if not results.images:
+    if not results.images and not results.texts:
         kept = f"; the existing {str(output)!r} is from an earlier run and was left unchanged" if output.exists() else ""
         print(f"mmenc encode: no image was encoded, so nothing was written{kept}", file=sys.stderr)
         return False
@@ -218,6 +249,8 @@ def save(encoder, output: pathlib.Path, results: Results, complete: bool, partia
                 "images": str(results.images), "complete": str(complete).lower(), **results.metadata}
     if results.videos:
         metadata["videos"] = str(results.videos)
+    if results.texts:
+        metadata["texts"] = json.dumps(results.texts, ensure_ascii=False)
     write_atomically(output, lambda tmp: save_file(results.tensors, tmp, metadata=metadata))
     if partial:
         print(f"mmenc encode: wrote the {results.images} encoded image(s) to {output} "

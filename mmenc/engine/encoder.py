@@ -6,9 +6,11 @@
     pixel_values, grid_thw = enc.preprocess(images)          # exactly the HF image processor's output
     flat = enc.encode_pixels(pixel_values, grid_thw)         # [sum tokens_i, out_hidden], image order
 
-Image-embedding towers (SigLIP, SigLIP2 with their attention-pooling head) give one vector per image
-with `pooled=True`: encode -> one [hidden] tensor per image; encode_pixels -> [N, hidden] (with
+Image-embedding towers (CLIP; SigLIP, SigLIP2 with their attention-pooling head) give one vector per image
+with `pooled=True`: encode -> one [dim] tensor per image; encode_pixels -> [N, dim] (with
 return_extras: TowerOutput.extras["pooled"]). The head runs in this process (not with worker processes).
+Contrastive checkpoints (CLIPModel, SiglipModel, Siglip2Model) embed texts into the same space:
+`embed_text(texts)` -> [N, dim] (the checkpoint's tokenizer and text tower, in this process).
 Towers with extra outputs (Qwen3-VL's deepstack features) return them with `return_extras=True`:
 encode_pixels then gives a TowerOutput (`.embeddings` first, `.extras` beside), encode gives
 ImageEmbedding objects. With tensor_parallel_size > 1 the Encoder starts and owns its worker
@@ -128,6 +130,7 @@ class Encoder:
         logger.info("threads: %s", self.threads())
         self._lock = threading.Lock()  # one call at a time: results can never cross between threads
         self._empty: TowerOutput | None = None
+        self._text = None  # the TextEncoder, built by the first embed_text
 
     # -- the three steps --------------------------------------------------------------------
     def preprocess(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,12 +180,43 @@ class Encoder:
         tower = self.loaded.tower
         if not hasattr(tower, "pool"):
             raise ValueError(f"pooled=True: {self.model_name!r} ({type(tower).__name__}) has no pooled image "
-                             f"embedding; use a SigLIP or SigLIP2 checkpoint, or pooled=False")
+                             f"embedding; use an image-embedding checkpoint (CLIP, SigLIP, SigLIP2), or pooled=False")
         if any(p.device.type == "meta" for p in tower.parameters()):
             raise ValueError(f"pooled=True runs the pooling head in this process, but with tensor_parallel_size="
                              f"{self.tensor_parallel_size} the weights live in worker processes; use "
                              f"tensor_parallel_size=1 (or torchrun) for pooled embeddings")
         return tower.pool(embeddings, torch.as_tensor(grid_thw, dtype=torch.int64).cpu())
+
+    @property
+    def pooled_dim(self) -> int | None:
+        """The width of `encode(images, pooled=True)`'s vectors (and of `embed_text`'s, for contrastive
+        checkpoints), or None when the tower has no pooled image embedding (VLM towers)."""
+        return getattr(self.loaded.tower, "pooled_width", None)
+
+    @property
+    def supports_text(self) -> bool:
+        """Whether `embed_text` can run: the checkpoint is a contrastive image-text model (CLIPModel,
+        SiglipModel, Siglip2Model) given as a folder (its text tower and tokenizer are read from it)."""
+        from mmenc.models.text import TEXT_KINDS
+
+        text = self.loaded.hf_config.get("text_config")
+        return self.loaded.load_format == "auto" and isinstance(text, dict) and text.get("model_type") in TEXT_KINDS
+
+    @torch.inference_mode()
+    def embed_text(self, texts: Sequence[str]) -> torch.Tensor:
+        """Text embeddings [len(texts), dim] in the space of `encode(images, pooled=True)`: transformers'
+        get_text_features on the checkpoint's own tokenizer output (mmenc.engine.text), on `device` in the
+        tower's dtype. The text tower is built on first use. ValueError for a checkpoint without one."""
+        if self._text is None:
+            if self.loaded.load_format != "auto":
+                raise ValueError(f"embed_text: {self.model_name!r} has random weights and no tokenizer files "
+                                 f"(load_format='dummy'); pass a CLIPModel / SiglipModel / Siglip2Model checkpoint "
+                                 f"folder")
+            from mmenc.engine.text import TextEncoder
+
+            self._text = TextEncoder.from_checkpoint(self.model_name, self.device, self.loaded.dtype)
+        with self._lock:
+            return self._text.encode(list(texts) if not isinstance(texts, str) else texts)
 
     def encode(self, images: Sequence[Any], return_extras: bool = False,
                errors: Literal["raise", "skip"] = "raise", pooled: bool = False) -> list:
@@ -363,7 +397,7 @@ class Encoder:
 
     def _chunks(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor):
         """Split into runs of whole images of at most max_batch_patches patches (one image may exceed it)."""
-        sizes = grid_thw.prod(-1).tolist()
+        sizes = grid_thw[:, :3].prod(-1).tolist()  # t*h*w (LLaVA-NeXT rows add columns after them)
         start_img, start_patch, count = 0, 0, 0
         for i, n in enumerate(sizes):
             if count and count + n > self.max_batch_patches:
@@ -405,11 +439,12 @@ def _concat_outputs(outputs: list[TowerOutput]) -> TowerOutput:
 
 def _check_grid(pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
     grid_thw = torch.as_tensor(grid_thw, dtype=torch.int64, device="cpu")
-    if grid_thw.dim() != 2 or grid_thw.shape[1] != 3:
-        raise ValueError(f"grid_thw must be [N, 3] (t, h, w per image), got shape {tuple(grid_thw.shape)}")
+    if grid_thw.dim() != 2 or grid_thw.shape[1] < 3:
+        raise ValueError(f"grid_thw must be [N, 3] (t, h, w per image; anyres families add the image size: "
+                         f"[N, 5]), got shape {tuple(grid_thw.shape)}")
     if (grid_thw <= 0).any():
         raise ValueError(f"grid_thw entries must be positive, got {grid_thw.tolist()}")
-    total = int(grid_thw.prod(-1).sum())
+    total = int(grid_thw[:, :3].prod(-1).sum())
     if pixel_values.dim() != 2 or pixel_values.shape[0] != total:
         raise ValueError(f"pixel_values has shape {tuple(pixel_values.shape)}; grid_thw {grid_thw.tolist()} "
                          f"needs [{total}, C*temporal_patch*patch*patch]")

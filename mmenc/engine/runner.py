@@ -125,7 +125,7 @@ def spec_for_config(hf_config: dict[str, Any], where: str) -> ModelSpec:
     archs = hf_config.get("architectures") or []
     for arch in archs:
         if arch in supported_architectures():
-            return get_model_spec(arch)
+            return get_model_spec(arch, hf_config)
     raise ValueError(f"{where}: architectures {archs} are not supported; supported: "
                      f"{', '.join(supported_architectures())}")
 

@@ -18,7 +18,7 @@ def read_grid(grid_thw: torch.Tensor, merge_size: int = 1) -> Grid:
     Raises ValueError naming the row when a value is not positive or h, w are not multiples of
     `merge_size`.
     """
-    if grid_thw.dim() != 2 or grid_thw.shape[-1] != 3:
+    if grid_thw.dim() != 2 or grid_thw.shape[-1] != 3:  # [N, 5] anyres rows: their tower's read_grid
         raise ValueError(f"grid_thw has shape {tuple(grid_thw.shape)}; expected [N, 3] rows of (t, h, w)")
     if grid_thw.dtype.is_floating_point:
         raise ValueError(f"grid_thw has dtype {grid_thw.dtype}; expected an integer tensor (int64)")

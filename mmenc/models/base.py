@@ -37,10 +37,12 @@ def vlm_config_dict(config: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def vision_config_dict(config: Mapping[str, Any]) -> dict[str, Any]:
     """The `vision_config` of a full config.json dict (see vlm_config_dict), or the dict itself when it
-    is a vision config (it has neither `architectures` nor `text_config`)."""
+    is a vision config (it has neither `architectures` nor `text_config`, or it is a vision model's own
+    config.json: model_type "..._vision_model", e.g. CLIPVisionModel's)."""
     config = vlm_config_dict(config)
     if "vision_config" not in config:
-        if "architectures" in config or "text_config" in config:
+        own = str(config.get("model_type", "")).endswith("_vision_model") and "text_config" not in config
+        if ("architectures" in config or "text_config" in config) and not own:
             archs = ", ".join(config.get("architectures") or []) or "(no architectures listed)"
             raise ValueError(f"config.json of {archs} has no 'vision_config'; expected the config.json of a "
                              f"vision-language checkpoint, whose 'vision_config' describes the tower (or that "
@@ -238,6 +240,9 @@ class ModelSpec:
         (e.g. "model.visual.", "visual."); stripped before load_weights.
     processor_from_hf: preprocessor_config.json dict (or {} for defaults) -> image processor.
     builtin_configs: name -> full config.json dict, for load_format="dummy" with no files.
+    vision_model_types: the vision_config.model_type values this family serves under its architectures
+        (empty: any); several families may share an architecture with different towers
+        (LlavaForConditionalGeneration: Pixtral, CLIP or SigLIP), see `vision_model_type`.
     """
 
     architectures: tuple[str, ...]
@@ -246,6 +251,18 @@ class ModelSpec:
     weight_prefixes: tuple[str, ...]
     processor_from_hf: Callable[[Mapping[str, Any]], Any]
     builtin_configs: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    vision_model_types: tuple[str, ...] = ()
+
+    def serves(self, vision_type: str | None) -> bool:
+        """Whether this family takes a checkpoint whose vision_config.model_type is `vision_type`."""
+        return not self.vision_model_types or vision_type in self.vision_model_types
+
+
+def vision_model_type(config: Mapping[str, Any]) -> str | None:
+    """vision_config.model_type of a full config.json dict (None when absent; a vision config alone
+    gives its own model_type)."""
+    vision = vlm_config_dict(config).get("vision_config", config)
+    return vision.get("model_type") if isinstance(vision, Mapping) else None
 
 
 def _import_and_call(target: str, preprocessor_config: Mapping[str, Any]):

@@ -246,6 +246,7 @@ MISTRAL3_SPEC = register_model(ModelSpec(
 
 LLAVA_PIXTRAL_SPEC = register_model(ModelSpec(
     architectures=("LlavaForConditionalGeneration",),
+    vision_model_types=("pixtral",),  # CLIP and SigLIP towers under Llava: mmenc.models.llava
     tower_cls=PixtralVisionTower,
     config_from_hf=PixtralVisionConfig.from_hf,
     weight_prefixes=_WEIGHT_PREFIXES,

@@ -231,6 +231,11 @@ class SiglipVisionTower(VisionTower):
             x = layer(x, plan.cu_seqlens, plan.max_seqlen)
         return TowerOutput(self.post_layernorm(x).reshape(plan.num_patches, -1))
 
+    @property
+    def pooled_width(self) -> int | None:
+        """The width of `pool`'s vectors (hidden_size), or None without the pooling head (VLM checkpoints)."""
+        return self.config.hidden_size if self.head is not None else None
+
     def pool(self, embeddings: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         """The attention-pooling head: embeddings [T, hidden] (this tower's output for grid_thw) ->
         [frames, hidden], one row per image (t rows for a grid row of t frames)."""

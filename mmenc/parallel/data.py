@@ -20,8 +20,9 @@ from mmenc.models.base import TowerOutput
 
 
 def patch_counts(grid_thw: torch.Tensor) -> list[int]:
-    """Patch rows of each image in the pack: t*h*w. grid_thw int64 [N, 3] (CPU)."""
-    return grid_thw.prod(dim=-1).tolist()
+    """Patch rows of each image in the pack: t*h*w. grid_thw int64 [N, 3] (CPU; columns after the third,
+    LLaVA-NeXT's image size, do not count)."""
+    return grid_thw[:, :3].prod(dim=-1).tolist()
 
 
 def assign_images(patch_counts: Sequence[int], world: int) -> list[list[int]]:

@@ -12,6 +12,9 @@ Each family's `*_from_hf` is a `dict -> processor` callable for ModelSpec.proces
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from mmenc.preprocess.anyres import AnyresProcessor, llava_next_from_hf, llava_onevision_from_hf
+from mmenc.preprocess.clip import ClipProcessor, clip_from_hf
+from mmenc.preprocess.idefics3 import Idefics3Processor, idefics3_from_hf
 from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image, load_images
 from mmenc.preprocess.internvl import InternVLProcessor, internvl_from_hf
 from mmenc.preprocess.kimi import KimiProcessor, KimiProcessorConfig, kimi_k25_from_hf
@@ -50,6 +53,12 @@ PROCESSORS: dict[str, Callable[..., Any]] = {
     "qwen3_omni_moe": qwen3_vl_from_hf,  # transformers: Qwen2VLImageProcessor; Qwen3-VL's preset
     "llama4": llama4_from_hf,
     "ovis2": ovis2_from_hf,
+    "clip": clip_from_hf,  # CLIPImageProcessor; LLaVA-1.5's too (LlavaImageProcessor, or SigLIP's when named)
+    "llava": clip_from_hf,
+    "llava_next": llava_next_from_hf,
+    "llava_onevision": llava_onevision_from_hf,
+    "idefics3": idefics3_from_hf,
+    "smolvlm": idefics3_from_hf,  # SmolVLMImageProcessor is Idefics3ImageProcessor
 }
 
 
@@ -71,5 +80,6 @@ __all__ = [
     "Llama4Processor", "llama4_from_hf", "Ovis2Processor", "ovis2_from_hf",
     "PROCESSORS", "get_processor",
     "SiglipProcessor", "SiglipProcessorConfig", "siglip_from_hf", "siglip2_from_hf",
-    "PixtralProcessor", "pixtral_from_hf", "mistral3_from_hf", "InternVLProcessor", "internvl_from_hf",
+    "ClipProcessor", "clip_from_hf", "AnyresProcessor", "llava_next_from_hf", "llava_onevision_from_hf",
+    "Idefics3Processor", "idefics3_from_hf", "PixtralProcessor", "pixtral_from_hf", "mistral3_from_hf", "InternVLProcessor", "internvl_from_hf",
 ]

@@ -39,6 +39,27 @@ def hf_rescale_normalize(d: Mapping[str, Any]) -> dict[str, Any]:
     return kw
 
 
+_PIL_CODES = {1: "lanczos", 2: "bilinear", 3: "bicubic"}  # PIL.Image.Resampling values configs store
+
+
+def hf_resample(d: Mapping[str, Any], allowed: Sequence[str] = ("bilinear", "bicubic")) -> dict[str, str]:
+    """{"resample": name} for a preprocessor_config.json `resample` (a PIL code or a name) among `allowed`,
+    {} when unset; ValueError naming the value and the accepted ones."""
+    value = d.get("resample")
+    if value is None:
+        return {}
+    name = _PIL_CODES.get(value, value) if isinstance(value, int) else value
+    if name not in allowed:
+        codes = ", ".join(f"{c} ({n})" for c, n in _PIL_CODES.items() if n in allowed)
+        raise ValueError(f"preprocessor_config resample={value!r} is not supported; expected {codes}")
+    return {"resample": name}
+
+
+def hf_keys(d: Mapping[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    """The `keys` a preprocessor_config.json dict sets (not None), as they are."""
+    return {k: d[k] for k in keys if d.get(k) is not None}
+
+
 def patchify_raster(image: torch.Tensor, patch_size: int) -> torch.Tensor:
     """uint8 [C, h, w] (h, w multiples of p) -> uint8 [h/p * w/p, C, p, p], patches in raster order."""
     p = patch_size

@@ -77,7 +77,7 @@ class InternVLProcessorConfig:
             if size.get("width") not in (None, size["height"]):
                 raise ValueError(f"size={size}: height and width must be equal (square tiles)")
             kw["tile_size"] = int(size["height"])
-        for k in ("min_patches", "max_patches"):
+        for k in ("min_patches", "max_patches", "patch_size"):  # patch_size: the tower's (processor_defaults)
             if d.get(k) is not None:
                 kw[k] = int(d[k])
         for k in ("do_rescale", "do_normalize"):

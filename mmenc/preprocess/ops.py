@@ -32,7 +32,8 @@ def check_backend(backend: str) -> str:
     return backend
 
 
-_PIL_RESAMPLE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR}
+_PIL_RESAMPLE = {"bicubic": Image.Resampling.BICUBIC, "bilinear": Image.Resampling.BILINEAR,
+                 "lanczos": Image.Resampling.LANCZOS}  # lanczos: backend "pil" only (Idefics3 / SmolVLM)
 
 
 def resize_uint8(images: torch.Tensor, height: int, width: int, backend: str, resample: str = "bicubic") -> torch.Tensor:
@@ -42,6 +43,9 @@ def resize_uint8(images: torch.Tensor, height: int, width: int, backend: str, re
         raise ValueError(f"resample={resample!r} not supported; expected one of {tuple(_PIL_RESAMPLE)}")
     if tuple(images.shape[-2:]) == (height, width):
         return images
+    if resample == "lanczos" and backend != "pil":
+        raise ValueError("resample='lanczos' needs backend='pil' (torch has no Lanczos resize); transformers' "
+                         "torchvision processors resize such images bicubically below torchvision 0.27")
     if backend == "pil":
         out = np.empty((images.shape[0], height, width, images.shape[1]), dtype=np.uint8)
         for i, img in enumerate(images.permute(0, 2, 3, 1).cpu().numpy()):

@@ -37,13 +37,14 @@ class ImagePlan:
 
     resize: (h, w) after the bicubic resize (== size when there is none);
     padded: (h, w) after zero padding bottom/right (== resize when there is none; Kimi pads);
-    grid: the image's grid_thw row (t, h, w); rows: its rows in pixel_values.
+    grid: the image's grid_thw row (t, h, w), for anyres families (LLaVA-NeXT, OneVision) followed by the
+    image's (height, width) in pixels; rows: its rows in pixel_values (t * h * w).
     """
 
     size: tuple[int, int]
     resize: tuple[int, int]
     padded: tuple[int, int]
-    grid: tuple[int, int, int]
+    grid: tuple[int, ...]
     rows: int
 
 
@@ -58,7 +59,8 @@ def finish_patches(processor: Any, patches: Sequence[torch.Tensor], plans: Seque
     normalizers: per image, the processor whose `normalize` it takes (a chunk mixing images and video
     pieces, whose video processor may normalize with its own constants); None: `processor` for all."""
     rows = [list(row) for pl in plans for row in (getattr(pl, "grid_rows", None) or (pl.grid,))]  # a video piece: several
-    grid_thw = torch.tensor(rows, dtype=torch.int64).reshape(-1, 3)
+    columns = len(rows[0]) if rows else 3  # anyres images: (tiles, s, s, H, W)
+    grid_thw = torch.tensor(rows, dtype=torch.int64).reshape(-1, columns)
     sizes = [p.shape[0] for p in patches]
     device = patches[0].device if patches else torch.device("cpu")
     out = torch.empty((sum(sizes), *processor.row_shape), dtype=torch.float32, device=device)

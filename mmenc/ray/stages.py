@@ -84,7 +84,7 @@ class EncoderActor:
         dtype = str(self.encoder.loaded.dtype).removeprefix("torch.")
         if good:
             grid = torch.as_tensor(np.stack([batch["grid"][i] for i in good]), dtype=torch.int64)  # [G, 3]
-            pieces = [from_bytes(batch["pixels"][i], self.pixel_dtype, (int(g.prod()), -1))  # [patches, row]
+            pieces = [from_bytes(batch["pixels"][i], self.pixel_dtype, (int(g[:3].prod()), -1))  # [patches, row]
                       for i, g in zip(good, grid)]
             out = self.encoder.encode_pixels(torch.cat(pieces), grid)  # [tokens of the batch, out_hidden]
             for i, emb in zip(good, out.split(self.encoder.output_tokens(grid))):

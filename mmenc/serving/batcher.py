@@ -50,7 +50,7 @@ class Job:
 
     @property
     def patches(self) -> int:
-        return int(self.grid_thw.prod())
+        return int(self.grid_thw[:, :3].prod())
 
     @property
     def size_key(self) -> tuple[int, ...]:

@@ -26,7 +26,7 @@ def asynchronous_tower_call(enc) -> tuple[Callable, Callable] | None:
         return None
 
     def encode(pixel_values: torch.Tensor, grid_thw: torch.Tensor, return_extras: bool = True):
-        if int(grid_thw.prod(-1).sum()) > enc.max_batch_patches:
+        if int(grid_thw[:, :3].prod(-1).sum()) > enc.max_batch_patches:
             return enc.encode_pixels(pixel_values, grid_thw, return_extras=True)  # split into several calls
         with torch.inference_mode():
             return enc.runner.run(pixel_values, grid_thw)

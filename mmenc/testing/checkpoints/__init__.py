@@ -38,6 +38,11 @@ from mmenc.testing.checkpoints.tiles import (  # noqa: F401  (ck.<name> for test
 from mmenc.testing.checkpoints.siglip import (  # noqa: F401  (ck.<name> for tests and benchmarks)
     TINY_SIGLIP2_VISION, TINY_SIGLIP_TEXT, TINY_SIGLIP_VISION, hf_siglip2_batch, hf_siglip2_outputs, hf_siglip_outputs,
     save_siglip, siglip_frames, siglip_vision)
+from mmenc.testing.checkpoints.clip import (  # noqa: F401  (ck.<name> for tests and benchmarks)
+    TINY_CLIP_TEXT, TINY_CLIP_VISION, TINY_LLAVA_SIGLIP_VISION, clip_vision, frame_images, hf_clip_outputs,
+    hf_clip_pooled, hf_llava_outputs, save_clip, save_llava, save_tiny_tokenizer, TINY_NEXT_PINPOINTS,
+    TINY_ONEVISION_PINPOINTS, anyres_grid, hf_anyres_outputs, save_llava_anyres, TINY_IDEFICS3_VISION,
+    hf_idefics3_outputs, save_idefics3, hf_vipllava_outputs, save_vipllava, hf_aya_outputs, save_aya_vision)
 from mmenc.testing.checkpoints.pixtral import (  # noqa: F401  (ck.<name> for tests and benchmarks)
     TINY_INTERNVL_VISION, TINY_MISTRAL_TEXT, TINY_PIXTRAL_VISION, hf_internvl_outputs, hf_pixtral_outputs, pixtral_images,
     save_internvl, save_pixtral)
@@ -59,6 +64,11 @@ class FamilyCase:
     grid: the grid_thw rows the generic tests run (None: their mixed-size GRID); fixed-size towers
         give rows of their tile size, e.g. Llama 4's (tiles, s, s).
     meta_grid: grid_thw rows for the built-in sizes on the meta device (None: [[1, 4, 4], [1, 4, 6]]).
+    architecture: the checkpoint architecture when the row's key is not one (several rows of one
+        architecture, one per vision tower: "LlavaForConditionalGeneration+clip").
+    vision_model_type: the built-ins this row covers have this vision_config.model_type (None: any).
+    output_width: config.json dict -> the tower's output width (None: the language model's width;
+        image-embedding towers such as CLIP give the vision width).
     """
 
     save: Callable[..., tuple[pathlib.Path, Any]]
@@ -69,6 +79,9 @@ class FamilyCase:
     hf_tower: Callable[[Any], Any] | None = hf_vision
     grid: tuple[tuple[int, int, int], ...] | None = None
     meta_grid: tuple[tuple[int, int, int], ...] | None = None
+    architecture: str | None = None
+    vision_model_type: str | None = None
+    output_width: Callable[[dict], int] | None = None
 
     @property
     def patch_features(self) -> int:
@@ -92,6 +105,47 @@ def hf_tower_parameters(case: FamilyCase, hf_model, hf_config: dict) -> int:
 
 
 _QWEN_PIXELS = (3 * 2 * 14 * 14,)
+
+# The CLIP lineage (issue 31): CLIP itself and the LLaVA families over CLIP / SigLIP towers.
+CLIP_FAMILIES: dict[str, FamilyCase] = {
+    "CLIPModel": FamilyCase(save_clip, hf_clip_outputs, (3 * 8 * 8,), "openai/clip-vit-",
+                            aliases=("CLIPVisionModel", "CLIPVisionModelWithProjection"), hf_tower=clip_vision,
+                            output_width=lambda config: config["vision_config"]["hidden_size"]),
+    "LlavaForConditionalGeneration+clip": FamilyCase(
+        save_llava, hf_llava_outputs, (3 * 8 * 8,), "llava-hf/llava-1.5-", hf_tower=None,
+        architecture="LlavaForConditionalGeneration", vision_model_type="clip_vision_model"),
+    # vision_feature_layer as a list (concatenated) and the "full" strategy, under SigLIP
+    "LlavaForConditionalGeneration+siglip": FamilyCase(
+        functools.partial(save_llava, tower="siglip", feature_layer=[-3, -1], strategy="full"), hf_llava_outputs,
+        (3 * 8 * 8,), "llava-hf/llava-interleave-", hf_tower=None, architecture="LlavaForConditionalGeneration",
+        vision_model_type="siglip_vision_model"),
+    "VipLlavaForConditionalGeneration": FamilyCase(save_vipllava, hf_vipllava_outputs, (3 * 8 * 8,),
+                                                   "llava-hf/vip-llava-", hf_tower=None),
+    # anyres: base + canvas tiles per image; canvases 1x2, 2x2, 3x1 (cut rows / columns) in one call
+    "LlavaNextForConditionalGeneration": FamilyCase(
+        save_llava_anyres, hf_anyres_outputs, (3 * 8 * 8,), "llava-hf/llava-v1.6-", hf_tower=None,
+        grid=anyres_grid([(40, 90), (100, 100), (150, 30), (47, 47)], TINY_NEXT_PINPOINTS),
+        meta_grid=anyres_grid([(672, 672), (336, 700)], [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]],
+                              336, 24)),
+    # OneVision: a 2x2 canvas shrunk bilinearly (anyres_max_1), 1x1 and 1x3 ones kept, SigLIP tower
+    "LlavaOnevisionForConditionalGeneration": FamilyCase(
+        functools.partial(save_llava_anyres, onevision=True), hf_anyres_outputs, (3 * 8 * 8,),
+        "llava-hf/llava-onevision-", hf_tower=None,
+        grid=anyres_grid([(90, 100), (30, 40), (40, 130), (100, 50)], TINY_ONEVISION_PINPOINTS),
+        meta_grid=anyres_grid([(1000, 700), (384, 768)], [[384 * a, 384 * b] for a in range(1, 7) for b in range(1, 7)],
+                              384, 27)),
+    # square tiles (its pixel shuffle, as transformers', needs them); a 4x4 tile resamples the 6x6 table
+    "AyaVisionForConditionalGeneration": FamilyCase(save_aya_vision, hf_aya_outputs, (3 * 8 * 8,), "CohereLabs/aya-",
+                                                    hf_tower=None, grid=((3, 6, 6), (1, 4, 4), (2, 6, 6), (1, 6, 6)),
+                                                    meta_grid=((3, 26, 26), (1, 26, 26))),
+    # square tiles (the processor's): several per image, two sizes in one call (packed), bucketed positions
+    "Idefics3ForConditionalGeneration": FamilyCase(
+        save_idefics3, hf_idefics3_outputs, (3 * 8 * 8,), "HuggingFace", hf_tower=None,
+        grid=((3, 6, 6), (1, 4, 4), (5, 6, 6), (1, 6, 6)), meta_grid=((5, 32, 32), (1, 32, 32))),
+    "SmolVLMForConditionalGeneration": FamilyCase(
+        functools.partial(save_idefics3, smolvlm=True), hf_idefics3_outputs, (3 * 8 * 8,), "HuggingFaceTB/SmolVLM",
+        hf_tower=None, grid=((2, 6, 6), (1, 4, 4), (1, 6, 6), (3, 4, 4)), meta_grid=((5, 32, 32), (1, 32, 32))),
+}
 FAMILIES: dict[str, FamilyCase] = {
     "Qwen2VLForConditionalGeneration": FamilyCase(save_qwen2_vl, hf_tower_outputs, _QWEN_PIXELS, "Qwen/Qwen2-VL-"),
     "Qwen2_5_VLForConditionalGeneration": FamilyCase(save_qwen2_5_vl, hf_tower_outputs, _QWEN_PIXELS,
@@ -134,9 +188,11 @@ FAMILIES: dict[str, FamilyCase] = {
                                                    "mistralai/Mistral-Small-", hf_tower=None),
     "LlavaForConditionalGeneration": FamilyCase(functools.partial(save_pixtral, llava=True,
                                                                   vision=dict(patch_size=16, image_size=16 * 16)),
-                                                hf_pixtral_outputs, (3, 16, 16), "mistralai/Pixtral-", hf_tower=None),
+                                                hf_pixtral_outputs, (3, 16, 16), "mistralai/Pixtral-", hf_tower=None,
+                                                vision_model_type="pixtral"),
     "InternVLForConditionalGeneration": FamilyCase(save_internvl, hf_internvl_outputs, (3, 14, 14), "OpenGVLab/InternVL",
                                                    hf_tower=None),
+    **CLIP_FAMILIES,
 }
 
 
@@ -154,4 +210,15 @@ NEW_FAMILY_GRIDS: dict[str, tuple[list[list[int]], list[list[int]]]] = {  # arch
     "Qwen3OmniMoeForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
     "Llama4ForConditionalGeneration": ([[3, 4, 4], [1, 4, 4]], [[2, 4, 4], [2, 4, 4]]),
     "Ovis2ForConditionalGeneration": ([[2, 4, 4], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
+    # issue 31: frames of mixed sizes (packed, class tokens interleaved) and at the table's size (dense)
+    "CLIPModel": ([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
+    "LlavaForConditionalGeneration+clip": ([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
+    "LlavaForConditionalGeneration+siglip": ([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
+    # anyres: tiles of one size always (a dense batch); images of different canvases, then one image
+    "LlavaNextForConditionalGeneration": ([[3, 6, 6, 40, 90], [5, 6, 6, 100, 100]], [[4, 6, 6, 150, 30]]),
+    "LlavaOnevisionForConditionalGeneration": ([[7, 6, 6, 90, 100], [2, 6, 6, 30, 40]], [[4, 6, 6, 40, 130]]),
+    "VipLlavaForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
+    "AyaVisionForConditionalGeneration": ([[3, 6, 6], [1, 4, 4]], [[2, 6, 6]]),
+    "Idefics3ForConditionalGeneration": ([[3, 6, 6], [1, 4, 4]], [[5, 6, 6]]),
+    "SmolVLMForConditionalGeneration": ([[2, 6, 6], [1, 4, 4]], [[3, 6, 6]]),
 }
