@@ -59,7 +59,7 @@ def render_item(image: EncodedImage, fmt: str, meta: dict, saver: TensorSaver | 
     encoder scans megabytes of them, and stay separate fragments (see Body). saver: see torch_b64."""
     head = dumps(meta)[:-1] + b","  # '{...,' : the object stays open for the format's fields
     if fmt == "vllm":
-        grid = torch.tensor([image.grid_thw], dtype=torch.int64)
+        grid = torch.tensor(image.grid_thw, dtype=torch.int64)  # [3]: vLLM stacks one per content part
         return [head, b'"image_embeds":{"type":"image_embeds","uuid":', dumps(meta.get("uuid")),
                 b',"image_embeds":{"image_embeds":"', *torch_b64(image.full, saver), b'","image_grid_thw":"',
                 *torch_b64(grid, saver), b'"}}}']
