@@ -1,12 +1,14 @@
 """What vLLM takes from mmenc's embeddings: the image-embedding layout, and the `multi_modal_data` of
 `LLM.generate` (offline; the service's `vllm` format and EC files carry the same tensors).
 
-vLLM's Qwen2-VL lineage (Qwen2-VL, Qwen2.5-VL, Qwen3-VL and its MoE, GLM-4.1V / 4.5V, GLM-OCR) takes an
-image as {"image_embeds": [tokens, width], "image_grid_thw": (t, h, w)}: width is the text model's hidden
-size, times (1 + deepstack levels) for Qwen3-VL, whose levels follow the main embeddings on dim 1 (the
-layout vLLM's Qwen3-VL keeps in its encoder cache and splits again). The grid sizes the prompt's
-placeholder run and the language model's M-RoPE positions. Checked by running vLLM itself
-(interop/vllm/); docs/serving.md, "Feeding vLLM", lists the families vLLM does not take embeddings for.
+vLLM's Qwen2-VL lineage takes an image as {"image_embeds": [tokens, width], "image_grid_thw": (t, h, w)}:
+width is the text model's hidden size, times (1 + deepstack levels) for Qwen3-VL, whose levels follow the
+main embeddings on dim 1 (the layout vLLM's Qwen3-VL keeps in its encoder cache and splits again). The
+grid sizes the prompt's placeholder run and the language model's M-RoPE positions. The same tensor is what
+vLLM's EC consumer reads from an --ec-storage file. Which families take which, checked by running vLLM
+0.32 itself (interop/vllm/): EMBEDS_ARCHITECTURES take both; EC_ONLY_ARCHITECTURES only the EC files
+(GLM-4.1V: vLLM's data parser for it has no embedding fields, so an embeddings dict is read as a list of
+images and refused). docs/serving.md, "Feeding vLLM", has the per-family table and vLLM's reasons.
 
     pixel_values, grid = enc.preprocess(images)
     out = enc.encode_pixels(pixel_values, grid, return_extras=True)
@@ -17,11 +19,11 @@ from typing import Any
 
 import torch
 
-# architectures whose vLLM model takes image embeddings in the layout above (interop/vllm/ runs each)
+# run by interop/vllm/ (vLLM 0.32.0): image_embeds inputs (offline and content parts) and EC files
 EMBEDS_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-                        "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration",
-                        "Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration",
-                        "GlmOcrForConditionalGeneration")
+                        "Qwen3VLForConditionalGeneration")
+# EC files only: vLLM refuses image_embeds inputs for these (see above), its EC consumer reads mmenc's files
+EC_ONLY_ARCHITECTURES = ("Glm4vForConditionalGeneration",)
 
 
 def image_embeds(output: Any) -> torch.Tensor:

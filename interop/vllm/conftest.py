@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from harness import ENGINE, QUIET_ENV, mmenc_server, vllm_server
+from mmenc.vllm_inputs import EC_ONLY_ARCHITECTURES, EMBEDS_ARCHITECTURES
 
 os.environ.update(QUIET_ENV)
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the offline engine in this process: no second vLLM import
 
-FAMILIES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-            "Qwen3VLForConditionalGeneration", "Glm4vForConditionalGeneration")
+FAMILIES = EMBEDS_ARCHITECTURES + EC_ONLY_ARCHITECTURES  # what mmenc.vllm_inputs claims is what runs here
 FRONTENDS = {"Qwen3VLForConditionalGeneration": 2}  # an extra `mmenc serve --frontends 2` for this family
 SIZES = ((84, 112), (56, 84))  # (h, w) of the two test images: different sizes, so a swap changes the grids
 
@@ -48,6 +48,7 @@ class Stack:
             self.mmenc[n] = mmenc_server(self.folder, self.ec_dir, root / f"mmenc-frontends{n}.log", frontends=n)
         self._uuids = 0
         self.answers = {}  # vLLM's own answers (image_url parts), by images
+        self.takes_embeds = architecture in EMBEDS_ARCHITECTURES
 
     def uuid(self, what: str) -> str:
         """A uuid used once in this stack: vLLM caches by uuid (processor cache, encoder cache, prefix cache)."""

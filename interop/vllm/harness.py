@@ -76,14 +76,24 @@ def png_data_url(data: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(data).decode()
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM when the test process dies (no server outlives a killed run)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class Server:
     """A server process on 127.0.0.1:port, its output in a log file; started at once, waited for on first use."""
 
     def __init__(self, name: str, argv: list[str], port: int, log: pathlib.Path, env: dict | None = None):
         self.name, self.port, self.log_path = name, port, log
         self._log = open(log, "wb")
-        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, **QUIET_ENV, **(env or {})})
+        env = {**os.environ, **QUIET_ENV, **(env or {})}
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the pytest process's own engine setting (in-process)
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                     preexec_fn=_die_with_parent)
         self._ready = False
 
     @property

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The vLLM interop venv, from scratch: interop/vllm/setup.sh [VENV]
-#   VENV: an argument, else $VLLM_VENV, else <repo>/.venv-vllm (git-ignored).
+#   VENV: an argument, else $MMENC_VLLM_VENV, else <repo>/.venv-vllm (git-ignored).
 # Installs requirements.txt exactly (--no-deps: every version pinned there, nothing resolved), then the
 # torchvision import fix (torchvision_without_ops.py, a .pth line), then checks that vLLM imports. mmenc is
 # not installed into it: run.sh puts the checkout on PYTHONPATH, so one venv serves every worktree.
@@ -9,7 +9,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-venv=${1:-${VLLM_VENV:-$repo/.venv-vllm}}
+venv=${1:-${MMENC_VLLM_VENV:-$repo/.venv-vllm}}
 python=${PYTHON:-python3}
 stamp="$venv/.mmenc-interop"
 want=$(cat "$here/requirements.txt" "$here/torchvision_without_ops.py" "$here/setup.sh" | sha256sum | cut -d' ' -f1)

@@ -7,7 +7,11 @@ its answer for the raw images (within harness.TOL, fp32), on the three ways mmen
            -> the image_embeds content parts, as they come, in vLLM's OpenAI chat request
   EC files: mmenc serve --ec-storage DIR; vLLM an ec_consumer of DIR (ECExampleConnector), asked with
            image_url parts whose uuid is mmenc's key: the request's uuid, or mmenc's content key
+Families vLLM takes EC files from but no image_embeds inputs (mmenc.vllm_inputs.EC_ONLY_ARCHITECTURES) run
+the EC tests, and test_embeddings_refused checks that vLLM still refuses their embeddings (when it stops,
+the family moves to EMBEDS_ARCHITECTURES).
 """
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -31,7 +35,7 @@ def _offline_image_answer(stack, images: list[int]) -> Answer:
     return _generate(stack, images, [stack.images[i] for i in images])
 
 
-def _url_part(stack, i: int, uuid: str | None = None) -> dict:
+def _url_parts(stack, i: int, uuid: str | None = None) -> dict:
     part = {"type": "image_url", "image_url": {"url": png_data_url(stack.png[i])}}
     return part if uuid is None else {**part, "uuid": uuid}
 
@@ -40,7 +44,7 @@ def _image_answer(stack, images: list[int]) -> Answer:
     """vLLM's own answer (its server, image_url parts): what every path must give."""
     key = tuple(images)
     if key not in stack.answers:
-        body = chat_body(stack.folder, [_url_part(stack, i) for i in images], TEXT[len(images)])
+        body = chat_body(stack.folder, [_url_parts(stack, i) for i in images], TEXT[len(images)])
         stack.answers[key] = chat(stack.vllm, body)
     return stack.answers[key]
 
@@ -55,8 +59,18 @@ def _encode(server, stack, images: list[int], uuids=None) -> list[dict]:
     return reply["data"]
 
 
+def _needs_embeds(stack) -> None:
+    if not stack.takes_embeds:
+        pytest.skip(f"vLLM refuses {stack.architecture}'s image embeddings (test_embeddings_refused)")
+
+
+def _parts(stack, server, images: list[int]) -> list[dict]:
+    return [item["image_embeds"] for item in _encode(server, stack, images)]
+
+
 def test_offline_encode_to_generate(stack):
     """Encoder.encode -> LLM.generate with multi_modal_data embeddings, one and two images."""
+    _needs_embeds(stack)
     for images in ([0], [0, 1]):
         pil = [stack.images[i] for i in images]
         _, grid = stack.encoder.preprocess(pil)
@@ -79,20 +93,23 @@ def test_offline_and_server_agree(stack):
 
 def test_service_image_embeds_parts(stack):
     """/v1/encode's image_embeds parts, unchanged, in vLLM's chat request; every mmenc server of the stack."""
+    _needs_embeds(stack)
     for frontends, server in stack.mmenc.items():
         for images in ([0], [0, 1]):
-            items = _encode(server, stack, images)
-            parts = [item["image_embeds"] for item in items]
-            body = chat_body(stack.folder, parts, TEXT[len(images)])
-            assert_agree(chat(stack.vllm, body), _image_answer(stack, images),
-                         f"service (frontends {frontends}), images {images}")
+            parts = _parts(stack, server, images)
+            # as sent; then under fresh uuids, so that vLLM cannot take the EC file mmenc wrote under the
+            # part's uuid (its consumer reads that tree): the part's tensors alone must give the answer
+            fresh = [{**part, "uuid": stack.uuid("part")} for part in parts]
+            for sent, how in ((parts, "as sent"), (fresh, "fresh uuids")):
+                assert_agree(chat(stack.vllm, chat_body(stack.folder, sent, TEXT[len(images)])),
+                             _image_answer(stack, images), f"service (frontends {frontends}), images {images}, {how}")
         want = _image_answer(stack, [0, 1])
-        assert_differ(chat(stack.vllm, chat_body(stack.folder, parts[::-1], TEXT[2])), want, "service parts swapped")
-        embeds = load_b64_tensor(parts[0]["image_embeds"]["image_embeds"])
-        # a new uuid: vLLM takes a uuid it has seen for the same item (its caches are keyed by it)
-        zeroed = {**parts[0], "uuid": stack.uuid("zeroed"),
-                  "image_embeds": {**parts[0]["image_embeds"], "image_embeds": b64_tensor(embeds * 0)}}
-        assert_differ(chat(stack.vllm, chat_body(stack.folder, [zeroed, parts[1]], TEXT[2])), want,
+        assert_differ(chat(stack.vllm, chat_body(stack.folder, fresh[::-1], TEXT[2])), want, "service parts swapped")
+        embeds = load_b64_tensor(fresh[0]["image_embeds"]["image_embeds"])
+        # a new uuid again: vLLM's caches are keyed by it
+        zeroed = {**fresh[0], "uuid": stack.uuid("zeroed"),
+                  "image_embeds": {**fresh[0]["image_embeds"], "image_embeds": b64_tensor(embeds * 0)}}
+        assert_differ(chat(stack.vllm, chat_body(stack.folder, [zeroed, fresh[1]], TEXT[2])), want,
                       "service zeroed embeddings")
 
 
@@ -104,7 +121,7 @@ def test_ec_storage_request_uuids(stack):
     for uuid, item in zip(uuids, items):
         stored = load_file(stack.ec_dir / uuid / "encoder_cache.safetensors")["ec_cache"]
         assert torch.equal(stored, load_b64_tensor(item["image_embeds"]["image_embeds"]["image_embeds"]))
-    body = chat_body(stack.folder, [_url_part(stack, i, uuid) for i, uuid in enumerate(uuids)], TEXT[2])
+    body = chat_body(stack.folder, [_url_parts(stack, i, uuid) for i, uuid in enumerate(uuids)], TEXT[2])
     assert_agree(chat(stack.vllm, body), _image_answer(stack, [0, 1]), "EC files under request uuids")
 
 
@@ -112,7 +129,7 @@ def test_ec_storage_content_keys(stack):
     """Without uuids mmenc keys an image by content (its answer's `uuid`); vLLM asked with that key reads it."""
     keys = [item["uuid"] for item in _encode(stack.mmenc[0], stack, [0, 1])]
     assert all((stack.ec_dir / key / "encoder_cache.safetensors").is_file() for key in keys)
-    body = chat_body(stack.folder, [_url_part(stack, i, key) for i, key in enumerate(keys)], TEXT[2])
+    body = chat_body(stack.folder, [_url_parts(stack, i, key) for i, key in enumerate(keys)], TEXT[2])
     assert_agree(chat(stack.vllm, body), _image_answer(stack, [0, 1]), "EC files under content keys")
 
 
@@ -123,5 +140,21 @@ def test_ec_storage_planted_file_is_read(stack):
     planted = stack.uuid("planted")
     (stack.ec_dir / planted).mkdir()
     save_file({"ec_cache": embeds.flip(0).contiguous()}, str(stack.ec_dir / planted / "encoder_cache.safetensors"))
-    body = chat_body(stack.folder, [_url_part(stack, 0, planted)], TEXT[1])
+    body = chat_body(stack.folder, [_url_parts(stack, 0, planted)], TEXT[1])
     assert_differ(chat(stack.vllm, body), _image_answer(stack, [0]), "planted EC file (rows reversed)")
+
+
+def test_embeddings_refused(stack):
+    """vLLM 0.32's reasons for an EC-only family (docs/serving.md quotes them): offline, the embeddings dict is
+    parsed as a list of images; through the chat API, the part is refused with HTTP 400."""
+    if stack.takes_embeds:
+        pytest.skip(f"vLLM takes {stack.architecture}'s image embeddings")
+    _, grid = stack.encoder.preprocess(stack.images[:1])
+    data = multi_modal_data(stack.encoder.encode(stack.images[:1], return_extras=True), grid)
+    with pytest.raises(ValueError) as refused:
+        _generate(stack, [0], data)
+    print(f"{stack.architecture} offline: {refused.value}")
+    status, reply = stack.vllm.post("/v1/chat/completions", chat_body(stack.folder, _parts(stack, stack.mmenc[0], [0]),
+                                                                      TEXT[1]))
+    assert status == 400, (status, reply)
+    print(f"{stack.architecture} chat: {reply['error']['message']}")
