@@ -91,7 +91,6 @@ class Server:
         self.name, self.port, self.log_path = name, port, log
         self._log = open(log, "wb")
         env = {**os.environ, **QUIET_ENV, **(env or {})}
-        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the pytest process's own engine setting (in-process)
         self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT, env=env,
                                      preexec_fn=_die_with_parent)
         self._ready = False
@@ -100,7 +99,7 @@ class Server:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def wait(self, timeout: float = 300.0) -> "Server":
+    def wait(self, timeout: float = 600.0) -> "Server":
         deadline = time.monotonic() + timeout
         while not self._ready:
             if self.proc.poll() is not None:
@@ -149,7 +148,9 @@ def vllm_server(model: pathlib.Path, ec_dir: pathlib.Path, log: pathlib.Path, ma
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
             "--port", str(port), *ENGINE_FLAGS, "--limit-mm-per-prompt", json.dumps({"image": max_images}),
             "--ec-transfer-config", json.dumps(ec)]
-    return Server(f"vLLM server ({model.name})", argv, port, log)
+    # in one process: on CPU, vLLM's default is an API server, an engine-core process and a worker process,
+    # each importing vLLM (about 15 s of CPU apiece here); the engine then runs in the API server's process
+    return Server(f"vLLM server ({model.name})", argv, port, log, env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
 
 
 # The same engine settings offline (LLM(...) keywords) and for the server (flags).

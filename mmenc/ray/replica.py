@@ -14,8 +14,7 @@ class EncoderReplica:
         self.settings, self.encoder_kwargs, self.shared_cache = settings, encoder_kwargs, shared_cache
 
     def __serve_build_asgi_app__(self):
-        self.app = replica_app(self.settings, self.encoder_kwargs, self.shared_cache)
-        return self.app
+        return replica_app(self.settings, self.encoder_kwargs, self.shared_cache)  # then Serve's `self.app`
 
     def check_health(self) -> None:
         """Ray Serve's periodic health check: a replica whose encoder failed is restarted."""

@@ -92,7 +92,7 @@ class TieredCache:
         entry = self.local.get(key)
         if entry is not None:
             if count:
-                self.shared.local_hits.remote(1)  # not waited for: a counter
+                self._call(lambda: self.shared.local_hits.remote(1))  # not waited for: a counter
             return entry
         if self.local.max_bytes == 0:
             return None
@@ -109,9 +109,10 @@ class TieredCache:
         return self._writer.submit(self._call, lambda: self.shared.put.remote(key, image).result(
             timeout_s=SHARED_TIMEOUT_S))
 
-    def stats(self) -> CacheStats:
-        """The deployment's counters (every replica's hits, the shared tier's size)."""
-        return self.shared.stats.remote().result(timeout_s=SHARED_TIMEOUT_S)
+    def stats(self) -> CacheStats | None:
+        """The deployment's counters (every replica's hits, the shared tier's size); None when the shared
+        tier does not answer (the scrape then lists no cache samples)."""
+        return self._call(lambda: self.shared.stats.remote().result(timeout_s=SHARED_TIMEOUT_S))
 
     def _call(self, fn):
         try:

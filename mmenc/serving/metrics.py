@@ -23,7 +23,7 @@ def multiprocess_dir() -> str | None:
 
 
 class ServeMetrics:
-    def __init__(self, cache_stats: Callable[[], CacheStats] | None = None):
+    def __init__(self, cache_stats: Callable[[], CacheStats | None] | None = None):
         """cache_stats: where the encoder cache's metrics come from at each scrape, when the cache is shared
         by several servers (a Ray deployment: every replica's /metrics shows the deployment's counts);
         this process's own cache counters are then kept but not exported."""
@@ -94,13 +94,15 @@ _CACHE_DOCS = {"hits": "images answered from the encoder cache", "misses": "imag
 class _SharedCacheCollector:
     """The cache metrics of a cache shared by several servers, read from it at each scrape."""
 
-    def __init__(self, stats: Callable[[], CacheStats]):
+    def __init__(self, stats: Callable[[], CacheStats | None]):
         self.stats = stats
 
     def collect(self):
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         stats = self.stats()
+        if stats is None:  # the shared cache did not answer (its client logged why)
+            return
         for field in ("hits", "misses", "shared_hits"):
             yield CounterMetricFamily(f"mmenc_cache_{field}", _CACHE_DOCS[field], value=getattr(stats, field))
         for field, name in (("nbytes", "bytes"), ("entries", "entries")):
