@@ -64,9 +64,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                      help="with --ray and the proxy ingress: the proxy answers 408 to a request no replica answered "
                           "within S seconds (e.g. one held by a replica that died) (default: %(default)s)")
     ray.add_argument("--ray-cache", choices=("shared", "replica"), default="shared",
-                     help="with --ray: 'shared' = each replica's encoder cache in front of one the replicas share, so a "
-                          "repeated image hits wherever it is routed; 'replica' = each replica's own only "
-                          "(default: %(default)s)")
+                     help="with --ray: 'shared' = each replica's encoder cache in front of one the replicas "
+                          "share, so a repeated image hits wherever it is routed; 'replica' = each replica's own "
+                          "only (default: %(default)s)")
     return p
 
 
