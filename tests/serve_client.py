@@ -125,7 +125,7 @@ def decode_item(item: dict, fmt: str) -> torch.Tensor:
         part = item["image_embeds"]
         assert part["type"] == "image_embeds" and part["uuid"] == item["uuid"], part.keys()
         grid = load_b64_tensor(part["image_embeds"]["image_grid_thw"])
-        assert grid.dtype == torch.int64 and grid.tolist() == [item["grid_thw"]], grid
+        assert grid.dtype == torch.int64 and grid.tolist() == item["grid_thw"], grid
         return load_b64_tensor(part["image_embeds"]["image_embeds"])
     if fmt == "base64":
         raw = bytearray(base64.b64decode(item["embedding"]))

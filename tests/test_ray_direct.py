@@ -66,7 +66,7 @@ def _replica_names() -> set[tuple[str, str]]:
     import ray
 
     return {(r["name"], r["namespace"]) for r in ray.util.list_named_actors(all_namespaces=True)
-            if "SERVE_REPLICA" in r["name"] and APP in r["name"]}
+            if "SERVE_REPLICA" in r["name"] and f"#{APP}#" in r["name"]}  # not the {APP}-cache deployment's
 
 
 def test_both_replicas_listen_on_the_one_port(server):

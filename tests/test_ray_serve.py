@@ -1,7 +1,8 @@
 """`mmenc serve --ray` on a local Ray (loopback only, 2 CPUs): two Ray Serve replicas answer the
 service contract tests of test_serve.py (the same test functions, run against the Ray address) with
-embeddings equal to Encoder.encode; a replica killed under load loses no request the client was
-told succeeded; the settings and the CLI flags are checked."""
+embeddings equal to Encoder.encode, cache hits included (the shared cache tier); a replica killed under
+load loses no request the client was told succeeded; the settings and the CLI flags are checked.
+Drain on SIGTERM through Ray is tests/test_ray_cli.py's."""
 import concurrent.futures
 import os
 
@@ -22,6 +23,7 @@ from test_serve import (  # noqa: E402, F401  the contract tests, run here again
     test_malformed_requests_are_400_naming_the_field,
     test_multipart_gives_the_json_answer,
     test_sixteen_concurrent_clients_get_their_own_answers,
+    test_uuids_and_content_keys_hit_the_cache,
 )
 
 from mmenc.ray.serve import RayServeSettings, deployment, parse_autoscale  # noqa: E402
@@ -83,11 +85,30 @@ def test_two_replicas_answer_and_each_equals_encoder_encode(server, reference):
         assert rel_err(got, want[i]) < 1e-5, f"image {i}: {rel_err(got, want[i]):.2e}"
 
 
+def test_a_repeat_hits_the_cache_on_either_replica(server):
+    """The same image again and again, routed by Ray's load balancing: one tower run, every repeat a hit,
+    some of them on the replica that did not encode it (the shared tier), all counted in /metrics."""
+    from serve_client import metric
+
+    doc = {"images": [data_url(png(49, 77, seed=420))], "format": "base64"}
+    hits, shared = metric(server, "mmenc_cache_hits_total"), metric(server, "mmenc_cache_shared_hits_total")
+    cached = []
+    for _ in range(30):
+        reply = post_json(server, doc, key=KEY)
+        assert reply.status == 200, reply.body[:300]
+        cached.append(reply.json()["data"][0]["cached"])
+        if len(cached) >= 4 and metric(server, "mmenc_cache_shared_hits_total") > shared:
+            break
+    assert cached == [False] + [True] * (len(cached) - 1), cached
+    assert metric(server, "mmenc_cache_shared_hits_total") > shared, f"{len(cached)} repeats never left one replica"
+    assert metric(server, "mmenc_cache_hits_total") == hits + len(cached) - 1
+
+
 def _replica_names(app: str) -> set[str]:
     import ray
 
     return {(r["name"], r["namespace"]) for r in ray.util.list_named_actors(all_namespaces=True)
-            if "SERVE_REPLICA" in r["name"] and app in r["name"]}
+            if "SERVE_REPLICA" in r["name"] and f"#{app}#" in r["name"]}  # not the {app}-cache deployment's
 
 
 def test_replica_killed_under_load_loses_no_answered_request(server, reference):
@@ -184,3 +205,8 @@ def test_cli_ray_flags_parse():
     assert ray_settings_from_args(args, cluster_gpus=0).gpus_per_replica == 0
     args = build_parser().parse_args(["serve", "--ray", "--ray-request-timeout", "7.5"])
     assert ray_settings_from_args(args, cluster_gpus=0).request_timeout_s == 7.5
+    assert ray_settings_from_args(args, cluster_gpus=0).cache_tier == "shared"
+    args = build_parser().parse_args(["serve", "--ray", "--ray-cache", "replica"])
+    assert ray_settings_from_args(args, cluster_gpus=0).cache_tier == "replica"
+    with pytest.raises(ValueError, match="--ray-cache='nowhere' must be one of shared, replica"):
+        RayServeSettings(cache_tier="nowhere")

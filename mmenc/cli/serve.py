@@ -63,6 +63,10 @@ def add_parser(sub) -> argparse.ArgumentParser:
     ray.add_argument("--ray-request-timeout", type=float, default=120.0, metavar="S",
                      help="with --ray and the proxy ingress: the proxy answers 408 to a request no replica answered "
                           "within S seconds (e.g. one held by a replica that died) (default: %(default)s)")
+    ray.add_argument("--ray-cache", choices=("shared", "replica"), default="shared",
+                     help="with --ray: 'shared' = each replica's encoder cache in front of one the replicas "
+                          "share, so a repeated image hits wherever it is routed; 'replica' = each replica's own "
+                          "only (default: %(default)s)")
     return p
 
 
@@ -74,7 +78,7 @@ def ray_settings_from_args(args, cluster_gpus: float):
     on_gpu = cluster_gpus > 0 and not (args.device or "").startswith("cpu")
     autoscale = parse_autoscale(args.autoscale) if args.autoscale is not None else None
     return RayServeSettings(replicas=args.replicas, autoscale=autoscale, ingress=args.ray_ingress,
-                            request_timeout_s=args.ray_request_timeout,
+                            request_timeout_s=args.ray_request_timeout, cache_tier=args.ray_cache,
                             gpus_per_replica=float(args.tensor_parallel_size) if on_gpu else 0.0)
 
 
@@ -92,9 +96,9 @@ def settings_from_args(args) -> ServeSettings:
 
 def run(args) -> int:
     if not args.ray and (args.autoscale is not None or args.replicas != 1 or args.ray_address is not None
-                         or args.ray_ingress != "proxy"):
-        raise ValueError("--replicas, --autoscale, --ray-address and --ray-ingress need --ray (one process serves "
-                         "without it)")
+                         or args.ray_ingress != "proxy" or args.ray_cache != "shared"):
+        raise ValueError("--replicas, --autoscale, --ray-address, --ray-ingress and --ray-cache need --ray (one "
+                         "process serves without it)")
     if args.ray:
         if args.frontends:
             raise ValueError(f"--frontends {args.frontends} does not combine with --ray yet; drop one of them")

@@ -21,6 +21,7 @@ from mmenc.serving.settings import ServeSettings, parse_size
 logger = init_logger(__name__)
 
 INGRESSES = ("proxy", "direct")
+CACHE_TIERS = ("shared", "replica")  # a cache shared by the replicas (mmenc.ray.shared_cache) or each its own
 
 
 def parse_autoscale(text: str) -> tuple[int, int]:
@@ -42,7 +43,9 @@ class RayServeSettings:
     address with SO_REUSEPORT, mmenc.ray.direct; no autoscaling). request_timeout_s: with the proxy
     ingress, the longest the proxy waits for a replica's answer before it answers 408 itself; it
     bounds the wait of a request whose replica died before Ray told the proxy so (a known Serve
-    race), so a client never hangs."""
+    race), so a client never hangs. cache_tier: "shared" (each replica's encoder cache in front of one
+    shared by the deployment, so a repeat hits wherever it lands: mmenc.ray.shared_cache) or "replica"
+    (each replica's own only)."""
 
     replicas: int = 1
     autoscale: tuple[int, int] | None = None
@@ -54,8 +57,11 @@ class RayServeSettings:
     name: str = "mmenc"
     ingress: str = "proxy"
     request_timeout_s: float = 120.0
+    cache_tier: str = "shared"
 
     def __post_init__(self):
+        if self.cache_tier not in CACHE_TIERS:
+            raise ValueError(f"--ray-cache={self.cache_tier!r} must be one of {', '.join(CACHE_TIERS)}")
         if self.ingress not in INGRESSES:
             raise ValueError(f"--ray-ingress={self.ingress!r} must be one of {', '.join(INGRESSES)}")
         if self.ingress == "direct" and self.autoscale is not None:
@@ -93,20 +99,26 @@ class RayServeSettings:
 
 def deployment(settings: ServeSettings, ray_settings: RayServeSettings, encoder_kwargs: dict):
     """The bound Serve application (pass to serve.run): `ray_settings` replicas of EncoderReplica
-    (proxy ingress) or of mmenc.ray.direct.DirectReplica (direct ingress)."""
+    (proxy ingress) or of mmenc.ray.direct.DirectReplica (direct ingress), and with the shared cache
+    tier one SharedCache replica, whose handle each of them gets."""
     from ray import serve
 
-    from mmenc.ray.replica import EncoderReplica, replica_app
+    from mmenc.ray.replica import EncoderReplica
 
+    shared = None
+    if ray_settings.cache_tier == "shared" and settings.cache_bytes > 0:
+        from mmenc.ray.shared_cache import SharedCache
+
+        shared = serve.deployment(SharedCache, name=f"{ray_settings.name}-cache", num_replicas=1,
+                                  max_ongoing_requests=1024,
+                                  ray_actor_options={"num_cpus": 0.1}).bind(settings.cache_bytes)
     if ray_settings.ingress == "direct":
         from mmenc.ray.direct import DirectReplica
 
-        return serve.deployment(DirectReplica, **ray_settings.deployment_options()).bind(settings, encoder_kwargs)
-    def build():  # evaluated in each replica
-        return replica_app(settings, encoder_kwargs)
-
-    wrapped = serve.ingress(build)(EncoderReplica)
-    return serve.deployment(wrapped, **ray_settings.deployment_options()).bind()
+        cls = DirectReplica
+    else:
+        cls = serve.ingress()(EncoderReplica)
+    return serve.deployment(cls, **ray_settings.deployment_options()).bind(settings, encoder_kwargs, shared)
 
 
 def app_builder(args: dict):

@@ -52,8 +52,8 @@ def create_app(service: EncodeService, on_load_failure=None) -> FastAPI:
         return JSONResponse(body, status_code=503, headers={"Retry-After": str(settings.retry_after_s)})
 
     @app.get("/metrics")
-    async def prometheus():
-        return Response(metrics.render(), media_type=metrics.content_type)
+    async def prometheus():  # rendered off the event loop: a shared cache's counters are a blocking call (Ray)
+        return Response(await asyncio.to_thread(metrics.render), media_type=metrics.content_type)
 
     @app.get("/v1/models")
     async def models(request: Request):

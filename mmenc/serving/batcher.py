@@ -32,6 +32,7 @@ from mmenc.engine.checks import all_finite
 from mmenc.logger import init_logger
 from mmenc.serving.formats import EncodedImage
 from mmenc.serving.metrics import ServeMetrics
+from mmenc.vllm_inputs import image_embeds
 
 logger = init_logger(__name__)
 
@@ -55,12 +56,6 @@ class Job:
     @property
     def size_key(self) -> tuple[int, ...]:
         return tuple(self.grid_thw[0].tolist())
-
-
-def _full(out) -> torch.Tensor:
-    """A TowerOutput -> [tokens, hidden * (1 + deepstack levels)]: embeddings, then each level."""
-    parts = [out.embeddings] + list(out.extras.get("deepstack") or [])
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
 def bucket(batch: list[Job]) -> tuple[list[Job], list[Job]]:
@@ -233,7 +228,7 @@ class Batcher:
             pixel_values = pixel_values.reshape(pixel_values.shape[0], -1)
         out = self._encode_pixels(pixel_values, grid, return_extras=True)
         slot.hidden = out.embeddings.shape[1]
-        full = _full(out)
+        full = image_embeds(out)
         slot.finite = all_finite(out.embeddings) if self._check_finite is not None else None
         if full.device.type == "cpu":
             slot.output = full

@@ -1,5 +1,6 @@
 """Keys and the encoder cache: an LRU of EncodedImage bounded by bytes, safe to use from threads."""
 import collections
+import dataclasses
 import hashlib
 import threading
 
@@ -22,6 +23,18 @@ def model_identity(model_name: str, processor, dtype) -> bytes:
     return repr((model_name, type(processor).__name__, repr(config), str(dtype))).encode()
 
 
+@dataclasses.dataclass(frozen=True)
+class CacheStats:
+    """Counters of a cache shared by several servers (mmenc.ray.shared_cache): lookups answered (by any
+    tier) and not, what it holds, and the hits its shared tier gave (a repeat that another replica encoded)."""
+
+    hits: int
+    misses: int
+    nbytes: int
+    entries: int
+    shared_hits: int = 0
+
+
 class EncoderCache:
     """LRU of key -> EncodedImage, evicting the least recently used entries beyond `max_bytes`
     (0 disables it: every get misses, put stores nothing). An entry larger than the whole cache is
@@ -40,7 +53,12 @@ class EncoderCache:
                 self._entries.move_to_end(key)
             return entry
 
+    def lookup(self, key: str) -> EncodedImage | None:
+        """A request's lookup (the service counts it): `get`. A tiered cache counts these itself."""
+        return self.get(key)
+
     def put(self, key: str, value: EncodedImage) -> None:
+        """Store (None: done; a tiered cache returns a Future done once its other tier has it)."""
         size = value.nbytes
         if size > self.max_bytes:
             return

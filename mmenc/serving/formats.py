@@ -69,7 +69,7 @@ def render_item(image: EncodedImage, fmt: str, meta: dict, saver: TensorSaver | 
                 b',"video_embeds":{"video_embeds":"', *torch_b64(image.full, saver), b'","video_grid_thw":"',
                 *torch_b64(grid, saver), *extra, b'"}}}']
     if fmt == "vllm":
-        grid = torch.tensor([image.grid_thw], dtype=torch.int64)
+        grid = torch.tensor(image.grid_thw, dtype=torch.int64)  # [3]: vLLM stacks one per content part
         return [head, b'"image_embeds":{"type":"image_embeds","uuid":', dumps(meta.get("uuid")),
                 b',"image_embeds":{"image_embeds":"', *torch_b64(image.full, saver), b'","image_grid_thw":"',
                 *torch_b64(grid, saver), b'"}}}']

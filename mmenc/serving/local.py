@@ -25,15 +25,17 @@ logger = init_logger(__name__)
 class LocalEngine(EngineClient):
     def __init__(self, settings: ServeSettings, make_encoder: Callable[[], object], metrics: ServeMetrics, *,
                  batcher_factory: Callable[..., Batcher] = make_batcher,
-                 alloc: Callable[[tuple, torch.dtype], torch.Tensor] | None = None):
+                 alloc: Callable[[tuple, torch.dtype], torch.Tensor] | None = None, cache=None):
         """batcher_factory(encoder, settings, metrics) -> the Batcher, once the encoder is loaded
         (default: launch.make_batcher; benchmarks/serve_stand_in.py passes a stand-in tower's).
-        alloc(shape, dtype): where the batcher puts each image's embeddings (front ends: shared memory)."""
+        alloc(shape, dtype): where the batcher puts each image's embeddings (front ends: shared memory).
+        cache: the encoder cache (default: an EncoderCache of settings.cache_bytes; a Ray replica passes a
+        mmenc.ray.shared_cache.TieredCache: its put returns a Future, and the answer waits for it)."""
         self.settings, self.metrics = settings, metrics
         self._make_encoder, self._batcher_factory, self._alloc = make_encoder, batcher_factory, alloc
         self.state, self.load_error, self.info = "loading", None, None
         self.encoder = self.batcher = None
-        self.cache = EncoderCache(settings.cache_bytes)
+        self.cache = cache if cache is not None else EncoderCache(settings.cache_bytes)
         self._loader: threading.Thread | None = None
         self._closing = threading.Event()  # set by close(): a load still running stops at its next step
 
@@ -111,7 +113,7 @@ class LocalEngine(EngineClient):
 
     # -- images ------------------------------------------------------------------------------------
     def lookup(self, key: str) -> EncodedImage | None:
-        cached = self.cache.get(key)
+        cached = self.cache.lookup(key)
         (self.metrics.cache_hits if cached is not None else self.metrics.cache_misses).inc()
         return cached
 
@@ -129,10 +131,12 @@ class LocalEngine(EngineClient):
             if future.exception() is not None:
                 return settle(answer, error=future.exception())
             image = future.result()
-            self.cache.put(key, image)
+            stored = self.cache.put(key, image)
             self.metrics.cache_bytes.set(self.cache.nbytes)
             self.metrics.cache_entries.set(len(self.cache))
-            settle(answer, result=Encoded(image, False))
+            if stored is None:
+                return settle(answer, result=Encoded(image, False))
+            stored.add_done_callback(lambda _: settle(answer, result=Encoded(image, False)))
 
         tower_ref = weakref.ref(tower)  # no cycle between the two futures: the job holds `tower`
 

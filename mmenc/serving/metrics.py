@@ -7,6 +7,9 @@ them all up: counters and histograms sum over processes, gauges too ("livesum": 
 process that has died are dropped by mark_process_dead). prometheus_client is imported when the
 first ServeMetrics is built, so importing this module does not fix the mode."""
 import os
+from collections.abc import Callable
+
+from mmenc.serving.cache import CacheStats
 
 _SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _COUNTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -20,11 +23,14 @@ def multiprocess_dir() -> str | None:
 
 
 class ServeMetrics:
-    def __init__(self):
+    def __init__(self, cache_stats: Callable[[], CacheStats | None] | None = None):
+        """cache_stats: where the encoder cache's metrics come from at each scrape, when the cache is shared
+        by several servers (a Ray deployment: every replica's /metrics shows the deployment's counts);
+        this process's own cache counters are then kept but not exported."""
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-        def gauge(name: str, doc: str, labels=()):
-            return Gauge(name, doc, list(labels), registry=r, multiprocess_mode="livesum")
+        def gauge(name: str, doc: str, labels=(), registry=None):
+            return Gauge(name, doc, list(labels), registry=registry or r, multiprocess_mode="livesum")
 
         r = self.registry = CollectorRegistry()
         self.requests = Counter("mmenc_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
@@ -44,10 +50,13 @@ class ServeMetrics:
                                        buckets=_SECONDS, registry=r)
         self.request_seconds = Histogram("mmenc_request_seconds", "POST /v1/encode, body read to response",
                                          buckets=_SECONDS, registry=r)
-        self.cache_hits = Counter("mmenc_cache_hits", "images answered from the encoder cache", registry=r)
-        self.cache_misses = Counter("mmenc_cache_misses", "images that needed the tower", registry=r)
-        self.cache_bytes = gauge("mmenc_cache_bytes", "bytes held by the encoder cache")
-        self.cache_entries = gauge("mmenc_cache_entries", "images held by the encoder cache")
+        own = r if cache_stats is None else CollectorRegistry()  # not exported when the cache is shared
+        self.cache_hits = Counter("mmenc_cache_hits", _CACHE_DOCS["hits"], registry=own)
+        self.cache_misses = Counter("mmenc_cache_misses", _CACHE_DOCS["misses"], registry=own)
+        self.cache_bytes = gauge("mmenc_cache_bytes", _CACHE_DOCS["nbytes"], registry=own)
+        self.cache_entries = gauge("mmenc_cache_entries", _CACHE_DOCS["entries"], registry=own)
+        if cache_stats is not None:
+            r.register(_SharedCacheCollector(cache_stats))
         self.packings = gauge("mmenc_tower_packings", "distinct packings (grid lists) of the tower calls so far "
                               "(CUDA graphs replay per packing; counted up to 4096)")
         self.cuda_graph_calls = gauge("mmenc_cuda_graph_calls", "tower calls by CUDA graph outcome: eager (warm-up "
@@ -75,6 +84,29 @@ class ServeMetrics:
         # a metric no process has a sample of yet (e.g. a labelled counter) is still listed, as one process lists it
         families += [_empty(family) for family in self.registry.collect() if family.name not in seen]
         return generate_latest(_Families(families))
+
+
+_CACHE_DOCS = {"hits": "images answered from the encoder cache", "misses": "images that needed the tower",
+               "nbytes": "bytes held by the encoder cache", "entries": "images held by the encoder cache",
+               "shared_hits": "images answered by the shared cache tier (encoded by another replica)"}
+
+
+class _SharedCacheCollector:
+    """The cache metrics of a cache shared by several servers, read from it at each scrape."""
+
+    def __init__(self, stats: Callable[[], CacheStats | None]):
+        self.stats = stats
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        stats = self.stats()
+        if stats is None:  # the shared cache did not answer (its client logged why)
+            return
+        for field in ("hits", "misses", "shared_hits"):
+            yield CounterMetricFamily(f"mmenc_cache_{field}", _CACHE_DOCS[field], value=getattr(stats, field))
+        for field, name in (("nbytes", "bytes"), ("entries", "entries")):
+            yield GaugeMetricFamily(f"mmenc_cache_{name}", _CACHE_DOCS[field], value=getattr(stats, field))
 
 
 class _Families:

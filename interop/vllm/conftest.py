@@ -1,0 +1,87 @@
+"""One stack per family, shared by every test of that family: a tiny chat checkpoint, vLLM's OpenAI
+server (image embeddings on, EC consumer on mmenc's --ec-storage tree), `mmenc serve` on the same tree
+(for Qwen3-VL also with --frontends 2), one in-process vLLM LLM and one mmenc Encoder. The servers
+start when the stack is made and boot while the offline tests run; the stack is torn down before the
+next family's (pytest groups the tests by family), so at most one family's processes run at once.
+Run by interop/vllm/run.sh with the interop venv's python (vLLM installed) and the checkout on PYTHONPATH.
+"""
+import functools
+import gc
+import io
+import os
+import pathlib
+
+import numpy as np
+import pytest
+
+from harness import ENGINE, QUIET_ENV, mmenc_server, vllm_server
+from mmenc.vllm_inputs import EC_ONLY_ARCHITECTURES, EMBEDS_ARCHITECTURES
+
+os.environ.update(QUIET_ENV)
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the offline engine in this process: no second vLLM import
+
+FAMILIES = EMBEDS_ARCHITECTURES + EC_ONLY_ARCHITECTURES  # what mmenc.vllm_inputs claims is what runs here
+FRONTENDS = {"Qwen3VLForConditionalGeneration": 2}  # an extra `mmenc serve --frontends 2` for this family
+SIZES = ((84, 112), (56, 84))  # (h, w) of the two test images: different sizes, so a swap changes the grids
+
+
+class Stack:
+    def __init__(self, architecture: str, root: pathlib.Path):
+        from PIL import Image
+
+        from mmenc.testing.checkpoints.chat import CHAT_FAMILIES, save_chat_checkpoint
+
+        self.architecture, self.family = architecture, CHAT_FAMILIES[architecture]
+        self.folder = save_chat_checkpoint(architecture, root / "model")
+        self.ec_dir = root / "ec"
+        self.ec_dir.mkdir()
+        rng = np.random.default_rng(0)
+        self.images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in SIZES]
+        self.png = []
+        for image in self.images:
+            buf = io.BytesIO()
+            image.save(buf, format="PNG")
+            self.png.append(buf.getvalue())
+        self.vllm = vllm_server(self.folder, self.ec_dir, root / "vllm.log", max_images=len(SIZES))
+        self.mmenc = {0: mmenc_server(self.folder, self.ec_dir, root / "mmenc.log")}
+        for n in [FRONTENDS[architecture]] if architecture in FRONTENDS else []:
+            self.mmenc[n] = mmenc_server(self.folder, self.ec_dir, root / f"mmenc-frontends{n}.log", frontends=n)
+        self._uuids = 0
+        self.answers = {}  # vLLM's own answers (image_url parts), by images
+        self.takes_embeds = architecture in EMBEDS_ARCHITECTURES
+
+    def uuid(self, what: str) -> str:
+        """A uuid used once in this stack: vLLM caches by uuid (processor cache, encoder cache, prefix cache)."""
+        self._uuids += 1
+        return f"interop-{what}-{self._uuids}"
+
+    @functools.cached_property
+    def llm(self):
+        from vllm import LLM
+
+        return LLM(model=str(self.folder), limit_mm_per_prompt={"image": len(SIZES)}, **ENGINE)
+
+    @functools.cached_property
+    def encoder(self):
+        from mmenc import Encoder
+
+        return Encoder(str(self.folder), dtype="float32", device="cpu")
+
+    def close(self) -> None:
+        for server in [self.vllm, *self.mmenc.values()]:
+            server.stop()
+        if "llm" in self.__dict__:
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            del self.__dict__["llm"]
+            gc.collect()
+            cleanup_dist_env_and_memory()
+        if "encoder" in self.__dict__:
+            self.__dict__.pop("encoder").close()
+
+
+@pytest.fixture(scope="session", params=FAMILIES, ids=lambda a: a.removesuffix("ForConditionalGeneration"))
+def stack(request, tmp_path_factory):
+    made = Stack(request.param, tmp_path_factory.mktemp(request.param))
+    yield made
+    made.close()

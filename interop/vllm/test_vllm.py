@@ -1,0 +1,163 @@
+"""mmenc's embeddings through vLLM's own code, per family: vLLM's greedy tokens and logprobs with them must be
+its answer for the raw images (within harness.TOL, fp32), on the three ways mmenc feeds vLLM; controls
+(zeroed embeddings, two images swapped, a planted wrong EC file) must change the answer.
+
+  offline: Encoder.encode -> LLM.generate(multi_modal_data={"image": {"image_embeds", "image_grid_thw"}})
+  service: mmenc serve /v1/encode (format "vllm", one and two images per request, --frontends too)
+           -> the image_embeds content parts, as they come, in vLLM's OpenAI chat request
+  EC files: mmenc serve --ec-storage DIR; vLLM an ec_consumer of DIR (ECExampleConnector), asked with
+           image_url parts whose uuid is mmenc's key: the request's uuid, or mmenc's content key
+Families vLLM takes EC files from but no image_embeds inputs (mmenc.vllm_inputs.EC_ONLY_ARCHITECTURES) run
+the EC tests, and test_embeddings_refused checks that vLLM still refuses their embeddings (when it stops,
+the family moves to EMBEDS_ARCHITECTURES).
+Video (hook, not written yet: the service's video items are not on main): the same three paths with
+vLLM's {"video_embeds", "video_grid_thw"} (Qwen2-VL lineage: also "second_per_grid_ts" / timestamps) against
+its answer for the raw video, once `mmenc serve` answers video items in the `vllm` format.
+"""
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from harness import (Answer, assert_agree, assert_differ, b64_tensor, chat, chat_body, from_request_output,
+                     load_b64_tensor, png_data_url)
+from mmenc.vllm_inputs import multi_modal_data
+
+TEXT = {1: "what is in the image", 2: "compare two images"}
+
+
+def _generate(stack, images: list[int], data) -> Answer:
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=1, ignore_eos=True, seed=0)
+    prompt = stack.family.user_prompt(TEXT[len(images)], images=len(images))
+    return from_request_output(stack.llm.generate({"prompt": prompt, "multi_modal_data": {"image": data}}, params,
+                                                  use_tqdm=False)[0])
+
+
+def _offline_image_answer(stack, images: list[int]) -> Answer:
+    return _generate(stack, images, [stack.images[i] for i in images])
+
+
+def _url_parts(stack, i: int, uuid: str | None = None) -> dict:
+    part = {"type": "image_url", "image_url": {"url": png_data_url(stack.png[i])}}
+    return part if uuid is None else {**part, "uuid": uuid}
+
+
+def _image_answer(stack, images: list[int]) -> Answer:
+    """vLLM's own answer (its server, image_url parts): what every path must give."""
+    key = tuple(images)
+    if key not in stack.answers:
+        body = chat_body(stack.folder, [_url_parts(stack, i) for i in images], TEXT[len(images)])
+        stack.answers[key] = chat(stack.vllm, body)
+    return stack.answers[key]
+
+
+def _encode(server, stack, images: list[int], uuids=None) -> list[dict]:
+    body = {"images": [png_data_url(stack.png[i]) for i in images], "format": "vllm"}
+    if uuids is not None:
+        body["uuids"] = uuids
+    status, reply = server.post("/v1/encode", body)
+    assert status == 200, f"mmenc answered {status}: {reply}"
+    assert all("error" not in item for item in reply["data"]), reply["data"]
+    return reply["data"]
+
+
+def _needs_embeds(stack) -> None:
+    if not stack.takes_embeds:
+        pytest.skip(f"vLLM refuses {stack.architecture}'s image embeddings (test_embeddings_refused)")
+
+
+def _parts(stack, server, images: list[int]) -> list[dict]:
+    return [item["image_embeds"] for item in _encode(server, stack, images)]
+
+
+def test_offline_encode_to_generate(stack):
+    """Encoder.encode -> LLM.generate with multi_modal_data embeddings, one and two images."""
+    _needs_embeds(stack)
+    for images in ([0], [0, 1]):
+        pil = [stack.images[i] for i in images]
+        _, grid = stack.encoder.preprocess(pil)
+        data = multi_modal_data(stack.encoder.encode(pil, return_extras=True), grid)
+        want = _offline_image_answer(stack, images)
+        assert_agree(_generate(stack, images, data), want, f"offline, images {images}")
+    zeroed = {**data, "image_embeds": torch.zeros_like(data["image_embeds"])}
+    assert_differ(_generate(stack, images, zeroed), want, "offline zeroed embeddings")
+    swapped = [stack.images[1], stack.images[0]]
+    _, grid = stack.encoder.preprocess(swapped)
+    data = multi_modal_data(stack.encoder.encode(swapped, return_extras=True), grid)
+    assert_differ(_generate(stack, images, data), want, "offline images swapped")
+
+
+def test_offline_and_server_agree(stack):
+    """The offline prompt (ChatFamily.user_prompt) is what the server's chat template renders."""
+    for images in ([0], [0, 1]):
+        assert_agree(_offline_image_answer(stack, images), _image_answer(stack, images), f"offline vs server {images}")
+
+
+def test_service_image_embeds_parts(stack):
+    """/v1/encode's image_embeds parts, unchanged, in vLLM's chat request; every mmenc server of the stack."""
+    _needs_embeds(stack)
+    for frontends, server in stack.mmenc.items():
+        for images in ([0], [0, 1]):
+            parts = _parts(stack, server, images)
+            # as sent; then under fresh uuids, so that vLLM cannot take the EC file mmenc wrote under the
+            # part's uuid (its consumer reads that tree): the part's tensors alone must give the answer
+            fresh = [{**part, "uuid": stack.uuid("part")} for part in parts]
+            for sent, how in ((parts, "as sent"), (fresh, "fresh uuids")):
+                assert_agree(chat(stack.vllm, chat_body(stack.folder, sent, TEXT[len(images)])),
+                             _image_answer(stack, images), f"service (frontends {frontends}), images {images}, {how}")
+        want = _image_answer(stack, [0, 1])
+        assert_differ(chat(stack.vllm, chat_body(stack.folder, fresh[::-1], TEXT[2])), want, "service parts swapped")
+        embeds = load_b64_tensor(fresh[0]["image_embeds"]["image_embeds"])
+        # a new uuid again: vLLM's caches are keyed by it
+        zeroed = {**fresh[0], "uuid": stack.uuid("zeroed"),
+                  "image_embeds": {**fresh[0]["image_embeds"], "image_embeds": b64_tensor(embeds * 0)}}
+        assert_differ(chat(stack.vllm, chat_body(stack.folder, [zeroed, fresh[1]], TEXT[2])), want,
+                      "service zeroed embeddings")
+
+
+def test_ec_storage_request_uuids(stack):
+    """mmenc writes DIR/<uuid>/encoder_cache.safetensors; vLLM, asked with the same uuids, reads them."""
+    uuids = [stack.uuid("request"), stack.uuid("request")]
+    items = _encode(stack.mmenc[0], stack, [0, 1], uuids=uuids)
+    assert [item["uuid"] for item in items] == uuids
+    for uuid, item in zip(uuids, items):
+        stored = load_file(stack.ec_dir / uuid / "encoder_cache.safetensors")["ec_cache"]
+        assert torch.equal(stored, load_b64_tensor(item["image_embeds"]["image_embeds"]["image_embeds"]))
+    body = chat_body(stack.folder, [_url_parts(stack, i, uuid) for i, uuid in enumerate(uuids)], TEXT[2])
+    assert_agree(chat(stack.vllm, body), _image_answer(stack, [0, 1]), "EC files under request uuids")
+
+
+def test_ec_storage_content_keys(stack):
+    """Without uuids mmenc keys an image by content (its answer's `uuid`); vLLM asked with that key reads it."""
+    keys = [item["uuid"] for item in _encode(stack.mmenc[0], stack, [0, 1])]
+    assert all((stack.ec_dir / key / "encoder_cache.safetensors").is_file() for key in keys)
+    body = chat_body(stack.folder, [_url_parts(stack, i, key) for i, key in enumerate(keys)], TEXT[2])
+    assert_agree(chat(stack.vllm, body), _image_answer(stack, [0, 1]), "EC files under content keys")
+
+
+def test_ec_storage_planted_file_is_read(stack):
+    """A wrong file under a uuid changes vLLM's answer: the consumer reads the file, not the image."""
+    right = _encode(stack.mmenc[0], stack, [0])[0]
+    embeds = load_b64_tensor(right["image_embeds"]["image_embeds"]["image_embeds"])
+    planted = stack.uuid("planted")
+    (stack.ec_dir / planted).mkdir()
+    save_file({"ec_cache": embeds.flip(0).contiguous()}, str(stack.ec_dir / planted / "encoder_cache.safetensors"))
+    body = chat_body(stack.folder, [_url_parts(stack, 0, planted)], TEXT[1])
+    assert_differ(chat(stack.vllm, body), _image_answer(stack, [0]), "planted EC file (rows reversed)")
+
+
+def test_embeddings_refused(stack):
+    """vLLM 0.32's reasons for an EC-only family (docs/serving.md quotes them): offline, the embeddings dict is
+    parsed as a list of images; through the chat API, the part is refused with HTTP 400."""
+    if stack.takes_embeds:
+        pytest.skip(f"vLLM takes {stack.architecture}'s image embeddings")
+    _, grid = stack.encoder.preprocess(stack.images[:1])
+    data = multi_modal_data(stack.encoder.encode(stack.images[:1], return_extras=True), grid)
+    with pytest.raises(ValueError) as refused:
+        _generate(stack, [0], data)
+    print(f"{stack.architecture} offline: {refused.value}")
+    status, reply = stack.vllm.post("/v1/chat/completions", chat_body(stack.folder, _parts(stack, stack.mmenc[0], [0]),
+                                                                      TEXT[1]))
+    assert status == 400, (status, reply)
+    print(f"{stack.architecture} chat: {reply['error']['message']}")

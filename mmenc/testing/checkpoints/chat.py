@@ -1,0 +1,179 @@
+"""Tiny random-weight chat checkpoints that an LLM engine (vLLM) loads and runs, made locally.
+
+What `save_*` in the lineage files write is enough for the tower tests (transformers' model with a
+one-layer text model, its tower's width unrelated to the text model's). An engine needs the whole
+model to be consistent and runnable: the tower's output width equal to the text model's hidden size,
+a head size its attention kernels take (vLLM's CPU attention: a multiple of 32), rotary sections that
+fit that head size, the family's special-token ids inside the vocabulary, a tokenizer with those
+tokens and the family's chat template, and the published preprocessor_config.json values.
+`save_chat_checkpoint(architecture, folder)` writes that for every row of `CHAT_FAMILIES`.
+
+The tokenizer is built here with `tokenizers` (nothing downloaded): a word-level vocabulary of the
+family's special tokens and a few words, split on whitespace. Token ids are what an engine compares,
+so a real BPE is not needed.
+"""
+import dataclasses
+import json
+import pathlib
+
+import torch
+
+from mmenc.testing.checkpoints.base import _save
+
+# Text model: 2 heads of 32 (vLLM's CPU attention needs head sizes that are multiples of 32), one layer.
+CHAT_TEXT = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                 head_dim=32, intermediate_size=64, max_position_embeddings=4096, tie_word_embeddings=False,
+                 bos_token_id=None)
+_ROPE = {"rope_type": "default", "rope_theta": 10000.0}
+_CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+_CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+WORDS = ("what is in the image describe this picture compare two images a an of and cat dog red blue green "
+         "one two three yes no").split()
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatFamily:
+    """One architecture's chat checkpoint.
+
+    config_class: the transformers config class name; vision: its vision_config; text: text_config
+        additions to CHAT_TEXT (rotary sections sized for head_dim 32).
+    specials: the special tokens, in id order from 0 (ids of the config's token fields come from here);
+        token_fields: config field -> special token; eos: the end-of-turn token.
+    image_placeholder: what the chat template writes for an image (the family's own markers).
+    turn: (role) -> the text opening a turn, with "{role}"; turn_end: closing it; prefix: before the
+        first turn.
+    preprocessor: the published preprocessor_config.json values (tiny vision sizes leave them as they are).
+    """
+
+    config_class: str
+    vision: dict
+    text: dict
+    specials: tuple[str, ...]
+    token_fields: dict
+    eos: str
+    image_placeholder: str
+    turn: str
+    turn_end: str
+    preprocessor: dict
+    prefix: str = ""
+
+    def chat_template(self) -> str:
+        """A Jinja chat template in the family's format: string contents, or lists of
+        {"type": "image"} / {"type": "text", "text": ...} parts (what vLLM renders)."""
+        turn = self.turn.replace("{role}", "{{ m['role'] }}")
+        return (f"{self.prefix}{{% for m in messages %}}{turn}"
+                "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+                f"{{% if p['type'] in ('image', 'image_url', 'image_embeds') %}}{self.image_placeholder}"
+                "{% elif p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}"
+                f"{self.turn_end}{{% endfor %}}{{% if add_generation_prompt %}}"
+                f"{self.turn.replace('{role}', 'assistant')}{{% endif %}}")
+
+    def user_prompt(self, text: str, images: int = 1) -> str:
+        """The prompt the template renders for one user turn of `images` images then `text`."""
+        return (f"{self.prefix}{self.turn.replace('{role}', 'user')}{self.image_placeholder * images}{text}"
+                f"{self.turn_end}{self.turn.replace('{role}', 'assistant')}")
+
+
+_QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                  "<|image_pad|>", "<|video_pad|>")
+_QWEN_TOKENS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>",
+                "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
+_QWEN_CHAT = dict(specials=_QWEN_SPECIALS, token_fields=_QWEN_TOKENS, eos="<|im_end|>",
+                  image_placeholder="<|vision_start|><|image_pad|><|vision_end|>",
+                  turn="<|im_start|>{role}\n", turn_end="<|im_end|>\n")
+# Qwen2-VL-7B-Instruct's and Qwen2.5-VL-7B-Instruct's preprocessor_config.json (Qwen2.5: same values)
+_QWEN2_PRE = {"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
+              "image_mean": _CLIP_MEAN, "image_std": _CLIP_STD, "image_processor_type": "Qwen2VLImageProcessor"}
+# Qwen3-VL-*-Instruct: patch 16, mean/std 0.5, size bounds in pixels
+_QWEN3_PRE = {"size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": 16, "temporal_patch_size": 2,
+              "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+              "image_processor_type": "Qwen2VLImageProcessorFast", "processor_class": "Qwen3VLProcessor"}
+# GLM-4.1V-9B-Thinking
+_GLM_PRE = {"size": {"shortest_edge": 12544, "longest_edge": 9633792}, "do_rescale": True, "patch_size": 14,
+            "temporal_patch_size": 2, "merge_size": 2, "image_mean": _CLIP_MEAN, "image_std": _CLIP_STD,
+            "image_processor_type": "Glm4vImageProcessor", "processor_class": "Glm4vProcessor"}
+_GLM_SPECIALS = ("<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
+                 "<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|begin_of_video|>", "<|end_of_video|>",
+                 "<|video|>")
+_GLM_TOKENS = {"image_token_id": "<|image|>", "video_token_id": "<|video|>",
+               "image_start_token_id": "<|begin_of_image|>", "image_end_token_id": "<|end_of_image|>",
+               "video_start_token_id": "<|begin_of_video|>", "video_end_token_id": "<|end_of_video|>"}
+
+CHAT_FAMILIES: dict[str, ChatFamily] = {
+    "Qwen2VLForConditionalGeneration": ChatFamily(
+        "Qwen2VLConfig",
+        vision=dict(depth=2, embed_dim=32, num_heads=2, mlp_ratio=2, hidden_size=64, patch_size=14,
+                    temporal_patch_size=2, spatial_merge_size=2, in_channels=3, hidden_act="quick_gelu"),
+        text=dict(rope_parameters=dict(_ROPE, mrope_section=[4, 6, 6])),
+        preprocessor=dict(_QWEN2_PRE, processor_class="Qwen2VLProcessor"), **_QWEN_CHAT),
+    "Qwen2_5_VLForConditionalGeneration": ChatFamily(
+        "Qwen2_5_VLConfig",
+        vision=dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=40, out_hidden_size=64, patch_size=14,
+                    temporal_patch_size=2, spatial_merge_size=2, window_size=56, fullatt_block_indexes=[1],
+                    in_channels=3, hidden_act="silu"),
+        text=dict(rope_parameters=dict(_ROPE, mrope_section=[4, 6, 6])),
+        preprocessor=dict(_QWEN2_PRE, processor_class="Qwen2_5_VLProcessor"), **_QWEN_CHAT),
+    # DeepStack after blocks 0 and 2: vLLM's image embeddings are [tokens, 64 * 3]
+    "Qwen3VLForConditionalGeneration": ChatFamily(
+        "Qwen3VLConfig",
+        vision=dict(depth=3, hidden_size=32, num_heads=2, intermediate_size=40, out_hidden_size=64, patch_size=16,
+                    temporal_patch_size=2, spatial_merge_size=2, num_position_embeddings=36,
+                    deepstack_visual_indexes=[0, 2], in_channels=3, hidden_act="gelu_pytorch_tanh"),
+        text=dict(rope_parameters=dict(_ROPE, mrope_section=[6, 5, 5], mrope_interleaved=True)),
+        preprocessor=_QWEN3_PRE, **_QWEN_CHAT),
+    "Glm4vForConditionalGeneration": ChatFamily(
+        "Glm4vConfig",
+        vision=dict(depth=2, hidden_size=32, num_heads=2, intermediate_size=40, out_hidden_size=64, image_size=84,
+                    patch_size=14, temporal_patch_size=2, spatial_merge_size=2, in_channels=3, hidden_act="silu",
+                    rms_norm_eps=1e-5, attention_bias=False),
+        text=dict(rope_parameters=dict(_ROPE, mrope_section=[2, 3, 3], partial_rotary_factor=0.5)),
+        specials=_GLM_SPECIALS, token_fields=_GLM_TOKENS, eos="<|user|>",
+        image_placeholder="<|begin_of_image|><|image|><|end_of_image|>", prefix="[gMASK]<sop>",
+        turn="<|{role}|>\n", turn_end="", preprocessor=_GLM_PRE),
+}
+
+
+def _save_tokenizer(family: ChatFamily, folder: pathlib.Path) -> dict[str, int]:
+    """tokenizer.json + tokenizer_config.json (+ chat_template.jinja) in `folder`; returns the vocabulary."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate((*family.specials, "[UNK]", *WORDS))}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens(list(family.specials))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=family.eos, pad_token=family.specials[0],
+                                   unk_token="[UNK]")
+    fast.chat_template = family.chat_template()
+    fast.save_pretrained(folder)
+    return vocab
+
+
+def save_chat_checkpoint(architecture: str, folder, seed: int = 0) -> pathlib.Path:
+    """A tiny `architecture` chat model in `folder` (created): config.json, model.safetensors (float32,
+    every weight random with std 1/sqrt(fan_in), norms near 1), tokenizer, chat template and
+    preprocessor_config.json. Returns the folder."""
+    import transformers
+
+    if architecture not in CHAT_FAMILIES:
+        raise ValueError(f"no chat checkpoint for architecture {architecture!r}; known: {sorted(CHAT_FAMILIES)}")
+    family = CHAT_FAMILIES[architecture]
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = _save_tokenizer(family, folder)
+    text = dict(CHAT_TEXT, vocab_size=64, eos_token_id=vocab[family.eos], pad_token_id=0, **family.text)
+    tokens = {field: vocab[token] for field, token in family.token_fields.items()}
+    config = getattr(transformers, family.config_class)(vision_config=dict(family.vision), text_config=text,
+                                                         tie_word_embeddings=False, dtype=torch.float32, **tokens)
+    torch.manual_seed(seed)
+    model = getattr(transformers, architecture)(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                p.normal_(std=p[0].numel() ** -0.5)
+            else:
+                norm = name.endswith("weight") and ("norm" in name or "ln_q" in name)
+                p.normal_(std=0.1).add_(1.0 if norm else 0.0)
+    _save(model, folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps(family.preprocessor, indent=2) + "\n")
+    return folder
