@@ -188,6 +188,13 @@ class Encoder:
         return tower.pool(embeddings, torch.as_tensor(grid_thw, dtype=torch.int64).cpu())
 
     @property
+    def call_lock(self) -> threading.Lock:
+        """The lock each tower call holds (encode_pixels, encode's chunks, embed_text): a caller that drives
+        the runner itself (the service's batcher on CUDA) holds it too, so a text call never runs beside
+        a tower call (nor beside a CUDA graph capture)."""
+        return self._lock
+
+    @property
     def pooled_dim(self) -> int | None:
         """The width of `encode(images, pooled=True)`'s vectors (and of `embed_text`'s, for contrastive
         checkpoints), or None when the tower has no pooled image embedding (VLM towers)."""
@@ -207,6 +214,12 @@ class Encoder:
         """Text embeddings [len(texts), dim] in the space of `encode(images, pooled=True)`: transformers'
         get_text_features on the checkpoint's own tokenizer output (mmenc.engine.text), on `device` in the
         tower's dtype. The text tower is built on first use. ValueError for a checkpoint without one."""
+        self._text_encoder()
+        with self._lock:
+            return self._text.encode(list(texts) if not isinstance(texts, str) else texts)
+
+    def _text_encoder(self):
+        """The TextEncoder, built on first use (ValueError for a checkpoint without a text tower)."""
         if self._text is None:
             if self.loaded.load_format != "auto":
                 raise ValueError(f"embed_text: {self.model_name!r} has random weights and no tokenizer files "
@@ -215,8 +228,11 @@ class Encoder:
             from mmenc.engine.text import TextEncoder
 
             self._text = TextEncoder.from_checkpoint(self.model_name, self.device, self.loaded.dtype)
-        with self._lock:
-            return self._text.encode(list(texts) if not isinstance(texts, str) else texts)
+        return self._text
+
+    def text_tokens(self, texts: Sequence[str]) -> list[int]:
+        """How many tokens each text is to the text tower (the tokenizer's, truncated, without padding)."""
+        return self._text_encoder().token_counts(list(texts))
 
     def encode(self, images: Sequence[Any], return_extras: bool = False,
                errors: Literal["raise", "skip"] = "raise", pooled: bool = False) -> list:

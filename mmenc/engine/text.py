@@ -61,6 +61,13 @@ class TextEncoder:
         return dict(self.tokenizer(list(texts), padding=padding, truncation=True, max_length=config.max_positions,
                                    return_tensors="pt"))
 
+    def token_counts(self, texts: Sequence[str]) -> list[int]:
+        """Tokens per text as the tower reads it (special tokens included, truncated, padding not counted)."""
+        if not texts:
+            return []
+        ids = self.tokenizer(list(texts), truncation=True, max_length=self.tower.config.max_positions)["input_ids"]
+        return [len(row) for row in ids]
+
     @torch.inference_mode()
     def encode(self, texts: Sequence[str]) -> torch.Tensor:
         """[len(texts), projection] (the image embeddings' space), in input order."""

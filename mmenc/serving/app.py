@@ -1,4 +1,5 @@
-"""The HTTP routes (FastAPI): /health, /v1/models, /metrics, POST /v1/encode. See docs/serving.md."""
+"""The HTTP routes (FastAPI): /health, /v1/models, /metrics, POST /v1/encode, POST /v1/embeddings
+(mmenc/serving/embeddings.py). See docs/serving.md."""
 import asyncio
 import contextlib
 import hmac
@@ -88,6 +89,9 @@ def create_app(service: EncodeService, on_load_failure=None) -> FastAPI:
         metrics.request_seconds.observe(time.perf_counter() - start)
         return PiecesResponse(payload)
 
+    from mmenc.serving.embeddings import add_routes  # here: embeddings imports this module's helpers
+
+    add_routes(app, service, authorize, error)
     return app
 
 

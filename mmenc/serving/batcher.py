@@ -47,6 +47,7 @@ class Job:
     pixel_values: torch.Tensor
     grid_thw: torch.Tensor
     future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
+    pooled: bool = False  # the answer is the tower's pooled embedding [1, dim] (Batcher `pool`), not its rows
     enqueued: float = dataclasses.field(default_factory=time.perf_counter)
 
     @property
@@ -80,7 +81,8 @@ class _Slot:
     out_buf: torch.Tensor | None = None
     event: object = None
     batch: list = dataclasses.field(default_factory=list)
-    output: torch.Tensor | None = None  # [tokens, width] on the CPU (a view of out_buf on CUDA)
+    output: torch.Tensor | None = None  # [tokens, width] on the CPU (a view of out_buf on CUDA); None: all pooled
+    pooled: torch.Tensor | None = None  # [images, dim] on the CPU: the pooled embeddings, when a job asked
     finite: torch.Tensor | None = None
     grid: torch.Tensor | None = None
     hidden: int = 0
@@ -95,13 +97,16 @@ class Batcher:
     completer only when the device-side check found a non-finite value (may raise). graph_stats() ->
     {"eager"|"captures"|"replays": count}: the tower's CUDA graph counters, copied into the metrics.
     alloc(shape, dtype) (attribute, default None: a clone): the tensor each image's output is copied
-    into (front ends: shared memory, so it crosses to them without another copy)."""
+    into (front ends: shared memory, so it crosses to them without another copy). pool(embeddings,
+    grid_thw) -> [images, dim]: the tower's pooling head (Encoder.pool), run on a call's output when one
+    of its jobs is `pooled`; a call of pooled jobs only copies just those vectors back, not the rows.
+    A pooled job's answer is EncodedImage(vector [1, dim], dim, grid), a tensor of its own (never `alloc`'s)."""
 
     def __init__(self, encode_pixels: Callable, output_tokens: Callable, max_batch_patches: int,
                  max_wait_ms: float, metrics: ServeMetrics, pin_memory: bool = False, *,
                  device: torch.device | str = "cpu", prepare: Callable | None = None,
                  check_finite: Callable | None = None, bucket: bool = False, max_in_flight: int = 2,
-                 graph_stats: Callable[[], dict] | None = None):
+                 graph_stats: Callable[[], dict] | None = None, pool: Callable | None = None):
         """pin_memory (CUDA towers): gather each call's input into a reused pinned buffer per slot (an
         asynchronous copy to the device) and copy its output back into another (ditto)."""
         if max_in_flight < 1:
@@ -110,7 +115,7 @@ class Batcher:
         self.pin_memory, self.device = pin_memory, torch.device(device)
         self.prepare, self._check_finite, self.bucket = prepare, check_finite, bucket
         self.max_batch_patches, self.max_wait_s = max_batch_patches, max_wait_ms / 1000.0
-        self.metrics, self.graph_stats = metrics, graph_stats
+        self.metrics, self.graph_stats, self._pool = metrics, graph_stats, pool
         self.alloc: Callable[[tuple, torch.dtype], torch.Tensor] | None = None  # where each image's output goes
         self.packings: collections.Counter = collections.Counter()  # tower calls per packing (grid list)
         self._queue: queue.Queue[Job | None] = queue.Queue()
@@ -228,11 +233,15 @@ class Batcher:
             pixel_values = pixel_values.reshape(pixel_values.shape[0], -1)
         out = self._encode_pixels(pixel_values, grid, return_extras=True)
         slot.hidden = out.embeddings.shape[1]
-        full = image_embeds(out)
-        slot.finite = all_finite(out.embeddings) if self._check_finite is not None else None
+        pooled = self._pooled(out.embeddings, grid, batch)
+        only_pooled = pooled is not None and all(job.pooled for job in batch)
+        full = pooled if only_pooled else image_embeds(out)  # a call of pooled jobs copies their vectors only
+        slot.finite = all_finite(full[:, :slot.hidden]) if self._check_finite is not None else None
         if full.device.type == "cpu":
-            slot.output = full
+            slot.output, slot.pooled = (None if only_pooled else full), pooled
             return
+        if pooled is not None and not only_pooled:
+            slot.pooled = _to_host(pooled, self.pin_memory)
         if self.pin_memory:
             n = full.numel()
             if slot.out_buf is None or slot.out_buf.numel() < n or slot.out_buf.dtype != full.dtype:
@@ -243,9 +252,19 @@ class Batcher:
         else:
             slot.output = full.to("cpu", non_blocking=False)
             slot.finite = None if slot.finite is None else slot.finite.cpu()
+        if only_pooled:
+            slot.output, slot.pooled = None, slot.output
         if full.device.type == "cuda":
             slot.event = torch.cuda.Event()
             slot.event.record()
+
+    def _pooled(self, embeddings: torch.Tensor, grid: torch.Tensor, batch: list[Job]) -> torch.Tensor | None:
+        """[images, dim] on the tower's device when a job of the call is pooled, else None."""
+        if not any(job.pooled for job in batch):
+            return None
+        if self._pool is None:
+            raise ValueError("a pooled job reached a Batcher without a pooling head (pool=None)")
+        return self._pool(embeddings, grid)
 
     def _gather(self, slot: _Slot, parts: list[torch.Tensor]) -> torch.Tensor:
         """[patches_i, ...] each -> [sum patches_i, ...]. With pin_memory, a view of the slot's staging
@@ -278,17 +297,27 @@ class Batcher:
                     self.metrics.cuda_graph_calls.labels(kind=kind).set(count)
             self._release(slot)
             for job, piece, g in zip(batch, pieces, grid.tolist()):
-                job.future.set_result(EncodedImage(piece, hidden, tuple(g)))
+                job.future.set_result(EncodedImage(piece, piece.shape[1] if job.pooled else hidden, tuple(g)))
 
     def _finish(self, slot: _Slot) -> list[torch.Tensor]:
         if slot.event is not None:
             slot.event.synchronize()
         tokens = self._output_tokens(slot.grid)
         if slot.finite is not None and not bool(slot.finite):
-            self._check_finite(slot.output[:, :slot.hidden], tokens)
-        if self.alloc is None:
-            return [piece.clone() for piece in slot.output.split(tokens)]
-        return [self.alloc(tuple(piece.shape), piece.dtype).copy_(piece) for piece in slot.output.split(tokens)]
+            if slot.output is None:
+                self._check_finite(slot.pooled, [1] * len(slot.batch))
+            else:
+                self._check_finite(slot.output[:, :slot.hidden], tokens)
+        rows = [None] * len(slot.batch) if slot.output is None else slot.output.split(tokens)
+        pieces = []
+        for i, (job, piece) in enumerate(zip(slot.batch, rows)):
+            if job.pooled:
+                pieces.append(slot.pooled[i:i + 1].clone())
+            elif self.alloc is None:
+                pieces.append(piece.clone())
+            else:
+                pieces.append(self.alloc(tuple(piece.shape), piece.dtype).copy_(piece))
+        return pieces
 
     def _fail(self, slot: _Slot, error: Exception) -> None:
         batch = slot.batch
@@ -302,5 +331,13 @@ class Batcher:
             job.future.set_exception(error)
 
     def _release(self, slot: _Slot) -> None:
-        slot.batch, slot.output, slot.finite, slot.grid, slot.event = [], None, None, None, None
+        slot.batch, slot.output, slot.finite, slot.grid, slot.event, slot.pooled = [], None, None, None, None, None
         self._free.put(slot)
+
+
+def _to_host(tensor: torch.Tensor, pin_memory: bool) -> torch.Tensor:
+    """A copy on the CPU, queued behind the work that makes `tensor` (pinned: the host does not wait)."""
+    if not pin_memory:
+        return tensor.to("cpu")
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return host.copy_(tensor, non_blocking=True)

@@ -38,27 +38,46 @@ class ItemError:
 
 @dataclasses.dataclass(frozen=True)
 class ImageInput:
-    """One image of a request: its encoded file bytes (or the error that stopped us reading them)."""
+    """One input of a request: an image's encoded file bytes (or the error that stopped us reading
+    them), or a text to embed (`/v1/embeddings`)."""
 
     index: int
     uuid: str | None
     data: bytes | None = None
     error: ItemError | None = None
+    text: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class EncodeRequest:
+    """images: the inputs in order. pooled: each image's answer is its pooled embedding [1, dim] (the
+    tower's pooling head), not its rows."""
+
     images: list[ImageInput]
     format: str
     video: dict = dataclasses.field(default_factory=dict)  # sampling fields for its videos (mmenc.serving.video)
+    pooled: bool = False
 
 
-def check_format(value: Any) -> str:
+def check_format(value: Any, pooled: bool = False) -> str:
+    """The response format (default "vllm"; "base64" for pooled answers, which are not image_embeds)."""
     if value is None:
-        return DEFAULT_FORMAT
+        return "base64" if pooled else DEFAULT_FORMAT
     if value not in FORMATS:
         raise RequestError(400, "format", f"format={value!r} is not supported; use one of {', '.join(FORMATS)}",
                            kind="unknown_format")
+    if pooled and value == "vllm":
+        raise RequestError(400, "format", "format='vllm' carries image_embeds rows; pooled answers (one vector per "
+                                          "image) come as format 'base64' or 'json'", kind="unknown_format")
+    return value
+
+
+def check_pooled(value: Any) -> bool:
+    """`pooled`: a JSON boolean, or a multipart field 'true' / 'false'."""
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if not isinstance(value, bool):
+        raise RequestError(400, "pooled", f"pooled={value!r} must be true or false")
     return value
 
 
@@ -91,7 +110,9 @@ def _decode_base64(text: str, index: int) -> ImageInput | bytes:
     return data
 
 
-def _json_image(item: Any, index: int, uuid: str | None) -> ImageInput:
+def json_image(item: Any, index: int, uuid: str | None) -> ImageInput:
+    """One JSON image entry (a data URL, or {"data": BASE64}) -> ImageInput (an ItemError for bad base64 or
+    a string that is not a data URL; RequestError for an entry of another type)."""
     if isinstance(item, str):
         head, sep, payload = item.partition(",")
         if not item.startswith("data:"):
@@ -129,32 +150,34 @@ def parse_json(body: bytes, max_images: int) -> EncodeRequest:
         raise RequestError(400, "body", f"body is not valid JSON ({e})") from e
     if not isinstance(doc, dict):
         raise RequestError(400, "body", f"body must be a JSON object, got {type(doc).__name__}")
-    unknown = sorted(set(doc) - {"images", "format", "uuids", *VIDEO_FIELDS})
+    unknown = sorted(set(doc) - {"images", "format", "uuids", "pooled", *VIDEO_FIELDS})
     if unknown:
-        raise RequestError(400, unknown[0], f"unknown field(s) {unknown}; expected images, format, uuids, "
+        raise RequestError(400, unknown[0], f"unknown field(s) {unknown}; expected images, format, uuids, pooled, "
                                             f"{', '.join(VIDEO_FIELDS)}")
     images = doc.get("images")
     if not isinstance(images, list):
         raise RequestError(400, "images", f"images must be a list of images, got {type(images).__name__}")
-    fmt = check_format(doc.get("format"))
+    pooled = check_pooled(doc.get("pooled", False))
+    fmt = check_format(doc.get("format"), pooled)
     _check_count(len(images), max_images)
     uuids = check_uuids(doc.get("uuids"), len(images))
-    return EncodeRequest([_json_image(item, i, u) for i, (item, u) in enumerate(zip(images, uuids))], fmt,
-                         _video_fields(doc))
+    return EncodeRequest([json_image(item, i, u) for i, (item, u) in enumerate(zip(images, uuids))], fmt,
+                         _video_fields(doc), pooled)
 
 
 def parse_form(files: list[bytes], fields: dict[str, list[str]], max_images: int) -> EncodeRequest:
     """files: the file parts' bytes in body order; fields: the text fields (`format`, `uuids`:
     repeated once per file, or one JSON list)."""
-    unknown = sorted(set(fields) - {"format", "uuids", *VIDEO_FIELDS})
+    unknown = sorted(set(fields) - {"format", "uuids", "pooled", *VIDEO_FIELDS})
     if unknown:
         raise RequestError(400, unknown[0], f"unknown form field(s) {unknown}; expected file parts, format, uuids, "
-                                            f"{', '.join(VIDEO_FIELDS)}")
+                                            f"pooled, {', '.join(VIDEO_FIELDS)}")
     _check_count(len(files), max_images)
     formats = fields.get("format", [])
     if len(formats) > 1:
         raise RequestError(400, "format", f"format given {len(formats)} times; give it once")
-    fmt = check_format(formats[0] if formats else None)
+    pooled = check_pooled(fields.get("pooled", ["false"])[-1])
+    fmt = check_format(formats[0] if formats else None, pooled)
     uuids = fields.get("uuids")
     if uuids is not None and len(uuids) == 1 and uuids[0].lstrip().startswith("["):
         try:
@@ -165,7 +188,7 @@ def parse_form(files: list[bytes], fields: dict[str, list[str]], max_images: int
     items = [ImageInput(i, u, data=data) if data else
              ImageInput(i, u, error=ItemError("invalid_image", f"images[{i}]: empty file part (0 bytes)"))
              for i, (data, u) in enumerate(zip(files, uuids))]
-    return EncodeRequest(items, fmt, _video_fields({k: v[-1] for k, v in fields.items()}))
+    return EncodeRequest(items, fmt, _video_fields({k: v[-1] for k, v in fields.items()}), pooled)
 
 
 def _video_fields(values: dict) -> dict:

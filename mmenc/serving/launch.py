@@ -28,7 +28,7 @@ def asynchronous_tower_call(enc) -> tuple[Callable, Callable] | None:
     def encode(pixel_values: torch.Tensor, grid_thw: torch.Tensor, return_extras: bool = True):
         if int(grid_thw[:, :3].prod(-1).sum()) > enc.max_batch_patches:
             return enc.encode_pixels(pixel_values, grid_thw, return_extras=True)  # split into several calls
-        with torch.inference_mode():
+        with torch.inference_mode(), enc.call_lock:  # text calls (embed_text) may run beside the batcher
             return enc.runner.run(pixel_values, grid_thw)
 
     return encode, lambda embeddings, tokens: check_finite(embeddings, tokens, enc.strict)
@@ -53,7 +53,15 @@ def make_batcher(enc, settings: ServeSettings, metrics: ServeMetrics) -> Batcher
     return Batcher(encode, enc.output_tokens, settings.max_batch_patches, settings.max_wait_ms, metrics,
                    pin_memory=device.type == "cuda", device=device, prepare=prepare, check_finite=finite,
                    bucket=use_buckets(settings, enc), max_in_flight=settings.max_in_flight,
-                   graph_stats=_graph_stats(enc))
+                   graph_stats=_graph_stats(enc), pool=_pool(enc) if enc.pooled_dim is not None else None)
+
+
+def _pool(enc) -> Callable:
+    """Encoder.pool under the Encoder's call lock (see asynchronous_tower_call)."""
+    def pool(embeddings: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        with enc.call_lock:
+            return enc.pool(embeddings, grid_thw)
+    return pool
 
 
 def _graph_stats(enc) -> Callable[[], dict] | None:

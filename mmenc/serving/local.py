@@ -34,7 +34,7 @@ class LocalEngine(EngineClient):
         self.settings, self.metrics = settings, metrics
         self._make_encoder, self._batcher_factory, self._alloc = make_encoder, batcher_factory, alloc
         self.state, self.load_error, self.info = "loading", None, None
-        self.encoder = self.batcher = None
+        self.encoder = self.batcher = self.text_batcher = None
         self.cache = cache if cache is not None else EncoderCache(settings.cache_bytes)
         self._loader: threading.Thread | None = None
         self._closing = threading.Event()  # set by close(): a load still running stops at its next step
@@ -72,20 +72,39 @@ class LocalEngine(EngineClient):
         hidden, levels = out.embeddings.shape[1], len(out.extras.get("deepstack") or [])
         loaded = enc.loaded
         archs = (getattr(loaded, "hf_config", None) or {}).get("architectures") or [type(loaded.config).__name__]
+        text_error = self._start_text(enc)
         card = {"id": enc.model_name, "object": "model", "architecture": archs[0], "hidden_size": hidden,
                 "image_embeds_size": hidden * (1 + levels), "deepstack_levels": levels,
-                "dtype": dtype_name(loaded.dtype)}
+                "dtype": dtype_name(loaded.dtype), "pooled_dim": enc.pooled_dim, "text": text_error is None}
         identity = model_identity(enc.model_name, enc.processor, loaded.dtype)
         if self._closing.is_set():
             return
         self.batcher = self._batcher_factory(enc, self.settings, self.metrics)
         self.batcher.alloc = self._alloc
+        hf_config = getattr(loaded, "hf_config", None) or {}
         self.info = EngineInfo(model_name=enc.model_name, card=card, identity=identity, processor=enc.processor,
                                uint8=self.batcher.prepare is not None, dtype=loaded.dtype,
-                               video_processor=enc.video_processor)
+                               video_processor=enc.video_processor, pooled_dim=enc.pooled_dim,
+                               text_error=text_error, matryoshka=matryoshka_dims(hf_config))
         self.state = "ready"
         logger.info("encoder %s ready in %.1f s (%s); linears %s; %s", enc.model_name, time.perf_counter() - start,
                     card, enc.linear_backend(), enc.threads())
+
+    def _start_text(self, enc) -> str | None:
+        """Build and warm the text tower of a contrastive checkpoint and its TextBatcher; the reason texts
+        cannot be embedded, or None. A checkpoint whose text side fails to load still serves images."""
+        if not getattr(enc, "supports_text", False):
+            return (f"{enc.model_name!r} has no text tower mmenc runs (texts need a CLIPModel, SiglipModel or "
+                    f"Siglip2Model checkpoint folder with its tokenizer)")
+        try:
+            enc.embed_text(["warm-up"])
+        except (ValueError, OSError) as e:
+            logger.warning("texts will not be embedded: %s", e)
+            return str(e)
+        from mmenc.serving.text_batcher import TextBatcher
+
+        self.text_batcher = TextBatcher(enc.embed_text, enc.text_tokens, self.settings.max_wait_ms)
+        return None
 
     def loading(self) -> bool:
         """Whether the loader thread still runs (e.g. after close() gave up waiting for it)."""
@@ -108,6 +127,8 @@ class LocalEngine(EngineClient):
             self.state = "stopped"
         if self.batcher is not None:
             self.batcher.close(timeout=self.settings.shutdown_timeout_s)
+        if self.text_batcher is not None:
+            self.text_batcher.close(timeout=self.settings.shutdown_timeout_s)
         if self.encoder is not None:
             self.encoder.close()
 
@@ -121,8 +142,19 @@ class LocalEngine(EngineClient):
         if job is None:
             cached = self.cache.get(key)
             return done_future(Encoded(cached, True) if cached is not None else None)
+        return self._answer(key, self.batcher.submit(job))
+
+    def submit_text(self, key: str, text: str) -> concurrent.futures.Future:
+        cached = self.lookup(key)
+        if cached is not None:
+            return done_future(Encoded(cached, True))
+        if self.text_batcher is None:
+            raise ValueError(self.info.text_error if self.info is not None else "the encoder is not loaded")
+        return self._answer(key, self.text_batcher.submit(text))
+
+    def _answer(self, key: str, tower: concurrent.futures.Future) -> concurrent.futures.Future:
+        """Future[Encoded] of a tower future: the result cached under `key` first."""
         answer = concurrent.futures.Future()
-        tower = self.batcher.submit(job)
 
         def tower_done(future) -> None:  # in the batcher's completer thread: cheap steps only
             if future.cancelled():
@@ -147,6 +179,15 @@ class LocalEngine(EngineClient):
         answer.add_done_callback(cancel_tower)
         tower.add_done_callback(tower_done)
         return answer
+
+
+def matryoshka_dims(hf_config: dict) -> tuple[int, ...] | bool:
+    """The output widths a checkpoint was trained to be cut to, as vLLM reads config.json:
+    `matryoshka_dimensions` (a list), or `is_matryoshka: true` (any width); () for a fixed width."""
+    dims = hf_config.get("matryoshka_dimensions")
+    if isinstance(dims, list) and all(isinstance(d, int) and d > 0 for d in dims):
+        return tuple(sorted(set(dims)))
+    return True if hf_config.get("is_matryoshka") is True else ()
 
 
 def _warmup_image() -> bytes:

@@ -36,6 +36,7 @@ class ServeMetrics:
         self.requests = Counter("mmenc_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
         self.images = Counter("mmenc_images", "images answered with embeddings", registry=r)
         self.tokens = Counter("mmenc_tokens", "embedding rows answered", registry=r)
+        self.texts = Counter("mmenc_texts", "texts embedded (POST /v1/embeddings)", registry=r)
         self.errors = Counter("mmenc_errors", "failed images and refused requests, by kind", ["kind"], registry=r)
         self.cancelled = Counter("mmenc_cancelled_images", "images abandoned by their client before the answer", registry=r)
         self.queue_depth = gauge("mmenc_queue_depth", "images waiting for the tower")
@@ -48,7 +49,8 @@ class ServeMetrics:
                                             buckets=_SECONDS, registry=r)
         self.tower_seconds = Histogram("mmenc_tower_seconds", "tower call, including the copy to the CPU",
                                        buckets=_SECONDS, registry=r)
-        self.request_seconds = Histogram("mmenc_request_seconds", "POST /v1/encode, body read to response",
+        self.request_seconds = Histogram("mmenc_request_seconds",
+                                         "POST /v1/encode and /v1/embeddings, body read to response",
                                          buckets=_SECONDS, registry=r)
         own = r if cache_stats is None else CollectorRegistry()  # not exported when the cache is shared
         self.cache_hits = Counter("mmenc_cache_hits", _CACHE_DOCS["hits"], registry=own)

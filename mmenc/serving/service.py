@@ -27,9 +27,14 @@ from mmenc.serving.video import VideoJobs, join, looks_like_video, prepare_video
 logger = init_logger(__name__)
 
 
+POOLED_SUFFIX = "/pooled"  # an image's pooled embedding is cached under its key + this (uuids hold no '/')
+
+
 @dataclasses.dataclass
-class _Item:
-    """One image on its way through the service."""
+class Item:
+    """One input on its way through the service: key (the uuid given, or the content key), the
+    answer (EncodedImage: an image's rows, a pooled or text vector [1, dim]) or its error, and
+    whether the cache gave it. A renderer (EncodeService.encode's `render`) reads these."""
 
     key: str | None = None
     image: EncodedImage | None = None
@@ -109,14 +114,25 @@ class EncodeService:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     # -- one request -------------------------------------------------------------------------------
-    async def encode(self, request: EncodeRequest) -> list[bytes]:
+    async def encode(self, request: EncodeRequest,
+                     render: Callable[[EncodeRequest, list[Item]], list[bytes]] | None = None) -> list[bytes]:
         """The JSON response body, in pieces (formats.Body): {"model": ..., "data": [item per image,
         input order], "usage": ...}. The event loop hands the request to the pool once and wakes once
         for the answer: pool threads prepare the images and submit them to the engine, the last
-        result submits the rendering, which sets the answer (pending.Pending)."""
+        result submits the rendering, which sets the answer (pending.Pending). render(request, items):
+        another body (`/v1/embeddings`), run in a pool thread; a RequestError it raises is the answer."""
         if self.state != "ready":
             raise RequestError(503, "model", f"the encoder is {self.state}"
                                + (f" ({self.load_error})" if self.load_error else "; retry shortly"), kind="not_ready")
+        info = self.engine.info
+        if request.pooled and info.pooled_dim is None and any(item.text is None for item in request.images):
+            raise RequestError(400, "pooled", f"{info.model_name!r} has no pooled image embedding (no CLIP projection "
+                                              f"or SigLIP attention-pooling head: a VLM's tower); ask for its rows "
+                                              f"(pooled=false)", kind="unsupported_model")
+        texts = [item.index for item in request.images if item.text is not None]
+        if texts and info.text_error is not None:
+            raise RequestError(400, f"input[{texts[0]}]", f"texts cannot be embedded: {info.text_error}",
+                               kind="unsupported_model")
         n = len(request.images)
         busy = self.admission.take(n)
         if busy is not None:
@@ -125,9 +141,10 @@ class EncodeService:
                                kind="queue_full")
         self._in_flight += n
         self.metrics.in_flight.set(self._in_flight)
-        pending = Pending(n, lambda items: self._render(request, items))
+        pending = Pending(n, lambda items: (render or self._render)(request, items))
         try:
-            self.pool.submit(pending.guard, self._start, pending, request.images, video_options(request.video))
+            self.pool.submit(pending.guard, self._start, pending, request.images, video_options(request.video),
+                             request.pooled)
             return await asyncio.wrap_future(pending.answer)
         except asyncio.CancelledError:  # the client left: its jobs not yet in a tower call are dropped
             self.metrics.cancelled.inc(pending.cancel())
@@ -137,29 +154,40 @@ class EncodeService:
             self.admission.give_back(n)
             self.metrics.in_flight.set(self._in_flight)
 
-    def _start(self, pending: Pending, images: list[ImageInput], video=None) -> None:
+    def _start(self, pending: Pending, images: list[ImageInput], video=None, pooled: bool = False) -> None:
         """In a pool thread: the request's first image here, each other one in its own pool task.
         video: the request's VideoOptions (for its videos)."""
         for image in images[1:]:
-            self.pool.submit(pending.guard, self._image, pending, image, video)
-        self._image(pending, images[0], video)
+            self.pool.submit(pending.guard, self._image, pending, image, video, pooled)
+        self._image(pending, images[0], video, pooled)
 
-    def _image(self, pending: Pending, image: ImageInput, video=None) -> None:
+    def _image(self, pending: Pending, image: ImageInput, video=None, pooled: bool = False) -> None:
         if image.error is not None:
-            return pending.settle(image.index, _Item(error=image.error), self.pool)
+            return pending.settle(image.index, Item(error=image.error), self.pool)
         if pending.answer.done():  # cancelled: nothing more to do
             return
+        if image.text is not None:
+            item = Item(key=content_key(self.engine.info.identity, b"\0text\0" + image.text.encode()))
+            return self._await_engine(pending, image, item, self.engine.submit_text(item.key, image.text))
         if looks_like_video(image.data):
+            if pooled:
+                return pending.settle(image.index, Item(error=ItemError(
+                    "unsupported_input", f"images[{image.index}]: a video has no pooled embedding; send its frames "
+                                         f"as images")), self.pool)
             return self._video(pending, image, video)
-        item, job = self._prepare(image)
+        item, job = self._prepare(image, pooled)
         if item.image is not None:
             return pending.settle(image.index, item, self.pool)
+        # a failed image (job None) still asks the cache: a uuid already cached answers whatever the bytes
+        self._await_engine(pending, image, item, self.engine.submit(_cache_key(item.key, pooled), job))
 
+    def _await_engine(self, pending: Pending, image: ImageInput, item: Item, future) -> None:
+        """Settle `image` with the engine's answer `future` (Future[Encoded | None])."""
         def engine_done(future) -> None:  # in the thread that answers the engine's futures: cheap steps only
             if future.cancelled():
                 return
             if future.exception() is not None:  # the tower failed for this batch: an item error, not a 500
-                failed = _Item(error=ItemError("encoder_error", f"images[{image.index}]: the tower failed "
+                failed = Item(error=ItemError("encoder_error", f"images[{image.index}]: the tower failed "
                                                                 f"({describe(future.exception())})"))
                 return pending.settle(image.index, failed, self.pool)
             encoded = future.result()
@@ -167,8 +195,7 @@ class EncodeService:
                 item.image, item.hit, item.error = encoded.image, encoded.cached, None
             pending.settle(image.index, item, self.pool)
 
-        # a failed image (job None) still asks the cache: a uuid already cached answers whatever the bytes
-        pending.track(self.engine.submit(item.key, job)).add_done_callback(engine_done)
+        pending.track(future).add_done_callback(engine_done)
 
     def _video(self, pending: Pending, image: ImageInput, options) -> None:
         """A video item: its pieces' jobs (each cached under the video's key + "/k"), joined when all are back."""
@@ -179,7 +206,7 @@ class EncodeService:
                              self.settings.max_batch_patches, info.uint8, info.dtype)
         self.metrics.preprocess_seconds.observe(time.perf_counter() - start)
         if not isinstance(jobs, VideoJobs):
-            return pending.settle(image.index, _Item(key=key, error=jobs), self.pool)
+            return pending.settle(image.index, Item(key=key, error=jobs), self.pool)
         parts: list = [None] * len(jobs.parts)
         left, lock = [len(parts)], threading.Lock()
 
@@ -198,9 +225,9 @@ class EncodeService:
                 done = left[0] == 0
             if error is not None:
                 failed = ItemError("encoder_error", f"images[{image.index}]: the tower failed ({describe(error)})")
-                return pending.settle(image.index, _Item(key=key, error=failed), self.pool)
+                return pending.settle(image.index, Item(key=key, error=failed), self.pool)
             if done:
-                item = _Item(key=key, image=join([p.image for p in parts], jobs), hit=all(p.cached for p in parts))
+                item = Item(key=key, image=join([p.image for p in parts], jobs), hit=all(p.cached for p in parts))
                 pending.settle(image.index, item, self.pool)
 
         for k, (suffix, pixel_values, grid) in enumerate(jobs.parts):
@@ -211,27 +238,27 @@ class EncodeService:
             future = self.engine.submit(key + suffix, Job(pixel_values, grid))
             pending.track(future).add_done_callback(lambda f, k=k: piece_done(k, f))
 
-    def _prepare(self, image: ImageInput) -> tuple[_Item, Job | None]:
+    def _prepare(self, image: ImageInput, pooled: bool = False) -> tuple[Item, Job | None]:
         """In a pool thread: key, cache lookup, then (on a miss) decode + preprocess."""
         info = self.engine.info
         key = image.uuid or content_key(info.identity, image.data)
-        cached = self.engine.lookup(key)
+        cached = self.engine.lookup(_cache_key(key, pooled))
         if cached is not None:
-            return _Item(key=key, image=cached, hit=True), None
+            return Item(key=key, image=cached, hit=True), None
         start = time.perf_counter()
         result = preprocess_image(info.processor, image.data, image.index, self.settings.max_image_pixels,
                                   uint8=info.uint8)
         self.metrics.preprocess_seconds.observe(time.perf_counter() - start)
         if isinstance(result, ItemError):
-            return _Item(key=key, error=result), None
+            return Item(key=key, error=result), None
         pixel_values, grid = result
         if pixel_values.is_floating_point():
             # the tower casts its input to its dtype anyway (same rounding here): casting in this thread
             # halves what the batcher concatenates and copies to the device for bf16/fp16 towers
             pixel_values = pixel_values.to(info.dtype)
-        return _Item(key=key), Job(pixel_values, grid)
+        return Item(key=key), Job(pixel_values, grid, pooled=pooled)
 
-    def _render(self, request: EncodeRequest, items: list[_Item]) -> list[bytes]:
+    def _render(self, request: EncodeRequest, items: list[Item]) -> list[bytes]:
         """In a pool thread: the response body's pieces (and the EC storage files)."""
         body, images, tokens = Body(), 0, 0
         body.add(b'{"model":', dumps(self.engine.info.model_name), b',"data":[')
@@ -244,7 +271,7 @@ class EncodeService:
                                 "error": {"type": item.error.kind, "message": item.error.message}}))
                 continue
             enc = item.image
-            if self.ec is not None and self.ec.write(item.key, enc.full):
+            if self.ec is not None and not request.pooled and self.ec.write(item.key, enc.full):
                 self.metrics.ec_writes.inc()
             images, tokens = images + 1, tokens + enc.num_tokens
             uuid = image.uuid if image.uuid is not None else item.key
@@ -257,3 +284,7 @@ class EncodeService:
         self.metrics.images.inc(images)
         self.metrics.tokens.inc(tokens)
         return body.done()
+
+
+def _cache_key(key: str, pooled: bool) -> str:
+    return key + POOLED_SUFFIX if pooled else key

@@ -30,6 +30,9 @@ class EngineInfo:
     uint8: bool
     dtype: torch.dtype
     video_processor: object = None  # the Encoder's (mmenc.serving.video), None: the model takes no video
+    pooled_dim: int | None = None  # width of the pooled image embedding (Encoder.pooled_dim); None: no pooling head
+    text_error: str | None = "the checkpoint has no text tower"  # why texts cannot be embedded; None: they can
+    matryoshka: tuple[int, ...] | bool = ()  # config.json's matryoshka dimensions (True: any); (): fixed width
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +65,11 @@ class EngineClient(abc.ABC):
         """Future[Encoded] of `job` (pixel_values, grid_thw; its own future is not used), answered from
         the cache when `key` is there. job=None: the cache only, Future[Encoded | None]. Cancelling
         the future drops the job if its tower call has not started; a tower failure is its exception."""
+
+    def submit_text(self, key: str, text: str) -> concurrent.futures.Future:
+        """Future[Encoded] of one text's embedding (EncodedImage [1, dim], grid (1, 1, tokens)), answered
+        from the cache when `key` is there (only when info.text_error is None)."""
+        raise NotImplementedError(f"{type(self).__name__} does not embed texts")
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -5,11 +5,13 @@ in the front end's shared segment, and sends the answer's segment back (an id; a
 first time): no copy but the batcher's one into the segment.
 
 Messages, front end -> engine: ("job", id, key, grid [t, h, w]) + [patches in a front-end
-segment]; ("lookup", id, key): the cache only; ("cancel", id); ("release", segment id): done with
-an answer's segment. Engine -> front end: ("info", EngineInfo) once ready (or at once to a front
-end that connects later); ("failed", error); ("answer", id, hidden, grid, cached, job segment) +
-[embeddings in an engine segment]; ("miss", id, job segment); ("error", id, message, job
-segment); ("release", job segment): a job dropped; ("stop",): drain and exit."""
+segment] (a `pooled` job: "pooled" in place of "job"); ("text", id, key, text): a text to embed;
+("lookup", id, key): the cache only; ("cancel", id); ("release", segment id): done with an answer's
+segment. Engine -> front end: ("info", EngineInfo) once ready (or at once to a front end that
+connects later); ("failed", error); ("answer", id, hidden, grid, cached, job segment) + [embeddings
+in an engine segment]; ("vector", id, hidden, grid, cached, job segment, bytes, dtype, shape): a
+small answer (a pooled or text embedding, not in a segment) inline; ("miss", id, job segment);
+("error", id, message, job segment); ("release", job segment): a job dropped; ("stop",): drain and exit."""
 import concurrent.futures
 import threading
 
@@ -74,9 +76,12 @@ class EngineHub:
             while (message := channel.recv()) is not None:
                 header, tensors = message
                 kind = header[0]
-                if kind == "job":
+                if kind in ("job", "pooled"):
                     seg_id, patches = tensors[0]
-                    self._job(channel, holdings, jobs, header[1], header[2], header[3], patches, seg_id)
+                    self._job(channel, holdings, jobs, header[1], header[2], header[3], patches, seg_id,
+                              pooled=kind == "pooled")
+                elif kind == "text":
+                    self._text(channel, holdings, jobs, header[1], header[2], header[3])
                 elif kind == "release":
                     if holdings.remove(header[1]):
                         self.outputs.unref(header[1])
@@ -102,11 +107,22 @@ class EngineHub:
                 self.outputs.unref(seg_id, count)
 
     def _job(self, channel: Channel, holdings: Holdings, jobs: dict, rid: int, key: str, grid: list,
-             patches: torch.Tensor, seg_id: int) -> None:
+             patches: torch.Tensor, seg_id: int, pooled: bool = False) -> None:
         cached = self.engine.lookup(key)
         if cached is not None:
             return self._answer(channel, holdings, rid, Encoded(cached, True), seg_id)
-        future = self.engine.submit(key, Job(patches, torch.tensor([grid], dtype=torch.int64)))
+        future = self.engine.submit(key, Job(patches, torch.tensor([grid], dtype=torch.int64), pooled=pooled))
+        self._track(channel, holdings, jobs, rid, future, seg_id)
+
+    def _text(self, channel: Channel, holdings: Holdings, jobs: dict, rid: int, key: str, text: str) -> None:
+        try:
+            future = self.engine.submit_text(key, text)
+        except ValueError as e:  # texts are not served by this checkpoint (the front end checks first)
+            return _send(channel, ("error", rid, str(e), None))
+        self._track(channel, holdings, jobs, rid, future, None)
+
+    def _track(self, channel: Channel, holdings: Holdings, jobs: dict, rid: int, future, seg_id: int | None) -> None:
+        """Answer `rid` when the engine's `future` is done (cancelled with it: "cancel")."""
         jobs[rid] = future
 
         def done(f) -> None:  # the batcher's completer thread (or where the job was cancelled)
@@ -124,7 +140,11 @@ class EngineHub:
             return _send(channel, ("miss", rid, seg_id))
         image = encoded.image
         segment = self.outputs.segment_of(image.full)
-        assert segment is not None, "the batcher's outputs live in SharedOutputs segments (batcher.alloc)"
+        if segment is None:  # a pooled or text vector: small, sent in the header
+            full = image.full.contiguous()
+            raw = full.view(torch.uint8).numpy().tobytes()
+            return _send(channel, ("vector", rid, image.hidden, image.grid_thw, encoded.cached, seg_id, raw,
+                                   str(full.dtype).removeprefix("torch."), tuple(full.shape)))
         self.outputs.ref(segment)
         holdings.add(segment.id)
         header = ("answer", rid, image.hidden, image.grid_thw, encoded.cached, seg_id)

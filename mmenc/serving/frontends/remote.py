@@ -9,6 +9,8 @@ import threading
 import weakref
 from collections.abc import Callable
 
+import torch
+
 from mmenc.logger import init_logger
 from mmenc.serving.batcher import Job
 from mmenc.serving.formats import EncodedImage
@@ -57,7 +59,20 @@ class ProcessEngineClient(EngineClient):
                 segment = self.pool.take(pixels.numel() * pixels.element_size())
                 shared = segment.tensor(tuple(pixels.shape), pixels.dtype).copy_(pixels)
                 self._lent[segment.id] = segment
-                self.channel.send(("job", rid, key, job.grid_thw[0].tolist()), [(segment, shared)])
+                kind = "pooled" if job.pooled else "job"
+                self.channel.send((kind, rid, key, job.grid_thw[0].tolist()), [(segment, shared)])
+        except OSError as e:
+            self._futures.pop(rid, None)
+            settle(future, error=EngineGone(f"the engine process is gone ({e})"))
+            return future
+        future.add_done_callback(lambda f: f.cancelled() and self._cancel(rid))
+        return future
+
+    def submit_text(self, key: str, text: str) -> concurrent.futures.Future:
+        rid, future = next(self._ids), concurrent.futures.Future()
+        self._futures[rid] = future
+        try:
+            self.channel.send(("text", rid, key, text))
         except OSError as e:
             self._futures.pop(rid, None)
             settle(future, error=EngineGone(f"the engine process is gone ({e})"))
@@ -112,6 +127,13 @@ class ProcessEngineClient(EngineClient):
             self._give_back(job_segment)
             seg_id, full = tensors[0]
             weakref.finalize(full, self._send, ("release", seg_id))  # the engine may reuse it once this is gone
+            future = self._futures.pop(rid, None)
+            if future is not None:
+                settle(future, result=Encoded(EncodedImage(full, hidden, tuple(grid)), cached))
+        elif kind == "vector":
+            _, rid, hidden, grid, cached, job_segment, raw, dtype, shape = header
+            self._give_back(job_segment)
+            full = torch.frombuffer(bytearray(raw), dtype=getattr(torch, dtype)).reshape(shape)
             future = self._futures.pop(rid, None)
             if future is not None:
                 settle(future, result=Encoded(EncodedImage(full, hidden, tuple(grid)), cached))
