@@ -12,7 +12,9 @@ Every request is the same JSON to both servers: {"model": CHECKPOINT, "input": [
 Each measured image is sent once (--images distinct JPEGs, a pool of --warmup-requests more for the
 warm-up), so no cache answers: mmenc runs with --cache-bytes 0 anyway. Clients are threads of this
 process, each on its own keep-alive connection, closed-loop: a client sends its next request when its
-answer is back. Per target: images/s over the measured phase, request latency p50/p90, errors; then
+answer is back. Per target: images/s over the measured phase, request latency p50/p90, errors, the
+server's CPU seconds over the phase (every process of its session: on a shared machine images per
+CPU second moves much less with the other load than images/s does); then
 the cosine between the targets' vectors of the same images (random weights: both must agree).
 --offline also times mmenc's Encoder.encode(pooled=True) in this process on the same JPEGs (before any
 server starts). Bounded: --images caps the measured requests, --duration the wall time; each server is
@@ -56,7 +58,7 @@ def write_checkpoint(folder: str, preset: str, dtype: str) -> None:
 
     vision = PRESETS[preset]
     text = dict(hidden_size=vision["hidden_size"], intermediate_size=vision["hidden_size"] * 2, num_hidden_layers=1,
-                num_attention_heads=vision["num_attention_heads"], vocab_size=64, max_position_embeddings=16)
+                num_attention_heads=vision["num_attention_heads"], vocab_size=64, max_position_embeddings=256)
     config = transformers.SiglipConfig(vision_config=vision, text_config=text)
     torch.manual_seed(0)
     model = transformers.SiglipModel(config).to(getattr(torch, dtype))
@@ -68,7 +70,7 @@ def write_checkpoint(folder: str, preset: str, dtype: str) -> None:
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
     transformers.PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>",
-                                         eos_token="</s>", model_max_length=16).save_pretrained(folder)
+                                         eos_token="</s>", model_max_length=256).save_pretrained(folder)
     path = os.path.join(folder, "tokenizer_config.json")  # a class name transformers 4 (Infinity's) knows too
     with open(path) as f:
         tokenizer_config = json.load(f)
@@ -105,9 +107,10 @@ def free_port() -> int:
 
 
 def start_server(target: str, args, port: int, log) -> subprocess.Popen:
-    if target == "mmenc":
+    if target.startswith("mmenc"):  # "mmenc-bf16": the same with --dtype bfloat16
+        dtype = ["--dtype", "bfloat16"] if target == "mmenc-bf16" else []
         cmd = [sys.executable, "-m", "mmenc", "serve", "--model", args.checkpoint, "--host", HOST, "--port", str(port),
-               "--cache-bytes", "0", "--device", args.device, *args.serve_arg]
+               "--cache-bytes", "0", "--device", args.device, *dtype, *args.serve_arg]
         env = dict(os.environ)
     else:
         cmd = [args.infinity_bin, "v2", "--model-id", args.checkpoint, "--engine", "torch", "--device", args.device,
@@ -144,6 +147,22 @@ def stop_server(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def session_cpu_s(sid: int) -> float:
+    """User + system CPU seconds of every live process in session `sid` (the server and its children)."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # after the command: state ppid pgrp session ... utime(12) stime(13)
+            total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def post(conn: http.client.HTTPConnection, body: bytes) -> tuple[int, bytes]:
     conn.request("POST", "/embeddings" if conn.infinity else "/v1/embeddings", body,
                  {"content-type": "application/json"})
@@ -152,7 +171,7 @@ def post(conn: http.client.HTTPConnection, body: bytes) -> tuple[int, bytes]:
 
 
 def drive(port: int, infinity: bool, warm: list[bytes], measured: list[bytes], clients: int,
-          duration: float) -> dict:
+          duration: float, sid: int) -> dict:
     """Warm-up (one request per client), then the measured requests closed-loop; the vectors come back too."""
     next_index, lock = [0], threading.Lock()
     latencies, errors, vectors = [], [], {}
@@ -188,13 +207,14 @@ def drive(port: int, infinity: bool, warm: list[bytes], measured: list[bytes], c
             for item in json.loads(reply)["data"]:
                 vectors[(i, item["index"])] = np.asarray(item["embedding"], dtype=np.float32)
 
-    start = time.perf_counter()
+    cpu0, start = session_cpu_s(sid), time.perf_counter()
     deadline[0] = start + duration
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
         list(pool.map(client, range(clients)))
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, session_cpu_s(sid) - cpu0
     lat = sorted(latencies)
     return {"images": len(vectors), "wall_s": wall, "images_per_s": len(vectors) / wall, "errors": errors,
+            "server_cpu_s": cpu, "images_per_cpu_s": len(vectors) / cpu if cpu > 0 else float("nan"),
             "p50_s": statistics.median(lat) if lat else float("nan"),
             "p90_s": lat[int(0.9 * (len(lat) - 1))] if lat else float("nan"), "vectors": vectors}
 
@@ -226,7 +246,8 @@ def main() -> int:
     p.add_argument("--preset", choices=sorted(PRESETS), default="small")
     p.add_argument("--checkpoint-dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--only-write", action="store_true", help="write the checkpoint and stop")
-    p.add_argument("--targets", default="mmenc,infinity,mmenc,infinity", help="runs in this order (A/B/A/B)")
+    p.add_argument("--targets", default="mmenc,infinity,mmenc,infinity",
+                   help="runs in this order (A/B/A/B): mmenc, mmenc-bf16 (--dtype bfloat16), infinity")
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--per-request", type=int, default=4)
     p.add_argument("--images", type=int, default=256, help="distinct JPEGs measured per run (each sent once)")
@@ -264,7 +285,7 @@ def main() -> int:
             proc = start_server(target, args, port, log)
             try:
                 ready = wait_ready(proc, port, args.ready_timeout, log_path)
-                result = drive(port, target == "infinity", warm, measured, args.clients, args.duration)
+                result = drive(port, target == "infinity", warm, measured, args.clients, args.duration, proc.pid)
             finally:
                 stop_server(proc)
         runs.setdefault(target, result["vectors"])
@@ -272,22 +293,24 @@ def main() -> int:
                                                                         if k2 != "vectors"}})
         print(f"run {k + 1} {target}: {result['images_per_s']:.1f} images/s, p50 {result['p50_s'] * 1e3:.0f} ms, "
               f"{len(result['errors'])} errors {result['errors'][:2]}", file=sys.stderr)
-    if len(runs) == 2:
-        a, b = runs.values()
+    (first, a), *others = runs.items()
+    for name, b in others:
         common = sorted(set(a) & set(b))
         cos = [float(a[i] @ b[i] / (np.linalg.norm(a[i]) * np.linalg.norm(b[i]))) for i in common]
         if cos:
-            print(f"cosine between the targets' vectors of the same {len(cos)} images: min {min(cos):.6f}, "
+            print(f"cosine {first} vs {name}, the same {len(cos)} images: min {min(cos):.6f}, "
                   f"mean {statistics.mean(cos):.6f}", file=sys.stderr)
     if args.json:
         with open(args.json, "w") as f:
             json.dump([{k: v for k, v in r.items() if k != "errors"} | {"errors": len(r.get("errors", []))}
                        for r in rows], f, indent=1)
-    print(f"\n{'run':<14} {'images':>7} {'wall s':>7} {'images/s':>9} {'p50 ms':>7} {'p90 ms':>7} {'errors':>6}")
+    print(f"\n{'run':<14} {'images':>7} {'wall s':>7} {'images/s':>9} {'p50 ms':>7} {'p90 ms':>7} {'errors':>6} "
+          f"{'server CPU s':>12} {'images/CPU s':>12}")
+    nan = float("nan")
     for r in rows:
         print(f"{r['run']:<14} {r['images']:>7} {r['wall_s']:>7.1f} {r['images_per_s']:>9.1f} "
-              f"{r.get('p50_s', float('nan')) * 1e3:>7.0f} {r.get('p90_s', float('nan')) * 1e3:>7.0f} "
-              f"{len(r.get('errors', [])):>6}")
+              f"{r.get('p50_s', nan) * 1e3:>7.0f} {r.get('p90_s', nan) * 1e3:>7.0f} {len(r.get('errors', [])):>6} "
+              f"{r.get('server_cpu_s', nan):>12.1f} {r.get('images_per_cpu_s', nan):>12.2f}")
     return 0
 
 
