@@ -225,7 +225,7 @@ def offline(args, jpegs: list[bytes]) -> dict:
 
     from mmenc import Encoder
 
-    kwargs = {"dtype": args.offline_dtype} if args.offline_dtype else {}
+    kwargs = json.loads(args.offline_kwargs)
     with Encoder(args.checkpoint, device=args.device, **kwargs) as enc:
         enc.encode(jpegs[:args.per_request * args.clients], pooled=True)
         if args.device.startswith("cuda"):
@@ -236,6 +236,8 @@ def offline(args, jpegs: list[bytes]) -> dict:
             torch.cuda.synchronize()
         wall = time.perf_counter() - start
     del out
+    if args.device.startswith("cuda"):
+        torch.cuda.empty_cache()  # the servers started next get the whole device
     return {"images": len(jpegs), "wall_s": wall, "images_per_s": len(jpegs) / wall}
 
 
@@ -255,7 +257,8 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=120.0, help="most seconds of the measured phase per run")
     p.add_argument("--device", default="cpu")
     p.add_argument("--offline", action="store_true", help="also time Encoder.encode(pooled=True) in this process")
-    p.add_argument("--offline-dtype", default=None, help="the offline Encoder's dtype (default: the checkpoint's)")
+    p.add_argument("--offline-kwargs", default="{}", help='the offline Encoder\'s keyword arguments as JSON, e.g. '
+                   '\'{"dtype": "bfloat16", "compile": true, "cuda_graphs": true}\' (the flags given to the server)')
     p.add_argument("--serve-arg", action="append", default=[], help="extra `mmenc serve` flag (repeat)")
     p.add_argument("--infinity-bin", default="/work/venvs/infinity/bin/infinity_emb")
     p.add_argument("--infinity-arg", action="append", default=[], help="extra `infinity_emb v2` flag (repeat)")
@@ -293,7 +296,7 @@ def main() -> int:
                                                                         if k2 != "vectors"}})
         print(f"run {k + 1} {target}: {result['images_per_s']:.1f} images/s, p50 {result['p50_s'] * 1e3:.0f} ms, "
               f"{len(result['errors'])} errors {result['errors'][:2]}", file=sys.stderr)
-    (first, a), *others = runs.items()
+    (first, a), *others = runs.items() if runs else ((None, {}),)
     for name, b in others:
         common = sorted(set(a) & set(b))
         cos = [float(a[i] @ b[i] / (np.linalg.norm(a[i]) * np.linalg.norm(b[i]))) for i in common]
