@@ -45,7 +45,8 @@ def server(request, tmp_path_factory):
     folder = _save(kind, tmp_path_factory.mktemp(kind))
     settings = ServeSettings(port=free_port(), api_key=KEY, max_wait_ms=10, preprocess_threads=2,
                              max_images_per_request=8, frontends=frontends)
-    with Encoder(folder, device="cpu") as enc, served(settings, folder, tmp_path_factory.mktemp("log") / "s.log") as port:
+    log = tmp_path_factory.mktemp("log") / "serve.log"
+    with Encoder(folder, device="cpu") as enc, served(settings, folder, log) as port:
         yield port, folder, enc
 
 
@@ -70,8 +71,8 @@ def test_openai_client_texts_images_and_a_mixed_list(server):
     client = _client(port)
     for fmt in ("base64", "float"):  # the client asks base64 by default and decodes it itself
         kwargs = {} if fmt == "base64" else {"encoding_format": "float"}
-        got = client.embeddings.create(model=folder, input=[TEXTS[0], data_url(images[0]), TEXTS[1], data_url(images[1]),
-                                                            TEXTS[2]], **kwargs)
+        mixed = [TEXTS[0], data_url(images[0]), TEXTS[1], data_url(images[1]), TEXTS[2]]
+        got = client.embeddings.create(model=folder, input=mixed, **kwargs)
         assert [d.index for d in got.data] == list(range(5)) and got.model == folder
         vectors = torch.tensor([d.embedding for d in got.data])
         want = torch.stack([want_texts[0], want_images[0], want_texts[1], want_images[1], want_texts[2]])
@@ -105,7 +106,8 @@ def test_vllm_messages_form_and_infinity_modality(server):
     image = png(56, 40, seed=4)
     parts = {"type": "image_url", "image_url": {"url": data_url(image)}}
     got = _post(port, {"model": folder, "messages": [{"role": "user", "content": [parts]}]}).json()["data"]
-    assert len(got) == 1 and rel_err(torch.tensor(got[0]["embedding"]), _unit(enc.encode([image], pooled=True)[0])) < TOL
+    want = _unit(enc.encode([image], pooled=True)[0])
+    assert len(got) == 1 and rel_err(torch.tensor(got[0]["embedding"]), want) < TOL
     text = _post(port, {"messages": [{"role": "user", "content": TEXTS[1]}]}).json()["data"][0]["embedding"]
     assert rel_err(torch.tensor(text), _unit(enc.embed_text([TEXTS[1]])[0])) < TOL
     both = _post(port, {"messages": [{"role": "user", "content": [parts, {"type": "text", "text": "a"}]}]})
@@ -211,3 +213,28 @@ def test_dimensions_follow_the_checkpoints_matryoshka_config():
     wider = parse_embeddings(json.dumps({"input": ["a"], "dimensions": 64}).encode(), 8)
     with pytest.raises(RequestError, match="gives 32-wide vectors"):
         check_model(wider, _info(True))
+
+
+def test_batcher_mixes_pooled_and_row_jobs_in_one_call(tmp_path):
+    """One tower call over a pooled job and a rows job: each gets its own kind of answer."""
+    from mmenc.serving.batcher import Job
+    from mmenc.serving.launch import make_batcher
+    from mmenc.serving.metrics import ServeMetrics
+
+    folder = _save("clip", tmp_path)
+    images = [png(40, 40, seed=8), png(48, 56, seed=9), png(56, 40, seed=10)]
+    with Encoder(folder, device="cpu") as enc:
+        settings = ServeSettings(max_wait_ms=200)  # the three jobs land in one call
+        batcher = make_batcher(enc, settings, ServeMetrics())
+        jobs = []
+        for data, pooled in zip(images, (True, False, True)):
+            pixel_values, grid = enc.preprocess([data])
+            jobs.append(Job(pixel_values, grid, pooled=pooled))
+        futures = [batcher.submit(job) for job in jobs]
+        answers = [f.result(timeout=60) for f in futures]
+        batcher.close()
+        pooled, rows = enc.encode(images, pooled=True), enc.encode(images)
+    assert [a.full.shape[0] for a in answers] == [1, rows[1].shape[0], 1]
+    assert rel_err(answers[0].full[0], pooled[0]) < TOL and rel_err(answers[2].full[0], pooled[2]) < TOL
+    assert rel_err(answers[1].full, rows[1]) < TOL and answers[1].hidden == rows[1].shape[1]
+    assert answers[0].hidden == enc.pooled_dim

@@ -174,9 +174,9 @@ def check_model(parsed: Parsed, info: EngineInfo) -> int:
     images = [item.index for item in parsed.request.images if item.text is None]
     if images and info.pooled_dim is None:
         raise RequestError(400, f"{parsed.field}[{images[0]}]" if parsed.field == "input" else parsed.field,
-                           f"{info.model_name!r} is a VLM's tower: it has no pooled image embedding (no CLIP projection "
-                           f"or SigLIP pooling head) to answer with one vector; /v1/embeddings serves CLIP, SigLIP "
-                           f"and SigLIP2 checkpoints; POST /v1/encode returns this tower's token rows",
+                           f"{info.model_name!r} is a VLM's tower: it has no pooled image embedding (no CLIP "
+                           f"projection or SigLIP pooling head) to answer with one vector; /v1/embeddings serves "
+                           f"CLIP, SigLIP and SigLIP2 checkpoints; POST /v1/encode returns this tower's token rows",
                            kind="unsupported_model")
     width = info.pooled_dim
     if width is None:  # texts only, and the service refuses them (no text tower)
