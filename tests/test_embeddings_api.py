@@ -238,3 +238,29 @@ def test_batcher_mixes_pooled_and_row_jobs_in_one_call(tmp_path):
     assert rel_err(answers[0].full[0], pooled[0]) < TOL and rel_err(answers[2].full[0], pooled[2]) < TOL
     assert rel_err(answers[1].full, rows[1]) < TOL and answers[1].hidden == rows[1].shape[1]
     assert answers[0].hidden == enc.pooled_dim
+
+
+def test_render_cuts_then_normalises_and_fails_on_the_first_bad_input():
+    """A matryoshka width: the first `dimensions` values, then L2-normalised; base64 is little-endian float32."""
+    from mmenc.serving.formats import EncodedImage
+    from mmenc.serving.inputs import ItemError
+    from mmenc.serving.embeddings import render
+    from mmenc.serving.metrics import ServeMetrics
+    from mmenc.serving.service import Item
+
+    doc = {"input": ["a", "b"], "dimensions": 16, "encoding_format": "base64"}
+    parsed = parse_embeddings(json.dumps(doc).encode(), 8)
+    info = _info((16,))
+    width = check_model(parsed, info)
+    vectors = torch.randn(2, 32, generator=torch.Generator().manual_seed(0))
+    items = [Item(key="k", image=EncodedImage(v[None].to(torch.bfloat16), 32, (1, 1, 3))) for v in vectors]
+    body = json.loads(b"".join(render(parsed, width, info, ServeMetrics(), parsed.request, items)))
+    for got, v in zip(body["data"], vectors):
+        decoded = torch.from_numpy(np.frombuffer(base64.b64decode(got["embedding"]), dtype="<f4").copy())
+        assert decoded.shape == (16,)
+        assert torch.allclose(decoded, _unit(v.to(torch.bfloat16).float()[:16]), atol=1e-6)
+    assert body["usage"] == {"prompt_tokens": 6, "total_tokens": 6}
+    items[1] = Item(error=ItemError("invalid_image", "images[1]: not a decodable image"))
+    with pytest.raises(RequestError, match=r"input\[1\]: not a decodable image") as e:
+        render(parsed, width, info, ServeMetrics(), parsed.request, items)
+    assert (e.value.status, e.value.field, e.value.kind) == (400, "input[1]", "invalid_image")

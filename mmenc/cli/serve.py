@@ -10,10 +10,11 @@ _D = ServeSettings()  # the defaults
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser("serve", help="serve the encoder over HTTP (POST /v1/encode)",
+    p = sub.add_parser("serve", help="serve the encoder over HTTP (POST /v1/encode, /v1/embeddings)",
                        description="Serve the vision encoder over HTTP: POST /v1/encode returns embeddings as vLLM "
-                                   "image_embeds, raw base64 or JSON; GET /health, /v1/models, /metrics. "
-                                   "See docs/serving.md.")
+                                   "image_embeds, raw base64 or JSON; POST /v1/embeddings is the OpenAI embeddings "
+                                   "API (texts and images of CLIP / SigLIP checkpoints); GET /health, /v1/models, "
+                                   "/metrics. See docs/serving.md.")
     add_encoder_args(p, f"default: {DEFAULT_MODEL} with random weights")
     p.add_argument("--host", default=_D.host, help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=_D.port, help="port (default: %(default)s)")
