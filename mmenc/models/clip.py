@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ReplicatedLinear
@@ -119,7 +120,7 @@ class ClipVisionTower(VisionTower):
                              f"tokens (class token + patches per frame); pass the tower's output for this grid_thw")
         if not lengths:
             return embeddings.new_zeros(0, self.pooled_width)
-        starts = torch.tensor([0, *lengths[:-1]]).cumsum(0).to(embeddings.device)
+        starts = to_device(torch.tensor([0, *lengths[:-1]]).cumsum(0), embeddings.device)  # no host wait (CUDA)
         pooled = self.post_layernorm(embeddings[starts])  # [frames, hidden]
         return self.visual_projection(pooled) if self.visual_projection is not None else pooled
 
