@@ -4,7 +4,6 @@ import os
 import sys
 from collections.abc import Callable, Collection
 
-EXIT_INTERRUPTED = 130
 
 
 def add_ray_encode_args(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +49,7 @@ def run_encode(args, collect_images: Callable[[list[str]], list[str]], extension
     module does not import encode.py, which imports it)."""
     from mmenc.cli.common import apply_log_level, encoder_kwargs
     from mmenc.cli.progress import Progress
+    from mmenc.cli.signals import describe, exit_code
     from mmenc.engine.encoder import DEFAULT_MODEL
     from mmenc.ray.cluster import connect, import_ray
     from mmenc.ray.data import OfflineSettings, run_job
@@ -69,10 +69,10 @@ def run_encode(args, collect_images: Callable[[list[str]], list[str]], extension
     try:
         with Progress(len(keys), unit="images", label="mmenc encode --ray", enabled=not args.quiet) as progress:
             report = run_job(keys, kwargs, settings, progress=progress)
-    except KeyboardInterrupt:
-        print(f"\nmmenc encode --ray: interrupted; the finished shards are in {args.output} and a rerun with the "
-              f"same inputs resumes after them", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP (mmenc encode's run handles the last two alike)
+        print(f"\nmmenc encode --ray: {describe(e)}; the finished shards are in {args.output} and a rerun with "
+              f"the same inputs resumes after them", file=sys.stderr)
+        return exit_code(e)
     finally:
         if started:
             import_ray().shutdown()

@@ -49,6 +49,10 @@ logger = init_logger(__name__)
 DEFAULT_MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 
 
+class EncoderClosedError(RuntimeError):
+    """An Encoder was asked to encode after close()."""
+
+
 @dataclasses.dataclass
 class ImageEmbedding:
     """One image's embeddings [tokens, out_hidden] and its share of the tower's extra outputs."""
@@ -129,6 +133,7 @@ class Encoder:
                                          video_processor=self.video_processor)
         logger.info("threads: %s", self.threads())
         self._lock = threading.Lock()  # one call at a time: results can never cross between threads
+        self._closed = False  # close() was called: encoding raises EncoderClosedError
         self._empty: TowerOutput | None = None
         self._text = None  # the TextEncoder, built by the first embed_text
 
@@ -157,6 +162,7 @@ class Encoder:
         images (grid_thw [0, 3], pixel_values [0, F]) give an empty result [0, out_hidden].
         pooled=True: the tower's pooled image embeddings [N, hidden] instead (see `pool`); with
         return_extras, the TowerOutput carries them as extras["pooled"]."""
+        self._check_open("encode_pixels")
         if pooled:
             out = self.encode_pixels(pixel_values, grid_thw, return_extras=True)
             vectors = self.pool(out.embeddings, grid_thw)
@@ -207,6 +213,7 @@ class Encoder:
         """Text embeddings [len(texts), dim] in the space of `encode(images, pooled=True)`: transformers'
         get_text_features on the checkpoint's own tokenizer output (mmenc.engine.text), on `device` in the
         tower's dtype. The text tower is built on first use. ValueError for a checkpoint without one."""
+        self._check_open("embed_text")
         if self._text is None:
             if self.loaded.load_format != "auto":
                 raise ValueError(f"embed_text: {self.model_name!r} has random weights and no tokenizer files "
@@ -302,9 +309,15 @@ class Encoder:
         return backend.name if backend is not None else "unknown"
 
     def close(self) -> None:
-        """Stop the preprocessing threads and the worker processes, if any (also on `with` exit). Idempotent."""
+        """Stop the preprocessing threads and the worker processes, if any (also on `with` exit). Idempotent;
+        afterwards every encode / encode_iter / encode_pixels / embed_text call raises EncoderClosedError."""
+        self._closed = True
         self.preprocessor.close()
         self.runner.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def __enter__(self):
         return self
@@ -313,6 +326,11 @@ class Encoder:
         self.close()
 
     # -- internals ----------------------------------------------------------------------------
+    def _check_open(self, method: str) -> None:
+        if self._closed:
+            raise EncoderClosedError(f"Encoder({self.model_name!r}).{method}: the encoder is closed (close() was "
+                                     f"called, or its `with` block ended); create a new Encoder to encode again")
+
     def _empty_output(self) -> TowerOutput:
         """The result of a call with zero images (computed once from a meta-device tower)."""
         if self._empty is None:
@@ -329,6 +347,7 @@ class Encoder:
         no tower call after the first failure (encode with errors="raise" only collects the failures
         then). pooled: each ImageEmbedding also carries extras["pooled"] [hidden] (see `pool`).
         Seconds spent land in self.tally (chunk_wait_s, launch_s, device_wait_s, consumer_s)."""
+        self._check_open("encode")
         chunks = self.preprocessor.iter_chunks(images, schedule=self.chunk_schedule, errors="skip")
         window = ChunkWindow(depth=self.chunks_in_flight, strict=self.strict, tally=self.tally)
         videos = VideoAssembler()  # a long video's pieces, until its last

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from mmenc.files import write_atomically
 from mmenc.logger import init_logger
 
 logger = init_logger(__name__)
@@ -92,9 +93,7 @@ def check_manifest(output: pathlib.Path, keys: list[str], shard_size: int, model
                              f"now); pass a new --output folder, or the same inputs to resume")
         return
     output.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{MANIFEST}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: pathlib.Path(tmp).write_text(json.dumps(manifest, indent=1)))
 
 
 def run_job(keys: list[str], encoder_kwargs: dict, settings: OfflineSettings,
@@ -216,13 +215,7 @@ def _write_shard(path: pathlib.Path, tensors: dict, failed: dict, encoder_kwargs
     images = sum(1 for name in tensors if name.endswith(".grid_thw"))
     metadata = {"model": str(encoder_kwargs["model"]), "shard": str(index), "images": str(images),
                 "failed": json.dumps(failed), **(extra or {})}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        save_file(tensors, str(tmp), metadata=metadata)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write_atomically(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))  # mode: the umask's
 
 
 def read_shards(output: str | os.PathLike) -> tuple[dict, dict[str, str]]:
