@@ -9,8 +9,8 @@ from mmenc.serving.app import create_app
 from mmenc.serving.metrics import ServeMetrics
 from mmenc.serving.service import EncodeService
 from mmenc.serving.settings import ServeSettings
-from mmenc.serving.uvicorn_run import (SEND_BUFFER_BYTES, _http_protocol, exit_while_loading, run_draining,
-                                       uvicorn_config)
+from mmenc.serving.uvicorn_run import (SEND_BUFFER_BYTES, _http_protocol, draining_server, exit_now,
+                                       exit_while_loading, run_draining, uvicorn_config)
 
 logger = init_logger(__name__)
 
@@ -30,7 +30,7 @@ def build_server(settings: ServeSettings, make_encoder: Callable[[], object], lo
         holder[0].should_exit = True
 
     app = create_app(service, on_load_failure=stop)
-    server = uvicorn.Server(uvicorn_config(app, settings, log_level))
+    server = draining_server(app, service, settings, log_level)
     holder.append(server)
     return server, service
 
@@ -49,11 +49,15 @@ def serve(settings: ServeSettings, make_encoder: Callable[[], object], **service
     # uvicorn handles SIGTERM/SIGINT (graceful drain), then re-raises the signal with the handlers it
     # found: no-op ones here, so a drained server returns normally and the command exits 0.
     run_draining(server)
+    if service.drain.draining:
+        logger.info("mmenc serve: stopped: %s", service.drain.summary())
     if service.loading():
         # stopped while the encoder was loading, and the load did not stop within shutdown_timeout_s: a
         # normal interpreter exit would tear torch down under the loader thread ("terminate called
         # without an active exception", SIGABRT); nothing was served, nothing is left to flush but the logs
         exit_while_loading()
+    if service.busy():  # a tower call outlived the wait after the cut: its answer is not needed any more
+        exit_now(1 if service.state == "failed" else 0, "a tower call still runs")
     if service.state == "failed":
         logger.error("mmenc serve: the encoder failed to load: %s", service.load_error)
         return 1
