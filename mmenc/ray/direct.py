@@ -51,10 +51,10 @@ class DirectReplica:
     """A Serve replica that serves HTTP itself (see the module doc). Its encoder is loaded before the
     replica reports ready; a failed load fails the replica with the loader's error."""
 
-    def __init__(self, settings: ServeSettings, encoder_kwargs: dict, shared_cache=None):
+    def __init__(self, settings: ServeSettings, encoder_kwargs: dict, shared_cache=None, drain: str | None = None):
         from mmenc.ray.replica import replica_app
 
-        self.app = replica_app(settings, encoder_kwargs, shared_cache)
+        self.app = replica_app(settings, encoder_kwargs, shared_cache, drain)
         self.direct = DirectServer(self.app, settings)
 
     def check_health(self) -> None:
