@@ -1,5 +1,6 @@
 """Start and stop the service with uvicorn. SIGTERM / SIGINT: stop accepting connections, finish the
 requests in flight (up to shutdown_timeout_s), then stop the batcher and close the Encoder."""
+import logging
 from collections.abc import Callable
 
 import uvicorn
@@ -16,6 +17,11 @@ logger = init_logger(__name__)
 
 __all__ = ["SEND_BUFFER_BYTES", "build_server", "serve", "uvicorn_config", "_http_protocol", "exit_while_loading",
            "run_draining"]
+
+
+def uvicorn_log_level() -> str:
+    """uvicorn's level: "info" while mmenc logs INFO, else "warning" (mmenc serve -q)."""
+    return "info" if logger.getEffectiveLevel() <= logging.INFO else "warning"
 
 
 def build_server(settings: ServeSettings, make_encoder: Callable[[], object], log_level: str = "info",
@@ -38,17 +44,24 @@ def build_server(settings: ServeSettings, make_encoder: Callable[[], object], lo
 def serve(settings: ServeSettings, make_encoder: Callable[[], object], **service_kwargs) -> int:
     """Serve in the foreground; 0 after a clean shutdown, 1 if the encoder failed to load. With
     settings.frontends > 0 this process is the engine and N front-end processes serve HTTP
-    (mmenc/serving/frontends/engine.py)."""
+    (mmenc/serving/frontends/engine.py). The port is bound first: one in use raises ValueError
+    before anything loads. uvicorn logs at INFO only while the `mmenc` logger does (-q: warnings)."""
+    from mmenc.serving.frontends.engine import bind
+
     if settings.frontends > 0:
         from mmenc.serving.frontends.engine import serve_with_frontends
 
         return serve_with_frontends(settings, make_encoder, **service_kwargs)
-    server, service = build_server(settings, make_encoder, **service_kwargs)
+    listener = bind(settings.host, settings.port)
+    server, service = build_server(settings, make_encoder, log_level=uvicorn_log_level(), **service_kwargs)
     logger.info("mmenc serve: listening on http://%s:%d (loading the encoder; /health says when ready)",
                 settings.host, settings.port)
     # uvicorn handles SIGTERM/SIGINT (graceful drain), then re-raises the signal with the handlers it
     # found: no-op ones here, so a drained server returns normally and the command exits 0.
-    run_draining(server)
+    try:
+        run_draining(server, sockets=[listener])
+    finally:
+        listener.close()
     if service.drain.draining:
         logger.info("mmenc serve: stopped: %s", service.drain.summary())
     if service.loading():

@@ -51,7 +51,9 @@ class _Frontends:
         self.in_flight = self.ctx.Value("q", 0)
         self.procs: dict[int, multiprocessing.Process] = {}
         self.deaths: dict[int, collections.deque] = collections.defaultdict(collections.deque)
-        self.log_level = "warning" if logger.getEffectiveLevel() > 20 else "info"
+        from mmenc.serving.server import uvicorn_log_level
+
+        self.log_level = uvicorn_log_level()
 
     def start(self, index: int) -> None:
         from mmenc.serving.frontends.process import frontend_main
