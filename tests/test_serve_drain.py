@@ -16,7 +16,7 @@ pytest.importorskip("uvicorn")
 
 from serve_client import cli_server, data_url, free_port, png, post_json, request, wait_for  # noqa: E402
 
-SLOW_S, TIMEOUT_S, REQUESTS = 2.0, 3.0, 6
+SLOW_S, TIMEOUT_S, REQUESTS = 3.0, 3.0, 6
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow_serve.py")
 
 
@@ -30,8 +30,8 @@ def test_sigterm_past_the_timeout_answers_every_request(q25, tmp_path, frontends
     with cli_server([q25, str(SLOW_S), "--", *flags], port, log_path, script=SCRIPT) as proc:
         wait_for(lambda: request(port, "GET", "/health").status == 200, 90, "/health to turn 200")
         with concurrent.futures.ThreadPoolExecutor(REQUESTS) as pool:
-            # one tower call of the first image [0, SLOW_S], then one of the other five [SLOW_S, 2 SLOW_S]: the
-            # cut at TIMEOUT_S falls inside the second
+            # one tower call of the first image [0, 3 s], then one of the other five [3 s, 6 s]; SIGTERM at 1 s:
+            # the first is done within the timeout, the cut (4 s) falls inside the second call
             first = pool.submit(post_json, port, {"images": [data_url(png(56, 84, seed=0))], "format": "base64"})
             time.sleep(0.3)
             rest = [pool.submit(post_json, port, {"images": [data_url(png(56, 84, seed=i))], "format": "base64"})
@@ -73,3 +73,29 @@ def test_sigterm_within_the_timeout_answers_everything_200(q25, tmp_path):
     assert [r.status for r in replies] == [200, 200, 200], [r.body[:200] for r in replies]
     log = open(log_path).read()
     assert "3 request(s) answered while draining, 0 cut" in log, log[-3000:]
+
+
+def test_a_request_after_the_signal_is_refused_and_the_cut_answers_503(q25):
+    """In process (the service's Drain begun by hand, as uvicorn's shutdown or a Ray replica's drain
+    does): a request arriving while draining gets 503 shutting_down at once; one in flight at the cut
+    gets 503 shutting_down too, and its images are dropped."""
+
+    from mmenc.serving.settings import ServeSettings
+    from serve_client import running_server
+
+    from slow_serve import slow_encoder
+
+    settings = ServeSettings(port=free_port(), preprocess_threads=1, max_wait_ms=0, shutdown_timeout_s=1.0)
+    with running_server(settings, lambda: slow_encoder(q25, 3.0)) as (port, service):
+        wait_for(lambda: service.state == "ready", 90, "the encoder to load")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            slow = pool.submit(post_json, port, {"images": [data_url(png(56, 84, seed=1))], "format": "base64"})
+            wait_for(lambda: service.drain.active == 1, 10, "the request to be in flight")
+            service.drain.begin(1.0)
+            late = post_json(port, {"images": [data_url(png(56, 84, seed=2))], "format": "base64"})
+            assert late.status == 503 and late.json()["error"]["type"] == "shutting_down", late.body
+            assert "takes no new requests" in late.json()["error"]["message"]
+            cut = slow.result(timeout=30)
+        assert cut.status == 503 and cut.json()["error"]["type"] == "shutting_down", cut.body
+        assert "--shutdown-timeout 1 s" in cut.json()["error"]["message"] and cut.headers["retry-after"] == "1"
+        assert (service.drain.cut, service.drain.refused, service.drain.active) == (1, 1, 0)
