@@ -17,8 +17,8 @@
 # tests and CUDA-graph capture tests of the new families, the never-run families (InternViT-6B, the slowest to load, last of them), Pixtral,
 # the compiled parity tests, then eager runs of the never-run families. Expected: the first ten steps in
 # ~7 min; what the budget cuts is listed as skipped and can be run with ONLY=... in a second call.
-# Run 8b (after run 8a: the Ovis2 head change, the graph-pool peak, InternViT-6B never measured), ~3 min:
-#   ONLY="ovis2_compiled internvl_compiled" BUDGET_S=210 TARBALL=$OUT/towers8b.tgz bash benchmarks/towers_gpu.sh /tmp/t8b
+# A re-run of some steps, e.g. (~3 min):
+#   ONLY="ovis2_compiled internvl_compiled" BUDGET_S=210 TARBALL=$OUT/towers.tgz bash benchmarks/towers_gpu.sh /tmp/t
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bash benchmarks/towers_gpu.sh OUTDIR}

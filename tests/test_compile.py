@@ -7,7 +7,7 @@ import torch._dynamo
 
 from mmenc.config import MultiModalConfig
 from mmenc.engine.compile import compile_tower
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 from mmenc.testing import checkpoints as ck
 
 FAMILIES = {  # saver, patch features

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mmenc.config import MultiModalConfig
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 from mmenc.testing import checkpoints as ck
 
 

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from mmenc.engine.runner import DTYPE_NAMES
+from mmenc.engine.tower import DTYPE_NAMES
 from mmenc.logger import init_logger
 
 logger = init_logger(__name__)
@@ -15,7 +15,7 @@ class NonFiniteOutputError(RuntimeError):
 
 
 def check_dtype(dtype) -> None:
-    """"auto", a floating dtype's name (see runner.resolve_dtype) or a floating torch.dtype."""
+    """"auto", a floating dtype's name (see tower.resolve_dtype) or a floating torch.dtype."""
     if isinstance(dtype, torch.dtype):
         if not dtype.is_floating_point:
             raise ValueError(f"dtype={dtype} is not a floating dtype; use torch.bfloat16, torch.float16, "

@@ -18,7 +18,7 @@ processes ("weights": the tower sharded over them; "data": one replica each, ima
 results still come back on `device` (cuda:0 by default), as with one GPU.
 Under torchrun (RANK/WORLD_SIZE set) each process is one rank instead: every rank builds the
 Encoder and calls it with the same inputs, and every rank receives the full result.
-Which of these runs the tower is one runner object (mmenc.engine.runners), chosen here once.
+Which of these runs the tower is one executor object (mmenc.engine.executors), chosen here once.
 `encode` and `encode_iter` are pipelined: the Preprocessor's threads decode and resize the next
 chunk while the tower runs this one, and the host reads no device value between chunks
 (docs/engine.md, Pipelining).
@@ -33,9 +33,9 @@ import torch
 
 from mmenc.config import MultiModalConfig
 from mmenc.engine.checks import check_dtype, check_finite, check_positive_int, check_timeout, finite_flag
+from mmenc.engine.executors import make_executor
 from mmenc.engine.inflight import ChunkWindow, Launched
-from mmenc.engine.runner import TowerRecipe, empty_output
-from mmenc.engine.runners import make_runner
+from mmenc.engine.tower import TowerRecipe, empty_output
 from mmenc.engine.videos import VideoAssembler, VideoEmbedding, entry_tokens
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
@@ -118,7 +118,7 @@ class Encoder:
         self.tally = Tally()  # seconds of encode/encode_iter: chunk_wait_s, launch_s, device_wait_s, consumer_s
         self._recipe = TowerRecipe(dict(model=model, load_format=load_format, dtype=dtype,
                                         multimodal_config=self.mm_config))
-        self.runner = make_runner(self._recipe, torch.device(device) if device is not None else None,
+        self.runner = make_executor(self._recipe, torch.device(device) if device is not None else None,
                                   tensor_parallel_size, self.mm_config.mm_encoder_tp_mode, worker_timeout_s)
         self.device, self.tensor_parallel_size = self.runner.device, self.runner.tensor_parallel_size
         self.loaded = self.runner.loaded

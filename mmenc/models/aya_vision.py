@@ -16,7 +16,6 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ReplicatedLinear
@@ -26,6 +25,7 @@ from mmenc.layers.vit import ViTPlan, check_vit_config, feature_index, tower_ten
 from mmenc.layers.weights import WeightMap
 from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
 from mmenc.models.registry import register_model
+from mmenc.utils.device_copy import to_device
 
 
 @dataclasses.dataclass(frozen=True)

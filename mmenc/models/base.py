@@ -23,9 +23,10 @@ import torch
 import torch.nn as nn
 
 from mmenc.config import MultiModalConfig
-from mmenc.layers.grid import Grid, LRUCache, read_grid
+from mmenc.layers.grid import Grid, read_grid
 from mmenc.layers.linear import prepare_linears, restore_linears
 from mmenc.layers.weights import WeightMap, load_named_weights
+from mmenc.utils.lru import LRUCache
 
 
 def vlm_config_dict(config: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -21,7 +21,6 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
@@ -33,6 +32,7 @@ from mmenc.layers.weights import WeightMap
 from mmenc.models.base import (ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config,
                                language_width, lazy_processor)
 from mmenc.models.registry import register_model
+from mmenc.utils.device_copy import to_device
 
 
 @dataclasses.dataclass(frozen=True)

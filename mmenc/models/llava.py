@@ -31,8 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
+from mmenc.utils.device_copy import to_device
 
 from mmenc.layers.activation import get_act_fn
 from mmenc.layers.anyres import AnyresGeometry, pack_taps, packed_tokens

@@ -19,7 +19,6 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid, frame_lengths, num_patches
 from mmenc.layers.merge import merge_block_order
@@ -32,6 +31,7 @@ from mmenc.layers.weights import SIGLIP_ENCODER_RULES, WeightMap
 from mmenc.models.base import (ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config,
                                language_width, lazy_processor)
 from mmenc.models.registry import register_model
+from mmenc.utils.device_copy import to_device
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,20 +25,20 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.activation import get_act_fn
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from mmenc.layers.merge import merge_block_order
 from mmenc.layers.norm import RMSNorm
 from mmenc.layers.plan import PackPlan, frame_plan
-from mmenc.layers.merge import merge_block_order
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.row_blocks import MAX_INTERMEDIATE_BYTES, map_rows
 from mmenc.layers.vision_blocks import PatchEmbed, VisionBlock
 from mmenc.layers.weights import WeightMap
 from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
 from mmenc.models.registry import register_model
+from mmenc.utils.device_copy import to_device
 
 PROJECTORS = ("mistral3", "llava")
 

@@ -15,15 +15,16 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
-from mmenc.layers.grid import Grid, LRUCache, frame_lengths
+from mmenc.layers.grid import Grid, frame_lengths
 from mmenc.layers.plan import PackPlan
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock
 from mmenc.layers.weights import WeightMap
 from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
 from mmenc.models.registry import register_model
+from mmenc.utils.device_copy import to_device
+from mmenc.utils.lru import LRUCache
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,6 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.activation import get_act_fn
 from mmenc.layers.grid import Grid, frame_lengths, num_patches
@@ -36,6 +35,7 @@ from mmenc.layers.vision_blocks import PatchEmbed, VisionBlock
 from mmenc.layers.weights import SIGLIP_ENCODER_RULES, WeightMap
 from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
 from mmenc.models.registry import register_model
+from mmenc.utils.device_copy import to_device
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import torch
 
 from mmenc.engine.checks import check_finite
-from mmenc.engine.runners import InProcessRunner
+from mmenc.engine.executors import InProcessExecutor
 from mmenc.serving.batcher import Batcher
 from mmenc.serving.metrics import ServeMetrics
 from mmenc.serving.preprocess import has_per_image_api, normalize_rows
@@ -22,7 +22,7 @@ from mmenc.serving.settings import ServeSettings
 def asynchronous_tower_call(enc) -> tuple[Callable, Callable] | None:
     """(encode_pixels without a host sync, check_finite(cpu embeddings, tokens)) for an in-process
     tower; None for worker processes or torchrun ranks."""
-    if not isinstance(enc.runner, InProcessRunner):
+    if not isinstance(enc.runner, InProcessExecutor):
         return None
 
     def encode(pixel_values: torch.Tensor, grid_thw: torch.Tensor, return_extras: bool = True):
