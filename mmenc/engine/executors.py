@@ -7,7 +7,8 @@
 Every executor: `run(pixel_values [P, F], grid_thw int64 [N >= 1, 3]) -> TowerOutput` (image order, on
 `device`), `loaded` (a LoadedTower; for workers its tower is a meta-device copy for shapes),
 `device`, `input_device` (where pixel_values should be for `run`: the Encoder's Preprocessor finishes
-them there), `tensor_parallel_size`, `mode`, `attention_backends()`, `close()`. Calls are not
+them there), `tensor_parallel_size`, `mode`, `launches_asynchronously` (run returns once the kernels
+are queued: only the tower in this process), `attention_backends()`, `close()`. Calls are not
 re-entrant: the Encoder holds one lock around each whole call (see docs/engine.md, Threads).
 """
 import torch
@@ -33,6 +34,7 @@ class InProcessExecutor:
 
     mode = "weights"
     tensor_parallel_size = 1
+    launches_asynchronously = True
 
     def __init__(self, recipe: TowerRecipe, device: torch.device):
         self.loaded = build_tower(**{**recipe.tower_args, "device": device})
@@ -51,6 +53,8 @@ class InProcessExecutor:
 class WorkerGroupExecutor:
     """`world_size` worker processes (mmenc.parallel.WorkerGroup) that hold the tower; results come
     back on `device`."""
+
+    launches_asynchronously = False
 
     def __init__(self, recipe: TowerRecipe, device: torch.device, world_size: int, mode: str, timeout_s: float):
         self.group = WorkerGroup(world_size, recipe, mode=mode, device_type=device.type, output_device=device,
@@ -75,6 +79,8 @@ class TorchrunExecutor:
     """This process is one rank of a launch (torchrun): every rank builds the Encoder and calls it
     with the same inputs in the same order; every rank receives the full result. Each call first
     checks that all ranks hold the same call (`check_same_call`) and raises on every rank if not."""
+
+    launches_asynchronously = False
 
     def __init__(self, recipe: TowerRecipe, env, tensor_parallel_size: int, mode: str):
         if tensor_parallel_size not in (1, env.world_size):
