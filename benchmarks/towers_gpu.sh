@@ -68,7 +68,7 @@ bench qwen3_omni 75 Qwen/Qwen3-Omni-30B-A3B-Instruct compiled --workload 32x448p
 new="siglip or pixtral or internvl or glm_ocr or paddleocr_vl or ernie4_5_vl or hunyuan_vl or qwen3_omni or llama4 or ovis2"
 step parity_eager 120 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_tower_parity.py -k "($new) and not compile"
 # ... and every new family's packings captured as CUDA graphs, replays equal to the plain tower
-step graphs 60 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_graphs.py -k new_families
+step graphs 60 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_graphs.py -k families_capture
 # 3. never run on a GPU, compiled + graphs (largest published sizes), cheapest first
 bench siglip 60 google/siglip-so400m-patch14-384 compiled --workload siglip-32x384px
 bench paddleocr_vl 60 PaddlePaddle/PaddleOCR-VL compiled --workload 8xpage-p14
