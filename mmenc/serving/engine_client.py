@@ -72,12 +72,17 @@ class EngineClient(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not embed texts")
 
     @abc.abstractmethod
-    def close(self) -> None:
-        """Stop (after the requests in flight were answered)."""
+    def close(self, timeout: float | None = None) -> None:
+        """Stop (after the requests in flight were answered), waiting at most `timeout` seconds for
+        work in this process (None: the engine's default)."""
 
     def loading(self) -> bool:
         """Whether a load still runs in this process (see LocalEngine)."""
         return False
+
+    def busy(self) -> bool:
+        """Whether a thread of this engine still runs torch after close() (see LocalEngine)."""
+        return self.loading()
 
 
 class RemoteError(RuntimeError):
