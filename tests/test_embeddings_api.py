@@ -18,7 +18,7 @@ from serve_client import data_url, free_port, metric, png, post_json, rel_err, r
 
 from mmenc.engine.encoder import Encoder  # noqa: E402
 from mmenc.serving.embeddings import check_model, parse_embeddings  # noqa: E402
-from mmenc.serving.frontends.client import EngineInfo  # noqa: E402
+from mmenc.serving.engine_client import EngineInfo  # noqa: E402
 from mmenc.serving.inputs import RequestError  # noqa: E402
 from mmenc.serving.settings import ServeSettings  # noqa: E402
 from mmenc.testing import checkpoints as ck  # noqa: E402

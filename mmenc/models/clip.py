@@ -18,7 +18,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ReplicatedLinear
@@ -27,6 +26,8 @@ from mmenc.layers.vit import ViTEncoder, ViTPlan, check_vit_config, vit_weight_r
 from mmenc.layers.weights import WeightMap
 from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, processor_for
 from mmenc.models.registry import register_model
+from mmenc.utils.device_copy import to_device
+
 
 @dataclasses.dataclass(frozen=True)
 class ClipVisionConfig(TowerConfigBase):

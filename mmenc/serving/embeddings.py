@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mmenc.serving.b64 import b64encode
 from mmenc.serving.formats import Body, dumps
-from mmenc.serving.frontends.client import EngineInfo
+from mmenc.serving.engine_client import EngineInfo
 from mmenc.serving.inputs import EncodeRequest, ImageInput, RequestError, json_image
 
 EMBEDDINGS = "/v1/embeddings"
