@@ -197,7 +197,7 @@ class EncodeService:
                 return
             if future.exception() is not None:  # the tower failed for this batch: an item error, not a 500
                 failed = Item(error=ItemError("encoder_error", f"images[{image.index}]: the tower failed "
-                                                                f"({describe(future.exception())})"))
+                                                               f"({describe(future.exception())})"))
                 return pending.settle(image.index, failed, self.pool)
             encoded = future.result()
             if encoded is not None:  # job None (the image could not be prepared) and its key was cached
