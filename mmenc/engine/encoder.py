@@ -1,6 +1,7 @@
 """Encoder: images in, the embeddings a VLM consumes out.
 
-    enc = Encoder("path/to/Qwen2.5-VL-7B-Instruct")          # or a built-in name, load_format="dummy"
+    enc = Encoder("path/to/Qwen2.5-VL-7B-Instruct")          # a folder, or a Hub id (huggingface_hub's cache)
+    enc = Encoder("Qwen/Qwen2.5-VL-7B-Instruct", load_format="dummy")  # random weights, no files
     embeddings = enc.encode(["a.jpg", "b.png"])              # list of [tokens_i, out_hidden]
     for i, emb in enc.encode_iter(paths):                    # a stream, input order, bounded memory
     pixel_values, grid_thw = enc.preprocess(images)          # exactly the HF image processor's output
@@ -34,7 +35,7 @@ import torch
 from mmenc.config import MultiModalConfig
 from mmenc.engine.checks import check_dtype, check_finite, check_positive_int, check_timeout, finite_flag
 from mmenc.engine.inflight import ChunkWindow, Launched
-from mmenc.engine.runner import TowerRecipe, empty_output
+from mmenc.engine.runner import LOAD_FORMATS, TowerRecipe, empty_output, resolve_checkpoint
 from mmenc.engine.runners import make_runner
 from mmenc.engine.videos import VideoAssembler, VideoEmbedding, entry_tokens
 from mmenc.logger import init_logger
@@ -58,7 +59,7 @@ class ImageEmbedding:
 
 
 class Encoder:
-    def __init__(self, model: str = DEFAULT_MODEL, dtype: str | torch.dtype = "auto",
+    def __init__(self, model: str | None = None, dtype: str | torch.dtype = "auto",
                  device: str | torch.device | None = None, mm_encoder_attn_backend: str | None = None,
                  load_format: Literal["auto", "dummy"] = "auto", tensor_parallel_size: int = 1,
                  mm_encoder_tp_mode: str = "weights", max_batch_patches: int = 1 << 16, compile: bool = False,
@@ -67,8 +68,12 @@ class Encoder:
                  preprocess_resize: str = "auto",
                  batch_invariant: bool = False, linear_backend: str | None = None, quantization: str | None = None,
                  first_chunk_patches: int | None = None, chunk_growth: float = 2.0):
-        """model: a local Hugging Face checkpoint folder, or a built-in name (then
-        load_format="dummy" is implied: random weights, no files). max_batch_patches bounds one
+        """model: a local Hugging Face checkpoint folder, or a Hub id ("org/name") resolved through
+        huggingface_hub (the local cache first, HF_HUB_OFFLINE honoured; a download fetches only
+        config.json, the processor configs and the shards holding the tower's tensors). load_format:
+        "auto" reads the checkpoint's weights; "dummy" gives random weights (a built-in name then needs
+        no files; `random_weights` says so). None: the built-in DEFAULT_MODEL with random weights (a
+        demo that runs offline). max_batch_patches bounds one
         tower call; `encode` splits larger inputs into several calls (whole images only).
         compile=True runs the tower's blocks through torch.compile (the first call compiles).
         cuda_graphs=True (CUDA only) replays one CUDA graph per packing seen before (the second
@@ -107,7 +112,9 @@ class Encoder:
         if first_chunk_patches is not None:
             check_positive_int("first_chunk_patches", first_chunk_patches,
                                "the most patches of the first tower call of a call, e.g. 4096")
-        self.max_batch_patches, self.strict, self.model_name = max_batch_patches, bool(strict), model
+        if model is None:
+            model, load_format = DEFAULT_MODEL, "dummy"
+        self.max_batch_patches, self.strict, self.model_name = max_batch_patches, bool(strict), str(model)
         self.first_chunk_patches = min(max_batch_patches, first_chunk_patches if first_chunk_patches is not None
                                        else max(1, max_batch_patches // 16))
         if isinstance(chunk_growth, bool) or not isinstance(chunk_growth, (int, float)) or not chunk_growth >= 1:
@@ -116,7 +123,10 @@ class Encoder:
         self.chunk_growth = chunk_growth
         self.chunks_in_flight = 2  # tower calls the host may queue before reading the oldest's result
         self.tally = Tally()  # seconds of encode/encode_iter: chunk_wait_s, launch_s, device_wait_s, consumer_s
-        self._recipe = TowerRecipe(dict(model=model, load_format=load_format, dtype=dtype,
+        if load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format={load_format!r} is not valid; expected one of {LOAD_FORMATS}")
+        checkpoint = resolve_checkpoint(self.model_name, load_format)  # a Hub id: once, here, not per worker
+        self._recipe = TowerRecipe(dict(model=checkpoint, load_format=load_format, dtype=dtype,
                                         multimodal_config=self.mm_config))
         self.runner = make_runner(self._recipe, torch.device(device) if device is not None else None,
                                   tensor_parallel_size, self.mm_config.mm_encoder_tp_mode, worker_timeout_s)
@@ -188,6 +198,21 @@ class Encoder:
         return tower.pool(embeddings, torch.as_tensor(grid_thw, dtype=torch.int64).cpu())
 
     @property
+    def random_weights(self) -> bool:
+        """True when the tower runs random weights (load_format="dummy"): its embeddings mean nothing."""
+        return self.loaded.load_format == "dummy"
+
+    @property
+    def weights(self) -> str:
+        """Where the weights come from, as outputs state it: "checkpoint", or "random" (load_format="dummy")."""
+        return "random" if self.random_weights else "checkpoint"
+
+    @property
+    def checkpoint_folder(self):
+        """The checkpoint folder read (a Hub id's snapshot in the huggingface_hub cache), or None (built-in)."""
+        return self.loaded.folder
+
+    @property
     def pooled_dim(self) -> int | None:
         """The width of `encode(images, pooled=True)`'s vectors (and of `embed_text`'s, for contrastive
         checkpoints), or None when the tower has no pooled image embedding (VLM towers)."""
@@ -214,7 +239,7 @@ class Encoder:
                                  f"folder")
             from mmenc.engine.text import TextEncoder
 
-            self._text = TextEncoder.from_checkpoint(self.model_name, self.device, self.loaded.dtype)
+            self._text = TextEncoder.from_checkpoint(self.loaded.folder, self.device, self.loaded.dtype)
         with self._lock:
             return self._text.encode(list(texts) if not isinstance(texts, str) else texts)
 
