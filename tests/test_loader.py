@@ -94,7 +94,7 @@ def test_qwen2_vl_sharded(tmp_path):
 # -- errors -----------------------------------------------------------------------------------
 
 def test_missing_folder(tmp_path):
-    with pytest.raises(ValueError, match="nope.*neither an existing checkpoint folder nor a built-in"):
+    with pytest.raises(ValueError, match="nope.*neither an existing checkpoint folder nor a Hugging Face Hub id"):
         build_tower(str(tmp_path / "nope"))
     with pytest.raises(ValueError, match="checkpoint folder .*nope.* does not exist"):
         read_config(tmp_path / "nope")

@@ -147,8 +147,8 @@ def resolve_checkpoint(model: str, load_format: str = "auto") -> str:
                                 text=_has_text_tower))
     raise ValueError(f"model {model!r} is neither an existing checkpoint folder nor a Hugging Face Hub id "
                      f"(org/name); pass a local folder with config.json and *.safetensors, a Hub id, or with "
-                     f"load_format='dummy' (--load-format dummy, random weights) one of the built-in names: "
-                     f"{', '.join(builtin_model_names())}")
+                     f"load_format='dummy' (--load-format dummy, random weights) a built-in name such as "
+                     f"{builtin_model_names()[0]!r} (all: mmenc.models.registry.builtin_model_names())")
 
 
 def _resolve_model(model: str, load_format: str) -> tuple[ModelSpec, dict, pathlib.Path | None, str]:
