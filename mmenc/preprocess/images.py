@@ -23,6 +23,7 @@ import dataclasses
 import io
 import os
 import pathlib
+import re
 import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -49,6 +50,20 @@ class LoadFailure:
     index: int  # position in the input list
     name: str  # the path, or "image #i"
     message: str  # why it failed
+
+
+def size_text(width: int, height: int) -> str:
+    """An image size as every mmenc message writes it: named values, width first ("width=640 height=480")."""
+    return f"width={width} height={height}"
+
+
+def without_reprs(error: BaseException | str) -> str:
+    """An error's text without Python object reprs ("<_io.BytesIO object at 0x7f...>" -> "the image data"):
+    what PIL puts in some messages means nothing to the person who sent the image."""
+    return _REPR.sub("the image data", str(error))
+
+
+_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
 
 
 def _default_max_pixels() -> int | None:
@@ -93,10 +108,10 @@ def _open_encoded(src: Any, name: str, max_pixels: int | None) -> Image.Image:
             raise ImageLoadError(f"{name}: not an image (PIL cannot identify the format)") from e
         w, h = img.size
         if w == 0 or h == 0:
-            raise ImageLoadError(f"{name}: zero-size image ({w}x{h})")
+            raise ImageLoadError(f"{name}: zero-size image ({size_text(w, h)})")
         if max_pixels is not None and w * h > max_pixels:
             raise ImageLoadError(
-                f"{name}: decompression bomb: {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels}; "
+                f"{name}: decompression bomb: {size_text(w, h)} = {w * h} pixels exceeds max_pixels={max_pixels}; "
                 f"raise max_pixels if the image is trusted (mmenc encode --max-image-pixels)")
         _note_frames(img, name)
         try:
@@ -104,7 +119,7 @@ def _open_encoded(src: Any, name: str, max_pixels: int | None) -> Image.Image:
             if img.getexif().get(_ORIENTATION, 1) in _ROTATED:  # else exif_transpose would only copy the image
                 img = ImageOps.exif_transpose(img)
         except (OSError, SyntaxError, ValueError) as e:
-            raise ImageLoadError(f"{name}: corrupt or truncated image data ({e})") from e
+            raise ImageLoadError(f"{name}: corrupt or truncated image data ({without_reprs(e)})") from e
     return img
 
 
@@ -168,7 +183,7 @@ def load_image(item: Any, *, index: int | None = None, max_pixels: int | None = 
         return _pil_to_rgb(_open_encoded(io.BytesIO(bytes(item)), name, limit))
     if isinstance(item, Image.Image):
         if item.width == 0 or item.height == 0:
-            raise ImageLoadError(f"{name}: zero-size image ({item.width}x{item.height})")
+            raise ImageLoadError(f"{name}: zero-size image ({size_text(item.width, item.height)})")
         _note_frames(item, name)
         try:
             return _pil_to_rgb(item)
