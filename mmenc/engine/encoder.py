@@ -145,8 +145,9 @@ class Encoder:
     # -- the three steps --------------------------------------------------------------------
     def preprocess(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """pixel_values float32 [patches, C*tp*p*p] and grid_thw int64 [N, 3], as the model's HF
-        image processor gives them. Inputs: paths, PIL images, numpy arrays (see mmenc.preprocess)."""
-        return self.processor(list(images))
+        image processor gives them. Inputs: paths, PIL images, numpy arrays (see mmenc.preprocess); one
+        image alone (a path, bytes, a PIL image, an [H, W(, C)] array) counts as a list of one."""
+        return self.processor(list(as_items(images)))
 
     @property
     def video_processor(self) -> Any:
@@ -246,7 +247,8 @@ class Encoder:
     def encode(self, images: Sequence[Any], return_extras: bool = False,
                errors: Literal["raise", "skip"] = "raise", pooled: bool = False) -> list:
         """One [tokens_i, out_hidden] tensor per image (ImageEmbedding with return_extras), on the
-        tower's device. Inputs: paths, bytes, PIL images, numpy arrays (see mmenc.preprocess); videos
+        tower's device. Inputs: a sequence of paths, bytes, PIL images, numpy arrays (see mmenc.preprocess);
+        one input alone (`encode("cat.jpg")`) is a list of one, and so is its result; videos
         (a path with a video extension, a video file's bytes, or mmenc.preprocess.video.Video(path,
         fps=...)) give a VideoEmbedding (embeddings, extras, video: VideoInfo) whatever return_extras.
         pooled=True: one [hidden] pooled embedding per image instead (the tower's pooling head, see
@@ -258,7 +260,7 @@ class Encoder:
         Pipelined in chunks of at most max_batch_patches patches (see encode_iter)."""
         if errors not in ("raise", "skip"):
             raise ValueError(f"errors={errors!r} not supported; expected 'raise' or 'skip'")
-        items = list(images)
+        items = list(as_items(images))
         results: list = [None] * len(items)
         failures: list[LoadFailure] = []
         for index, value in self._pipeline(items, stop_on_failure=errors == "raise", pooled=pooled):
@@ -290,7 +292,7 @@ class Encoder:
         strict=True, before the chunk's results are handed out (NonFiniteOutputError ends the stream).
         Results are device tensors whose tower call may still be running (stream-ordered, as any
         torch op's output)."""
-        for index, value in self._pipeline(images, stop_on_failure=False):
+        for index, value in self._pipeline(as_items(images), stop_on_failure=False):
             if isinstance(value, LoadFailure):
                 logger.warning("skipped: %s", value.message)
                 yield index, value
@@ -430,6 +432,27 @@ class Encoder:
                 start_img, start_patch, count = i, start_patch + count, 0
             count += n
         yield pixel_values[start_patch:start_patch + count], grid_thw[start_img:]
+
+
+def as_items(images: Any) -> Iterable[Any]:
+    """`images` as an iterable of inputs: one input alone (a str or os.PathLike path, bytes, a PIL image,
+    an [H, W] or [H, W, C] numpy array, a Video) becomes a list of one, so "cat.jpg" is not read as the
+    characters c, a, t; any other iterable as it is. TypeError for what is neither."""
+    import os
+
+    import numpy as np
+    from PIL import Image
+
+    from mmenc.preprocess.video import Video
+
+    if isinstance(images, (str, bytes, bytearray, memoryview, os.PathLike, Image.Image, Video)):
+        return [images]
+    if isinstance(images, np.ndarray) and images.ndim in (2, 3):
+        return [images]
+    if isinstance(images, dict) or not isinstance(images, Iterable):
+        raise TypeError(f"images must be one input (a path, bytes, a PIL image, a numpy array, a Video) or an "
+                        f"iterable of them, got {type(images).__name__}")
+    return images
 
 
 def split_per_image(out: TowerOutput, tokens: list[int]) -> list[ImageEmbedding]:
