@@ -119,6 +119,10 @@ def add_image_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-image-pixels", type=int, default=None, metavar="N",
                         help="refuse images with more than N pixels as decompression bombs (default: PIL's "
                              f"limit, {_pil_default_limit()}); raise it for trusted large images; 0: no limit")
+    parser.add_argument("--high-bit-depth", choices=["clip", "scale"], default="clip",
+                        help="16-bit images (16-bit grayscale PNGs): 'clip' converts them as transformers does (values "
+                             "over 255 clip, so they come out almost white; a warning says so), for parity; 'scale' "
+                             "maps 0..65535 onto 0..255 (default: %(default)s)")
 
 
 def add_preprocess_args(parser: argparse.ArgumentParser, scope: str = "") -> None:

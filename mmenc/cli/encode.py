@@ -122,7 +122,7 @@ def run(args) -> int:
     paths = collect_images(args.inputs)
     output = check_output_path(args.output, "--output", paths)
     kwargs = dict(encoder_kwargs(args, DEFAULT_MODEL), preprocess_worker_kind=args.preprocess_worker_kind,
-                  preprocess_resize=args.preprocess_resize)
+                  preprocess_resize=args.preprocess_resize, high_bit_depth=args.high_bit_depth)
     if args.model is None:
         print(f"mmenc encode: no --model given: running the built-in {DEFAULT_MODEL} vision tower with RANDOM "
               f"weights (a demo of the pipeline; pass a checkpoint folder for real embeddings)", file=sys.stderr)

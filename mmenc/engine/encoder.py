@@ -67,7 +67,8 @@ class Encoder:
                  preprocess_workers: int | None = None, preprocess_worker_kind: str = "auto",
                  preprocess_resize: str = "auto",
                  batch_invariant: bool = False, linear_backend: str | None = None, quantization: str | None = None,
-                 first_chunk_patches: int | None = None, chunk_growth: float = 2.0):
+                 first_chunk_patches: int | None = None, chunk_growth: float = 2.0,
+                 high_bit_depth: Literal["clip", "scale"] = "clip"):
         """model: a local Hugging Face checkpoint folder, or a Hub id ("org/name") resolved through
         huggingface_hub (the local cache first, HF_HUB_OFFLINE honoured; a download fetches only
         config.json, the processor configs and the shards holding the tower's tensors). load_format:
@@ -100,6 +101,9 @@ class Encoder:
         call's rows, up to max_batch_patches (math.inf: straight to max_batch_patches); the cut
         depends only on the images' sizes, so repeated calls repeat their packings
         (mmenc.preprocess.schedule.ChunkSchedule). See docs/engine.md, Pipelining.
+        high_bit_depth: 16-bit images (16-bit grayscale PNGs) in encode/encode_iter: "clip" converts them
+        as transformers does (values over 255 clip, the image comes out almost white; warned once), for
+        parity; "scale" maps 0..65535 onto 0..255, the image as it looks.
         Safe to call from many threads: calls run one at a time (docs/engine.md, Threads)."""
         check_dtype(dtype)
         check_positive_int("tensor_parallel_size", tensor_parallel_size, "the number of devices, e.g. 2")
@@ -136,7 +140,7 @@ class Encoder:
         workers = default_workers(self.device) if preprocess_workers is None else preprocess_workers
         self.preprocessor = Preprocessor(self.processor, device=self.runner.input_device, workers=workers,
                                          worker_kind=preprocess_worker_kind, resize=preprocess_resize,
-                                         video_processor=self.video_processor)
+                                         video_processor=self.video_processor, high_bit_depth=high_bit_depth)
         logger.info("threads: %s", self.threads())
         self._lock = threading.Lock()  # one call at a time: results can never cross between threads
         self._empty: TowerOutput | None = None
