@@ -8,7 +8,7 @@ the full checkpoint, bit for bit."""
 import pytest
 import torch
 
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 from mmenc.models.registry import supported_architectures
 from mmenc.testing import checkpoints as ck
 
