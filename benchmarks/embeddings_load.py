@@ -110,7 +110,8 @@ def start_server(target: str, args, port: int, log) -> subprocess.Popen:
     if target.startswith("mmenc"):  # "mmenc-bf16": the same with --dtype bfloat16
         dtype = ["--dtype", "bfloat16"] if target == "mmenc-bf16" else []
         cmd = [sys.executable, "-m", "mmenc", "serve", "--model", args.checkpoint, "--host", HOST, "--port", str(port),
-               "--cache-bytes", "0", "--device", args.device, *dtype, *args.serve_arg]
+               "--cache-bytes", "0", "--device", args.device, "--served-model-name", args.checkpoint, *dtype,
+               *args.serve_arg]  # the name Infinity serves it under: one request body for both
         env = dict(os.environ)
     else:
         cmd = [args.infinity_bin, "v2", "--model-id", args.checkpoint, "--engine", "torch", "--device", args.device,

@@ -47,7 +47,8 @@ def server(request, tmp_path_factory):
                              max_images_per_request=8, frontends=frontends)
     log = tmp_path_factory.mktemp("log") / "serve.log"
     with Encoder(folder, device="cpu") as enc, served(settings, folder, log) as port:
-        yield port, folder, enc
+        yield port, request(port, "GET", "/v1/models", headers={"authorization": f"Bearer {KEY}"}).json()["data"][0][
+            "id"], enc  # the served name (the folder's name)
 
 
 def _client(port: int, key: str = KEY):
@@ -64,7 +65,7 @@ def _post(port, doc, key=KEY):
 
 
 def test_openai_client_texts_images_and_a_mixed_list(server):
-    port, folder, enc = server
+    port, name, enc = server
     images = [png(40, 56, seed=1), png(64, 48, seed=2)]
     want_images = _unit(torch.stack(enc.encode(images, pooled=True)))
     want_texts = _unit(enc.embed_text(TEXTS))
@@ -72,8 +73,8 @@ def test_openai_client_texts_images_and_a_mixed_list(server):
     for fmt in ("base64", "float"):  # the client asks base64 by default and decodes it itself
         kwargs = {} if fmt == "base64" else {"encoding_format": "float"}
         mixed = [TEXTS[0], data_url(images[0]), TEXTS[1], data_url(images[1]), TEXTS[2]]
-        got = client.embeddings.create(model=folder, input=mixed, **kwargs)
-        assert [d.index for d in got.data] == list(range(5)) and got.model == folder
+        got = client.embeddings.create(model=name, input=mixed, **kwargs)
+        assert [d.index for d in got.data] == list(range(5)) and got.model == name
         vectors = torch.tensor([d.embedding for d in got.data])
         want = torch.stack([want_texts[0], want_images[0], want_texts[1], want_images[1], want_texts[2]])
         assert vectors.shape == want.shape == (5, enc.pooled_dim)
@@ -82,14 +83,14 @@ def test_openai_client_texts_images_and_a_mixed_list(server):
         assert torch.allclose(vectors.norm(dim=-1), torch.ones(5), atol=1e-6)
         patches = [int(np.prod(g)) for g in enc.preprocess(images)[1].tolist()]
         assert got.usage.prompt_tokens == sum(enc.text_tokens(TEXTS)) + sum(patches) == got.usage.total_tokens
-    one = client.embeddings.create(model=folder, input=TEXTS[0])  # a single string
+    one = client.embeddings.create(model=name, input=TEXTS[0])  # a single string
     assert rel_err(torch.tensor(one.data[0].embedding), want_texts[0]) < TOL
 
 
 def test_base64_by_hand_and_normalize_false(server):
-    port, folder, enc = server
+    port, name, enc = server
     image = png(48, 48, seed=3)
-    reply = _post(port, {"model": folder, "input": [data_url(image), TEXTS[2]], "encoding_format": "base64",
+    reply = _post(port, {"model": name, "input": [data_url(image), TEXTS[2]], "encoding_format": "base64",
                          "normalize": False})
     assert reply.status == 200, reply.body[:300]
     body = reply.json()
@@ -102,10 +103,10 @@ def test_base64_by_hand_and_normalize_false(server):
 
 
 def test_vllm_messages_form_and_infinity_modality(server):
-    port, folder, enc = server
+    port, name, enc = server
     image = png(56, 40, seed=4)
     parts = {"type": "image_url", "image_url": {"url": data_url(image)}}
-    got = _post(port, {"model": folder, "messages": [{"role": "user", "content": [parts]}]}).json()["data"]
+    got = _post(port, {"model": name, "messages": [{"role": "user", "content": [parts]}]}).json()["data"]
     want = _unit(enc.encode([image], pooled=True)[0])
     assert len(got) == 1 and rel_err(torch.tensor(got[0]["embedding"]), want) < TOL
     text = _post(port, {"messages": [{"role": "user", "content": TEXTS[1]}]}).json()["data"][0]["embedding"]
@@ -122,7 +123,7 @@ def test_vllm_messages_form_and_infinity_modality(server):
 
 
 def test_repeats_hit_the_cache(server):
-    port, folder, enc = server
+    port, name, enc = server
     image = data_url(png(44, 44, seed=5))
     hits = metric(port, "mmenc_cache_hits_total")
     first = _post(port, {"input": [image, "a red house"]}).json()["data"]
@@ -154,19 +155,19 @@ def test_errors_name_the_field(server, doc, status, field, kind):
 
 
 def test_openai_client_errors(server):
-    port, folder, _ = server
+    port, name, _ = server
     with pytest.raises(openai.AuthenticationError):
-        _client(port, key="wrong").embeddings.create(model=folder, input=["a"])
+        _client(port, key="wrong").embeddings.create(model=name, input=["a"])
     with pytest.raises(openai.BadRequestError, match="not a matryoshka model"):
-        _client(port).embeddings.create(model=folder, input=["a"], dimensions=3)
+        _client(port).embeddings.create(model=name, input=["a"], dimensions=3)
     with pytest.raises(openai.NotFoundError, match="is not served here"):
         _client(port).embeddings.create(model="text-embedding-3-small", input=["a"])
-    full = _client(port).embeddings.create(model=folder, input=["a"], dimensions=server[2].pooled_dim)
+    full = _client(port).embeddings.create(model=name, input=["a"], dimensions=server[2].pooled_dim)
     assert len(full.data[0].embedding) == server[2].pooled_dim
 
 
 def test_encode_route_pooled_answers(server):
-    port, folder, enc = server
+    port, name, enc = server
     images = [png(40, 40, seed=6), png(56, 48, seed=7)]
     reply = post_json(port, {"images": [data_url(d) for d in images], "pooled": True}, key=KEY)
     assert reply.status == 200, reply.body[:300]

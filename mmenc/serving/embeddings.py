@@ -28,6 +28,7 @@ from mmenc.serving.b64 import b64encode
 from mmenc.serving.formats import Body, dumps
 from mmenc.serving.engine_client import EngineInfo
 from mmenc.serving.inputs import EncodeRequest, ImageInput, RequestError, json_image
+from mmenc.serving.schema import errors, request_body
 
 EMBEDDINGS = "/v1/embeddings"
 
@@ -228,10 +229,10 @@ def add_routes(app: FastAPI, service, authorize, error) -> None:
 
     settings, metrics = service.settings, service.metrics
 
-    @app.post(EMBEDDINGS, summary="Embeddings of texts and images (the OpenAI embeddings API)",
-              responses={200: {"model": EmbeddingsResponse, "description": "one vector per input, in input order"}},
-              openapi_extra={"requestBody": {"required": True, "content": {
-                  "application/json": {"schema": inline_schema(EmbeddingsRequest)}}}})
+    @app.post(EMBEDDINGS, summary="Embeddings of texts and images (the OpenAI embeddings API)", response_model=None,
+              responses={200: {"model": EmbeddingsResponse, "description": "one vector per input, in input order"},
+                         **errors(400, 401, 404, 413, 415, 500, 503)},
+              openapi_extra=request_body(EmbeddingsRequest))
     async def embeddings(request: Request):
         start = time.perf_counter()
         refused = authorize(request, EMBEDDINGS)
@@ -267,19 +268,3 @@ def add_routes(app: FastAPI, service, authorize, error) -> None:
         metrics.request_seconds.observe(time.perf_counter() - start)
         return PiecesResponse(payload)
 
-
-def inline_schema(model: type[BaseModel]) -> dict:
-    """The model's JSON schema with its $defs written in place (an OpenAPI operation's own schema)."""
-    schema = model.model_json_schema()
-    defs = schema.pop("$defs", {})
-
-    def resolve(node):
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#/$defs/"):
-                return resolve(defs[ref.removeprefix("#/$defs/")])
-            return {k: resolve(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [resolve(v) for v in node]
-        return node
-    return resolve(schema)
