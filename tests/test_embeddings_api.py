@@ -14,6 +14,7 @@ import torch
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
+import serve_client  # noqa: E402
 from serve_client import data_url, free_port, metric, png, post_json, rel_err, request, served  # noqa: E402
 
 from mmenc.engine.encoder import Encoder  # noqa: E402
@@ -47,8 +48,8 @@ def server(request, tmp_path_factory):
                              max_images_per_request=8, frontends=frontends)
     log = tmp_path_factory.mktemp("log") / "serve.log"
     with Encoder(folder, device="cpu") as enc, served(settings, folder, log) as port:
-        yield port, request(port, "GET", "/v1/models", headers={"authorization": f"Bearer {KEY}"}).json()["data"][0][
-            "id"], enc  # the served name (the folder's name)
+        card = serve_client.request(port, "GET", "/v1/models", headers={"authorization": f"Bearer {KEY}"}).json()
+        yield port, card["data"][0]["id"], enc  # the served name (the folder's name)
 
 
 def _client(port: int, key: str = KEY):
