@@ -17,7 +17,8 @@ import torch
 from mmenc.backends.device import DeviceInfo
 from mmenc.backends.linear.enum import LinearBackendEnum
 
-QUANTIZATIONS = ("fp8",)
+# "fp8": FP8 linears where accuracy holds (the last quarter of the blocks); "fp8-all": every linear
+QUANTIZATIONS = ("fp8", "fp8-all")
 
 
 @dataclasses.dataclass(eq=False)
@@ -29,6 +30,7 @@ class LinearState:
     weight: torch.Tensor
     bias: torch.Tensor | None
     extras: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    out_dtype: torch.dtype | None = None  # the output's dtype where the weight's is not it (FP8)
 
     def nbytes(self) -> int:
         """Bytes the state holds (packed layouts may pad; see LinearBackend.state_nbytes)."""
@@ -42,6 +44,9 @@ class LinearBackend:
     not_batch_invariant: ClassVar[str | None] = "the backend does not declare it"
     # Activations `apply_activated` fuses into the matmul ("gelu", "gelu_tanh", ...; mmenc.layers.activation).
     fused_activations: ClassVar[frozenset[str]] = frozenset()
+    # Whether `apply_quantized(state, QuantizedRows)` takes an input already in FP8 (a fused kernel quantized
+    # it: mmenc.layers.fused), `input_width(state)` columns wide.
+    takes_quantized_input: ClassVar[bool] = False
 
     @classmethod
     def is_installed(cls) -> bool:
