@@ -17,8 +17,6 @@ result depends only on that row (batch invariant).
 Every function is a torch custom op (`mmenc::fused_*`) with a fake implementation: torch.compile and
 CUDA graphs treat them as opaque kernels. Triton is imported lazily; `available()` says whether it is.
 """
-import functools
-
 import torch
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -35,73 +33,12 @@ def available() -> str | None:
     return None
 
 
-@functools.cache
 def _kernels():
     import triton
-    import triton.language as tl
 
-    @triton.jit
-    def _activate(x, KIND: tl.constexpr):
-        if KIND == 0:  # silu
-            y = x / (1.0 + tl.exp(-x))
-        elif KIND == 1:  # gelu (erf)
-            y = 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
-        elif KIND == 2:  # gelu_tanh: tanh(u) = 2 sigmoid(2u) - 1
-            u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-            y = 0.5 * x * (2.0 / (1.0 + tl.exp(-2.0 * u)))
-        else:  # quick_gelu
-            y = x / (1.0 + tl.exp(-1.702 * x))
-        return y
+    from mmenc.backends.kernels import fused_rows_triton as k
 
-    @triton.jit
-    def norm_kernel(x_ptr, d_ptr, w_ptr, b_ptr, y_ptr, s_ptr, res_ptr, n, width, x_stride, d_stride, y_stride,
-                    res_stride, eps, BLOCK: tl.constexpr, RMS: tl.constexpr, HAS_DELTA: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, QUANT: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        mask = cols < n
-        x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0)
-        if HAS_DELTA:
-            x = x + tl.load(d_ptr + row * d_stride + cols, mask=mask, other=0.0)
-            tl.store(res_ptr + row * res_stride + cols, x, mask=mask)  # rounded to x's dtype, as the reference
-        xf = x.to(tl.float32)
-        if RMS:
-            rstd = 1.0 / tl.sqrt(tl.sum(xf * xf, axis=0) / n + eps)
-            y = xf * rstd
-        else:
-            mean = tl.sum(xf, axis=0) / n
-            centred = tl.where(mask, xf - mean, 0.0)
-            y = centred / tl.sqrt(tl.sum(centred * centred, axis=0) / n + eps)
-        y = y * tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        if HAS_BIAS:
-            y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        if QUANT:
-            scale = tl.maximum(tl.max(tl.abs(tl.where(mask, y, 0.0)), axis=0), 1e-12) / 448.0
-            q = tl.where(mask, y / scale, 0.0)
-            tl.store(y_ptr + row * y_stride + cols, q.to(y_ptr.dtype.element_ty), mask=cols < width)
-            tl.store(s_ptr + row, scale)
-        else:
-            tl.store(y_ptr + row * y_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-
-    @triton.jit
-    def act_kernel(x_ptr, y_ptr, s_ptr, n, width, x_stride, y_stride, BLOCK: tl.constexpr, KIND: tl.constexpr,
-                   GATED: tl.constexpr, QUANT: tl.constexpr):
-        row = tl.program_id(0).to(tl.int64)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        mask = cols < n
-        gate = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
-        y = _activate(gate, KIND)
-        if GATED:
-            y = y * tl.load(x_ptr + row * x_stride + n + cols, mask=mask, other=0.0).to(tl.float32)
-        if QUANT:  # one program holds the whole row (BLOCK >= width)
-            scale = tl.maximum(tl.max(tl.abs(tl.where(mask, y, 0.0)), axis=0), 1e-12) / 448.0
-            q = tl.where(mask, y / scale, 0.0)
-            tl.store(y_ptr + row * y_stride + cols, q.to(y_ptr.dtype.element_ty), mask=cols < width)
-            tl.store(s_ptr + row, scale)
-        else:
-            tl.store(y_ptr + row * y_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-
-    return triton, norm_kernel, act_kernel
+    return triton, k.norm_kernel, k.act_kernel
 
 
 def _rows(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -143,8 +80,8 @@ def _launch_norm(x, delta, weight, bias, eps, kind, width=None):
                                     width or n, x2.stride(0), d2.stride(0), y.stride(0), res.stride(0), eps,
                                     BLOCK=block, RMS=rms, HAS_DELTA=delta is not None, HAS_BIAS=bias is not None,
                                     QUANT=quant, num_warps=_warps(block))
-    y = y.view(*lead, y.shape[-1])
-    return y, scale.view(*lead, 1), res.view(*lead, n)
+    scale = scale.view(*lead, 1) if quant else None
+    return y.view(*lead, y.shape[-1]), scale, res.view(*lead, n)
 
 
 def _launch_act(x, kind, gated, width=None):
@@ -163,7 +100,7 @@ def _launch_act(x, kind, gated, width=None):
         act_kernel[(x2.shape[0], triton.cdiv(n, block))](x2, y, scale, n, width or n, x2.stride(0), y.stride(0),
                                                           BLOCK=block, KIND=code, GATED=gated, QUANT=quant,
                                                           num_warps=_warps(block))
-    return y.view(*lead, y.shape[-1]), scale.view(*lead, 1)
+    return y.view(*lead, y.shape[-1]), scale.view(*lead, 1) if quant else None
 
 
 def _check_width(width: int, n: int) -> None:
