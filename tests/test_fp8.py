@@ -71,6 +71,7 @@ def test_fp8_reasons_name_what_is_missing():
     assert Fp8Linear.reasons(hopper, torch.bfloat16, "fp8-all") == []
     assert any("quantization='fp8'" in r for r in Fp8Linear.reasons(hopper, torch.bfloat16, None))
     assert any("float32" in r for r in Fp8Linear.reasons(hopper, torch.float32, "fp8"))
+    assert any("float16" in r for r in Fp8Linear.reasons(hopper, torch.float16, "fp8"))
     assert get_linear_backend_class(LinearBackendEnum.FP8) is Fp8Linear
 
 

@@ -44,10 +44,9 @@ def quantize_rows(x: torch.Tensor, width: int | None = None) -> QuantizedRows:
     Plain torch: under torch.compile it fuses into the kernel producing x."""
     xf = x.float()
     scale = xf.abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / FP8_MAX
-    q = (xf / scale).to(FP8_DTYPE)
     if width is not None and width > x.shape[-1]:
-        q = torch.nn.functional.pad(q.view(torch.uint8), (0, width - x.shape[-1])).view(FP8_DTYPE)
-    return QuantizedRows(q, scale)
+        xf = torch.nn.functional.pad(xf, (0, width - x.shape[-1]))  # zero columns quantize to zero
+    return QuantizedRows((xf / scale).to(FP8_DTYPE), scale)
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,8 +81,8 @@ class Fp8Linear(LinearBackend):
         elif (device.capability or (0, 0)) < (8, 9):
             reasons.append(f"needs compute capability 8.9+ (Ada, Hopper) for FP8 GEMMs, this is "
                            f"{device.describe()}")
-        if dtype not in (torch.bfloat16, torch.float16):
-            reasons.append(f"outputs bfloat16 or float16; the tower's dtype is {dtype_name(dtype)}")
+        if dtype != torch.bfloat16:
+            reasons.append(f"outputs bfloat16 (row-wise scaled FP8 GEMMs); the tower's dtype is {dtype_name(dtype)}")
         if quantization not in FP8_QUANTIZATIONS:
             reasons.append(f"runs quantization='fp8' or 'fp8-all' only (quantization={quantization!r})")
         return reasons
