@@ -47,9 +47,10 @@ def _per_image(out: torch.Tensor, tokens: Sequence[int]) -> list[torch.Tensor]:
 
 
 def fp8_accuracy(model: str, grids: Sequence[tuple[int, int, int]], device="cpu", depth: int | None = None,
-                 modes: Sequence[str] = ("fp8", "fp8-all"), fused: bool = False, seed: int = 0) -> dict:
+                 modes: Sequence[str] = ("fp8", "fp8-all"), seed: int = 0) -> dict:
     """{"bf16": {"err_vs_fp32"}, mode: {"cosine_min", "err_vs_fp32", "err_ratio", "meets_bar", "linears"}}
-    over random pixels of `grids`. fused: the FP8 towers with the fused kernels (mmenc.layers.fused)."""
+    over random pixels of `grids`. A mode ending in "+fused" ("fp8+fused") runs with the fused kernels
+    (mmenc.layers.fused: the quantization inside the norm / SiLU-gate kernels)."""
     grid_thw = torch.tensor(grids, dtype=torch.int64)
     g = torch.Generator().manual_seed(seed + 1)
     outputs: dict[str, torch.Tensor] = {}
@@ -63,9 +64,9 @@ def fp8_accuracy(model: str, grids: Sequence[tuple[int, int, int]], device="cpu"
             pixels = torch.randn(int(grid_thw.prod(-1).sum()), features, generator=g)
         count = None
         if name in modes:
-            targets = quantized_linears(tower, name, weight_prefixes=())
+            targets = quantized_linears(tower, name.removesuffix("+fused"), weight_prefixes=())
             count = prepare_linears(tower, Fp8Linear, include=targets.__contains__)
-            if fused:
+            if name.endswith("+fused"):
                 use_fused_kernels(tower)
         with torch.inference_mode():
             out = tower(pixels.to(device, dtype), grid_thw)
