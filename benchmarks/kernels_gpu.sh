@@ -6,7 +6,9 @@
 # (eager and compiled) in the first run, and one summary table last. Not run by CI.
 #   bash benchmarks/kernels_gpu.sh OUTDIR            # from the repository root
 # Env: PY (python, default python3), BUDGET_S (whole-script budget, default 460 s; a step is skipped when
-# under 2/3 of its limit is left), WARMUP/ITERS (bench, default 2/6), ONLY (space-separated step names).
+# under 2/3 of its limit is left), WARMUP/ITERS (bench, default 2/6), ONLY (space-separated step names),
+# HF_COMPILE (flags of the reference run's transformers peers, default --hf-compile; empty: eager only),
+# TARBALL (a path: every log and JSON of OUTDIR packed there at the end).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bash benchmarks/kernels_gpu.sh OUTDIR}
@@ -46,7 +48,7 @@ step tests 120 $py -m pytest -q -p no:cacheprovider -m gpu tests/test_fused_rows
   tests/test_fp8.py
 step gemm 40 $py benchmarks/kernels_check.py gemm
 step rows 60 $py benchmarks/kernels_check.py rows
-bench reference 150 --hf-compile
+bench reference 150 ${HF_COMPILE---hf-compile}
 bench fused 100 --no-hf --fused-kernels
 bench fused_fp8 100 --no-hf --fused-kernels --quantization fp8
 bench fp8_unfused 100 --no-hf --quantization fp8
@@ -59,3 +61,5 @@ for s in gemm rows accuracy; do [ -f "$out/$s.log" ] && { echo "-- $s"; grep -v 
 for s in reference fused fused_fp8 fp8_unfused fused_fp8_all; do
   [ -f "$out/$s.log" ] && { echo "-- bench $s"; grep -A 40 '^workload ' "$out/$s.log" | grep -v '^  \|^$' | head -n 20; }
 done
+[ -n "${TARBALL:-}" ] && tar czf "$TARBALL" -C "$out" .
+exit 0
