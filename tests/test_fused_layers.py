@@ -74,9 +74,9 @@ def test_fused_fp8_block_quantizes_inside_the_kernels():
     calls = []
     original = Fp8Linear.apply_quantized.__func__
 
-    def spy(cls, state, rows):
-        calls.append(rows.data.shape)
-        return original(cls, state, rows)
+    def spy(cls, state, rows, add_bias=True):
+        calls.append((rows.data.shape, add_bias))
+        return original(cls, state, rows, add_bias)
     Fp8Linear.apply_quantized = classmethod(spy)
     try:
         use_fused_kernels(block)
@@ -85,6 +85,7 @@ def test_fused_fp8_block_quantizes_inside_the_kernels():
     finally:
         Fp8Linear.apply_quantized = classmethod(original)
     assert quantized_by_apply == 4  # qkv, gate_up, down (pre-quantized) and proj
+    assert [add for _, add in calls] == [True, True, False, True]  # gate_up's bias added by the SiLU-gate kernel
     # Triton's interpreter rounds float32 -> e4m3 worse than the GPU (tests/test_fused_rows.py)
     tol = 0.06 if os.environ.get("TRITON_INTERPRET") == "1" else 0.02
     assert rel(fused, unfused) < tol, rel(fused, unfused)

@@ -129,6 +129,22 @@ def test_act_matches_reference(kind, gated):
     assert_fp8_close(q, scale, want)
 
 
+@pytest.mark.parametrize("gated", [True, False])
+def test_act_adds_the_linears_bias(gated):
+    """The producing linear's bias, left out of its GEMM, is added inside the activation kernel."""
+    g = torch.Generator().manual_seed(3)
+    n = 24
+    x = torch.randn(6, 2 * n if gated else n, generator=g).to(DEVICE)
+    bias = torch.randn(x.shape[-1], generator=g).to(DEVICE)
+    xb = x + bias
+    want = F.silu(xb[:, :n]) * xb[:, n:] if gated else F.silu(xb)
+    assert rel(fused_rows.act(x, "silu", gated, bias), want) < 1e-6
+    q, scale = fused_rows.act_fp8(x, "silu", gated, 32, bias)
+    assert_fp8_close(q, scale, want)
+    with pytest.raises(ValueError, match="bias has shape"):
+        fused_rows.act(x, "silu", gated, bias[:5])
+
+
 def test_act_bf16_and_wide_rows():
     """A row wider than one program's block (Qwen2.5-VL's 3420) spans several column blocks."""
     x = torch.randn(3, 2 * 3420, device=DEVICE, dtype=torch.bfloat16)

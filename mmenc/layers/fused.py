@@ -2,7 +2,8 @@
 
     norm(norm_module, x, consumer=None) -> h                 norm(x); QuantizedRows when `consumer` takes FP8
     add_norm(norm_module, x, delta, consumer=None) -> (h, x + delta)        one pass over the rows
-    act(act_module, x, gated, consumer=None) -> h            act(gate) * up (gated) or act(x); FP8 likewise
+    act(act_module, x, gated, consumer=None, bias=None) -> h act(gate) * up (gated) or act(x); FP8 likewise
+    linear_then_act(linear, act_module, x, gated, consumer)  act(linear(x)), the bias added in act's kernel
 
 `consumer`: the linear that reads h. Where its backend takes inputs already in FP8
 (`_LinearBase.quantized_input_width`: the FP8 backend), h is produced quantized per token by the same
@@ -56,19 +57,30 @@ def add_norm(norm_module: nn.Module, x: torch.Tensor, delta: torch.Tensor, consu
     return QuantizedRows(q, scale), x
 
 
-def act(act_module: nn.Module, x: torch.Tensor, gated: bool, consumer=None):
-    """act(gate) * up from x = [gate | up] (gated) or act(x), in one pass; QuantizedRows where `consumer`
-    takes FP8 inputs. Activations without a kernel run act_module."""
+def act(act_module: nn.Module, x: torch.Tensor, gated: bool, consumer=None, bias: torch.Tensor | None = None):
+    """act(gate) * up from x (+ bias) = [gate | up] (gated) or act(x + bias), in one pass; QuantizedRows where
+    `consumer` takes FP8 inputs. bias: the producing linear's, left out of its GEMM (`linear_then_act`).
+    Activations without a kernel run act_module."""
     kind = activation_kind(act_module)
     if kind not in fused_rows.ACT_KINDS:
+        x = x + bias if bias is not None else x
         if gated:
             gate, up = x.chunk(2, dim=-1)
             return act_module(gate) * up
         return act_module(x)
     width = _width(consumer)
     if width is None:
-        return fused_rows.act(x, kind, gated)
-    return QuantizedRows(*fused_rows.act_fp8(x, kind, gated, width))
+        return fused_rows.act(x, kind, gated, bias)
+    return QuantizedRows(*fused_rows.act_fp8(x, kind, gated, width, bias))
+
+
+def linear_then_act(linear, act_module: nn.Module, x, gated: bool, consumer=None):
+    """act(linear(x)) (gated: act(gate) * up of it) with the linear's bias added in the activation's kernel
+    (one pass over the GEMM's output less) where the linear can leave it out."""
+    y = linear.unbiased_matmul(x) if activation_kind(act_module) in fused_rows.ACT_KINDS else None
+    if y is None:
+        return act(act_module, linear(x), gated, consumer)
+    return act(act_module, y, gated, consumer, bias=linear.kernel_bias)
 
 
 def use_fused_kernels(module: nn.Module, enabled: bool = True) -> int:

@@ -114,6 +114,17 @@ class _LinearBase(nn.Module):
             return self.linear_backend.apply(self.linear_state, x)
         return F.linear(x, self.weight, self.kernel_bias)
 
+    def unbiased_matmul(self, x) -> torch.Tensor | None:
+        """x W^T without kernel_bias, for a fused kernel after it to add (mmenc.layers.fused.act), or None
+        where the linear cannot leave it out (no bias, token tiles, a backend that cannot)."""
+        if self.kernel_bias is None or self.token_tile is not None or getattr(self, "gather_output", False):
+            return None
+        if self.linear_state is None:
+            return F.linear(x, self.weight)
+        if not self.linear_backend.defers_bias:
+            return None
+        return self.linear_backend.apply_unbiased(self.linear_state, x)
+
     @property
     def quantized_input_width(self) -> int | None:
         """Columns of the QuantizedRows this linear takes as input (its backend's padded K), or None where it

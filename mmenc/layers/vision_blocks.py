@@ -161,7 +161,7 @@ class VisionMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fuses = self.fc1.linear_backend is not None and activation_kind(self.act) in self.fc1.linear_backend.fused_activations
         if self.fused_kernels and not fuses:
-            return self.fc2(fused.act(self.act, self.fc1(x), gated=False, consumer=self.fc2))
+            return self.fc2(fused.linear_then_act(self.fc1, self.act, x, gated=False, consumer=self.fc2))
         return self.fc2(self.fc1.forward_activated(x, self.act))
 
 
@@ -193,8 +193,8 @@ class GatedVisionMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused_kernels:
-            return self.down_proj(fused.act(self.act_and_mul.act, self.gate_up_proj(x), gated=True,
-                                            consumer=self.down_proj))
+            return self.down_proj(fused.linear_then_act(self.gate_up_proj, self.act_and_mul.act, x, gated=True,
+                                                        consumer=self.down_proj))
         return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 

@@ -3,8 +3,9 @@
     add_norm(x [T, D], delta [T, D], weight [D], bias [D] | None, eps, kind) -> (norm(x + delta), x + delta)
     norm_fp8(x [T, D], weight, bias, eps, kind, width) -> (q fp8e4m3 [T, width], scale float32 [T, 1])
     add_norm_fp8(x, delta, weight, bias, eps, kind, width) -> (q, scale, x + delta)
-    act(x [T, 2F] or [T, F], kind, gated) -> act(gate) * up [T, F] (gated: x = [gate | up]) or act(x)
-    act_fp8(x, kind, gated, width) -> (q [T, width], scale [T, 1])
+    act(x [T, 2F] or [T, F], kind, gated, bias=None) -> act(gate) * up [T, F] (gated: x + bias = [gate | up])
+        or act(x + bias); bias: the producing linear's, folded in here (its GEMM then runs without one)
+    act_fp8(x, kind, gated, width, bias=None) -> (q [T, width], scale [T, 1])
 
 kind: "rms" (RMSNorm, no bias) or "layer" (LayerNorm); activation kinds "silu", "gelu", "gelu_tanh",
 "quick_gelu". The FP8 variants quantize the row they produce with a per-token scale (amax / 448, e4m3)
@@ -84,22 +85,24 @@ def _launch_norm(x, delta, weight, bias, eps, kind, width=None):
     return y.view(*lead, y.shape[-1]), scale, res.view(*lead, n)
 
 
-def _launch_act(x, kind, gated, width=None):
+def _launch_act(x, bias, kind, gated, width=None):
     triton, _, act_kernel = _kernels()
     code = _check(kind, ACT_KINDS, "activation kind")
     lead, n = x.shape[:-1], x.shape[-1] // (2 if gated else 1)
     if gated and x.shape[-1] % 2:
         raise ValueError(f"gated activation input has {x.shape[-1]} features; expected an even number ([gate | up])")
+    if bias is not None and tuple(bias.shape) != (x.shape[-1],):
+        raise ValueError(f"bias has shape {tuple(bias.shape)}; expected ({x.shape[-1]},), the input's features")
     x2 = _rows(x, "x")
-    quant = width is not None
-    y = torch.empty(x2.shape[0], width if quant else n, device=x.device,
-                    dtype=torch.float8_e4m3fn if quant else x.dtype)
-    scale = torch.empty(x2.shape[0], 1, device=x.device, dtype=torch.float32) if quant else y
-    block = triton.next_power_of_2(max(n, width or 0)) if quant else min(1024, triton.next_power_of_2(n))
-    if x2.shape[0]:
-        act_kernel[(x2.shape[0], triton.cdiv(n, block))](x2, y, scale, n, width or n, x2.stride(0), y.stride(0),
-                                                          BLOCK=block, KIND=code, GATED=gated, QUANT=quant,
-                                                          num_warps=_warps(block))
+    rows, quant = x2.shape[0], width is not None
+    y = torch.empty(rows, width if quant else n, device=x.device, dtype=torch.float8_e4m3fn if quant else x.dtype)
+    scale = torch.empty(rows, 1, device=x.device, dtype=torch.float32) if quant else y
+    block = triton.next_power_of_2(max(n, width or 0)) if quant else 1024
+    grid = (rows,) if quant else (triton.cdiv(rows * n, block),)
+    if rows:
+        act_kernel[grid](x2, bias if bias is not None else x2, y, scale, rows, n, width or n, x2.stride(0),
+                         y.stride(0), BLOCK=block, KIND=code, GATED=gated, HAS_BIAS=bias is not None, QUANT=quant,
+                         num_warps=_warps(block))
     return y.view(*lead, y.shape[-1]), scale.view(*lead, 1) if quant else None
 
 
@@ -151,24 +154,26 @@ def _(x, delta, weight, bias, eps, kind, width):
 
 
 @torch.library.custom_op("mmenc::fused_act", mutates_args=())
-def act(x: torch.Tensor, kind: str, gated: bool) -> torch.Tensor:
-    """act(gate) * up [..., F] from x = [gate | up] [..., 2F] (gated), or act(x) [..., F]; x's dtype."""
-    return _launch_act(x, kind, gated)[0]
+def act(x: torch.Tensor, kind: str, gated: bool, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """act(gate) * up [..., F] from x (+ bias) = [gate | up] [..., 2F] (gated), or act(x + bias) [..., F];
+    x's dtype. bias [x's features] or None: the producing linear's bias, added here instead of by its GEMM."""
+    return _launch_act(x, bias, kind, gated)[0]
 
 
 @act.register_fake
-def _(x, kind, gated):
+def _(x, kind, gated, bias=None):
     return x.new_empty(*x.shape[:-1], x.shape[-1] // (2 if gated else 1))
 
 
 @torch.library.custom_op("mmenc::fused_act_fp8", mutates_args=())
-def act_fp8(x: torch.Tensor, kind: str, gated: bool, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def act_fp8(x: torch.Tensor, kind: str, gated: bool, width: int,
+            bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """act's row quantized per token: (q float8_e4m3fn [..., width], scale float32 [..., 1])."""
     _check_width(width, x.shape[-1] // (2 if gated else 1))
-    return _launch_act(x, kind, gated, width)
+    return _launch_act(x, bias, kind, gated, width)
 
 
 @act_fp8.register_fake
-def _(x, kind, gated, width):
+def _(x, kind, gated, width, bias=None):
     return (x.new_empty(*x.shape[:-1], width, dtype=torch.float8_e4m3fn),
             x.new_empty(*x.shape[:-1], 1, dtype=torch.float32))

@@ -49,16 +49,27 @@ def norm_kernel(x_ptr, d_ptr, w_ptr, b_ptr, y_ptr, s_ptr, res_ptr, n, width, x_s
         tl.store(y_ptr + row * y_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 @triton.jit
-def act_kernel(x_ptr, y_ptr, s_ptr, n, width, x_stride, y_stride, BLOCK: tl.constexpr, KIND: tl.constexpr,
-               GATED: tl.constexpr, QUANT: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < n
+def act_kernel(x_ptr, b_ptr, y_ptr, s_ptr, rows, n, width, x_stride, y_stride, BLOCK: tl.constexpr,
+               KIND: tl.constexpr, GATED: tl.constexpr, HAS_BIAS: tl.constexpr, QUANT: tl.constexpr):
+    if QUANT:  # one program per row (its amax), BLOCK >= width
+        row = tl.program_id(0).to(tl.int64)
+        cols = tl.arange(0, BLOCK)
+        mask = cols < n
+    else:  # BLOCK elements of the flattened [rows, n] output per program: no partial block per row
+        idx = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        mask = idx < rows * n
+        row = idx // n
+        cols = idx % n
     gate = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        gate = gate + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     y = _activate(gate, KIND)
     if GATED:
-        y = y * tl.load(x_ptr + row * x_stride + n + cols, mask=mask, other=0.0).to(tl.float32)
-    if QUANT:  # one program holds the whole row (BLOCK >= width)
+        up = tl.load(x_ptr + row * x_stride + n + cols, mask=mask, other=0.0).to(tl.float32)
+        if HAS_BIAS:
+            up = up + tl.load(b_ptr + n + cols, mask=mask, other=0.0).to(tl.float32)
+        y = y * up
+    if QUANT:
         scale = tl.maximum(tl.max(tl.abs(tl.where(mask, y, 0.0)), axis=0), 1e-12) / 448.0
         q = tl.where(mask, y / scale, 0.0)
         tl.store(y_ptr + row * y_stride + cols, q.to(y_ptr.dtype.element_ty), mask=cols < width)

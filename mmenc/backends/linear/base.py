@@ -4,6 +4,7 @@
     prepare(weight [out, in], bias [out] | None) -> LinearState        once, after the weights are loaded
     apply(state, x [..., in]) -> [..., out]                            x's dtype; y = x W^T + b
     apply_activated(state, x, "gelu_tanh") -> act(x W^T + b)           where fused_activations has it
+    apply_unbiased(state, x) -> x W^T                                  where defers_bias
     restore(state) -> weight [out, in]                                 the plain weight back (optional)
 
 `prepare` may repack or quantize the weight; its LinearState REPLACES the layer's weight (the layer
@@ -47,6 +48,8 @@ class LinearBackend:
     # Whether `apply_quantized(state, QuantizedRows)` takes an input already in FP8 (a fused kernel quantized
     # it: mmenc.layers.fused), `input_width(state)` columns wide.
     takes_quantized_input: ClassVar[bool] = False
+    # Whether `apply_unbiased(state, x)` gives x W^T without the bias (a fused kernel after it adds the bias).
+    defers_bias: ClassVar[bool] = False
 
     @classmethod
     def is_installed(cls) -> bool:
@@ -73,6 +76,11 @@ class LinearBackend:
     @classmethod
     def apply(cls, state: LinearState, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    @classmethod
+    def apply_unbiased(cls, state: LinearState, x) -> torch.Tensor:
+        """x W^T [..., out] without state.bias, where defers_bias (the kernel reading the output adds it)."""
+        raise NotImplementedError(f"the {cls.enum.name} linear backend cannot leave its bias out")
 
     @classmethod
     def apply_activated(cls, state: LinearState, x: torch.Tensor, activation: str) -> torch.Tensor:

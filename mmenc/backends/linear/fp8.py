@@ -66,6 +66,7 @@ class Fp8Linear(LinearBackend):
     enum = LinearBackendEnum.FP8
     not_batch_invariant = None  # per-token scales: a row's quantization depends on that row alone
     takes_quantized_input = True
+    defers_bias = True
 
     @classmethod
     def is_installed(cls) -> bool:
@@ -103,7 +104,13 @@ class Fp8Linear(LinearBackend):
         return cls.apply_quantized(state, quantize_rows(x, cls.input_width(state)))
 
     @classmethod
-    def apply_quantized(cls, state: LinearState, x: QuantizedRows) -> torch.Tensor:
+    def apply_unbiased(cls, state, x):
+        if not isinstance(x, QuantizedRows):
+            x = quantize_rows(x, cls.input_width(state))
+        return cls.apply_quantized(state, x, add_bias=False)
+
+    @classmethod
+    def apply_quantized(cls, state: LinearState, x: QuantizedRows, add_bias: bool = True) -> torch.Tensor:
         q = state.extras["padded"]
         lead, out = x.data.shape[:-1], state.weight.shape[0]
         if x.data.shape[-1] != q.shape[1]:
@@ -112,7 +119,7 @@ class Fp8Linear(LinearBackend):
         y = torch._scaled_mm(x.data.reshape(-1, q.shape[1]), q.t(), scale_a=x.scale.reshape(-1, 1),
                              scale_b=state.extras["scale"], out_dtype=state.out_dtype)
         y = y[:, :out] if q.shape[0] != out else y
-        if state.bias is not None:
+        if state.bias is not None and add_bias:
             y = y + state.bias
         return y.view(*lead, out) if y.is_contiguous() else y.unflatten(0, lead)
 
