@@ -144,10 +144,30 @@ def iter_tower_tensors(path: str | pathlib.Path, prefixes: Sequence[str],
     for name, file in files.items():
         if name.startswith(group):
             by_file.setdefault(file, []).append(name)
+    tensors = _read(by_file, group)
+    config = pathlib.Path(path) / "config.json"
+    quantization = (_read_json(config).get("quantization_config") if config.is_file() else None) or None
+    if quantization is not None or _has_fp8(by_file):  # FP8 weights: dequantized as read (mmenc.loader.fp8)
+        from mmenc.loader.fp8 import dequantized_tensors
+
+        tensors = dequantized_tensors(tensors, quantization)
+    yield from tensors
+
+
+def _read(by_file: dict[pathlib.Path, list[str]], group: tuple[str, ...]) -> Iterator[tuple[str, torch.Tensor]]:
     for file, names in sorted(by_file.items()):
         with open_safetensors(file) as f:
             for name in sorted(names):
                 yield _strip(name, group), check_tensor_dtype(name, f.get_tensor(name), file)
+
+
+def _has_fp8(by_file: dict[pathlib.Path, list[str]]) -> bool:
+    """Whether a tower tensor is stored in FP8 (read from the headers only)."""
+    for file, names in by_file.items():
+        with open_safetensors(file) as f:
+            if any(f.get_slice(n).get_dtype() in ("F8_E4M3", "F8_E5M2") for n in names):
+                return True
+    return False
 
 
 def load_tower_weights(tower: torch.nn.Module, path: str | pathlib.Path, prefixes: Sequence[str]) -> set[str]:
