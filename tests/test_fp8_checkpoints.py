@@ -114,3 +114,13 @@ def test_scale_before_weight_and_per_tensor_scale():
     got = dict(dequantized_tensors([("a.weight_scale", torch.tensor(0.5)), ("a.weight", weight),
                                     ("a.bias", torch.ones(4))], None))
     assert torch.equal(got["a.weight"], weight.float() * 0.5) and torch.equal(got["a.bias"], torch.ones(4))
+
+
+def test_fp8_tensors_without_quantization_config_are_refused(q25, tmp_path):
+    from mmenc.engine.runner import build_tower
+
+    def without_input_scales(tensors):
+        return {n: t for n, t in per_channel(tensors).items() if not n.endswith("input_scale")}
+    folder = rewrite_checkpoint(q25, tmp_path / "bare", without_input_scales)  # no quantization_config
+    with pytest.raises(ValueError, match="is FP8 but config.json has no quantization_config"):
+        build_tower(str(folder), device="cpu", dtype="float32")
