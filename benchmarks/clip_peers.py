@@ -25,7 +25,7 @@ from mmenc.bench.flops import count_flops
 from mmenc.bench.hf_reference import build_hf_tower
 from mmenc.bench.measure import format_table, matmul_tflops, measure
 from mmenc.config import MultiModalConfig
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 
 MODEL = "openai/clip-vit-large-patch14-336"
 

@@ -4,12 +4,11 @@ import json
 import pytest
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum as B
-from mmenc.attention.backends import registered_backends
+from mmenc.backends import AttentionBackendEnum as B
+from mmenc.backends import DeviceInfo, registered_backends
 from mmenc.cli.main import main
 from mmenc.platforms.cpu import CpuPlatform
 from mmenc.platforms.cuda import CudaPlatform
-from mmenc.platforms.device_info import DeviceInfo
 
 
 def run(capsys, *argv):

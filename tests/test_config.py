@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 
-from mmenc.attention.backend_enum import AttentionBackendEnum as B
+from mmenc.backends import AttentionBackendEnum as B
 from mmenc.backends.linear import LinearBackendEnum as L
 from mmenc.config import MultiModalConfig
 

@@ -67,7 +67,7 @@ BLOCK = {"quant_method": "fp8", "weight_block_size": [16, 16], "modules_to_not_c
 def test_fp8_checkpoint_loads_its_dequantized_values(q25, tmp_path, layout, quantization_config):
     from safetensors.torch import load_file
 
-    from mmenc.engine.runner import build_tower
+    from mmenc.engine.tower import build_tower
 
     fp8_folder = write(q25, tmp_path / "fp8", layout, quantization_config)
     stored = load_file(str(fp8_folder / "model.safetensors"))
@@ -93,7 +93,7 @@ def test_fp8_checkpoint_loads_its_dequantized_values(q25, tmp_path, layout, quan
 
 
 def test_checkpoint_ignore_list_keeps_modules_unquantized(q25):
-    from mmenc.engine.runner import build_tower
+    from mmenc.engine.tower import build_tower
 
     loaded = build_tower(q25, device="meta", dtype="bfloat16")
     ignore = checkpoint_ignore({"quantization_config": COMPRESSED})
@@ -117,7 +117,7 @@ def test_scale_before_weight_and_per_tensor_scale():
 
 
 def test_fp8_tensors_without_quantization_config_are_refused(q25, tmp_path):
-    from mmenc.engine.runner import build_tower
+    from mmenc.engine.tower import build_tower
 
     def without_input_scales(tensors):
         return {n: t for n, t in per_channel(tensors).items() if not n.endswith("input_scale")}

@@ -94,7 +94,7 @@ def test_fused_fp8_block_quantizes_inside_the_kernels():
 
 def test_fused_tower_matches_reference(q25):
     """A whole tower (the tiny Qwen2.5-VL checkpoint) with the fused kernels, float32."""
-    from mmenc.engine.runner import build_tower
+    from mmenc.engine.tower import build_tower
     from mmenc.testing.checkpoints.base import random_pixels
 
     loaded = build_tower(q25, device=DEVICE, dtype="float32")

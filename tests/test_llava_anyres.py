@@ -12,7 +12,7 @@ from PIL import Image
 
 from mmenc.anyres import select_best_resolution, unpadded_region
 from mmenc.engine.encoder import Encoder
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 from mmenc.preprocess.anyres import llava_next_from_hf, llava_onevision_from_hf
 from mmenc.testing import checkpoints as ck
 from mmenc.testing.compare import assert_close

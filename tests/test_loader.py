@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import mmenc.loader.checkpoint as checkpoint
-from mmenc.engine.runner import build_tower, init_dummy_weights, resolve_dtype, run_tower
+from mmenc.engine.tower import build_tower, init_dummy_weights, resolve_dtype, run_tower
 from mmenc.layers.weights import load_named_weights
 from mmenc.loader import iter_tower_tensors, read_config, tensor_files
 from mmenc.testing.checkpoints import (hf_tower_output, random_pixels, relative_error, rewrite_checkpoint,

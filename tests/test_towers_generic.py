@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from mmenc.engine.runner import LoadedTower, build_tower, run_tower
+from mmenc.engine.tower import LoadedTower, build_tower, run_tower
 from mmenc.models.base import TowerOutput, vision_model_type, vlm_config_dict
 from mmenc.models.registry import builtin_model_names, get_builtin_config, supported_architectures
 from mmenc.testing import checkpoints as ck

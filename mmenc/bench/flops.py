@@ -10,7 +10,7 @@ import contextlib
 import torch
 
 from mmenc.attention.layer import MMEncoderAttention
-from mmenc.attention.packing import pack_info
+from mmenc.backends.packing import pack_info
 
 
 @contextlib.contextmanager

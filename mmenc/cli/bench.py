@@ -104,10 +104,10 @@ def run(args) -> int:
                       chunk_growth=args.chunk_growth, preprocess_worker_kind=args.preprocess_worker_kind,
                       preprocess_resize=args.preprocess_resize)
     loaded = encoder.loaded
-    if getattr(loaded, "graphs", None) is not None:
+    if encoder.graph_stats() is not None:
         if args.graph_recent_calls < 0:
             raise ValueError(f"--graph-recent-calls={args.graph_recent_calls} must be >= 0 (0: no recency rule)")
-        loaded.graphs.recent_calls = args.graph_recent_calls or None
+        encoder.configure_graphs(recent_calls=args.graph_recent_calls or None)
     if args.max_intermediate_bytes is not None:
         from mmenc.layers.row_blocks import set_max_intermediate_bytes
 
@@ -153,8 +153,7 @@ def run(args) -> int:
     channels = loaded.config.in_channels * loaded.config.temporal_patch_size * loaded.config.patch_size ** 2
     rows, results = [], []
     for name, grids in workloads.items():
-        if getattr(loaded, "graphs", None) is not None:
-            loaded.graphs.clear()  # this workload's graph pool alone in its peak, as a run of it alone has
+        encoder.clear_graphs()  # this workload's graph pool alone in its peak, as a run of it alone has
         pixel_values, grid_thw = random_pixels(grids, channels, device, dtype)
         with Progress(calls, unit="tower calls", label=f"mmenc bench {name}", enabled=not args.quiet) as progress:
             def counted(fn):

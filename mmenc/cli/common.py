@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum
+from mmenc.backends import AttentionBackendEnum
 from mmenc.backends.linear import QUANTIZATIONS, LinearBackendEnum
 
 LOG_LEVELS = ("debug", "info", "warning", "error")

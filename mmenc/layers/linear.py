@@ -58,12 +58,6 @@ def _current_tp() -> tuple[int, int]:
     return tp, (get_tp_rank() if tp > 1 else 0)
 
 
-def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
-    """Copy a full (unsharded) tensor into `param`."""
-    _check_shape(param, loaded)
-    param.data.copy_(loaded)
-
-
 class _LinearBase(nn.Module):
     """A linear over this rank's [out_features, in_features] weight; `tp` is (tp_size, tp_rank).
     `token_tile`: None, or the token-tile size its matmul runs over (set by `use_token_tiles`).

@@ -33,7 +33,7 @@ from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock
 from mmenc.layers.weights import WeightMap
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, processor_for
 from mmenc.models.registry import register_model
 
 
@@ -152,7 +152,7 @@ QWEN3_VL_SPEC = register_model(ModelSpec(
     tower_cls=Qwen3VisionTower,
     config_from_hf=Qwen3VisionConfig.from_hf,
     weight_prefixes=("model.visual.", "visual."),
-    processor_from_hf=lazy_processor("mmenc.preprocess.qwen_vl:qwen3_vl_from_hf"),
+    processor_from_hf=processor_for("qwen3_vl"),
     builtin_configs=QWEN3_VL_BUILTINS,
 ))
 
@@ -190,6 +190,6 @@ QWEN3_OMNI_SPEC = register_model(ModelSpec(
     # transformers maps qwen3_omni_moe to Qwen2VLImageProcessor (Qwen3-VL's class); without a
     # preprocessor_config.json the Qwen3-VL preset (patch 16 as the tower needs, mean/std 0.5) applies,
     # and a checkpoint's own file overrides every key it sets.
-    processor_from_hf=lazy_processor("mmenc.preprocess.qwen_vl:qwen3_vl_from_hf"),
+    processor_from_hf=processor_for("qwen3_vl"),
     builtin_configs=QWEN3_OMNI_BUILTINS,
 ))

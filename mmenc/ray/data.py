@@ -104,7 +104,7 @@ def run_job(keys: list[str], encoder_kwargs: dict, settings: OfflineSettings,
     is written. progress: an object with advance(n), or None."""
     import ray
 
-    from mmenc.engine.runner import build_tower
+    from mmenc.engine.tower import build_tower
     from mmenc.ray.stages import EncoderActor, preprocess_batch
     from mmenc.ray.video_rows import expand_row, is_video_key, prepare_piece
 

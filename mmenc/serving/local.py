@@ -13,8 +13,8 @@ import torch
 from mmenc.logger import init_logger
 from mmenc.serving.batcher import Batcher, Job
 from mmenc.serving.cache import EncoderCache, model_identity
+from mmenc.serving.engine_client import EngineClient, EngineInfo, Encoded, done_future, settle
 from mmenc.serving.formats import EncodedImage, dtype_name
-from mmenc.serving.frontends.client import EngineClient, EngineInfo, Encoded, done_future, settle
 from mmenc.serving.launch import make_batcher
 from mmenc.serving.metrics import ServeMetrics
 from mmenc.serving.settings import ServeSettings

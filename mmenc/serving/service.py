@@ -13,8 +13,8 @@ from mmenc.logger import init_logger
 from mmenc.serving.batcher import Batcher, Job
 from mmenc.serving.cache import content_key
 from mmenc.serving.ec_storage import ECStorage
+from mmenc.serving.engine_client import Encoded, EngineClient, describe, done_future
 from mmenc.serving.formats import Body, EncodedImage, dumps, render_item
-from mmenc.serving.frontends.client import Encoded, EngineClient, describe, done_future
 from mmenc.serving.inputs import EncodeRequest, ImageInput, ItemError, RequestError
 from mmenc.serving.launch import make_batcher
 from mmenc.serving.metrics import ServeMetrics

@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from mmenc.logger import init_logger
 from mmenc.serving.batcher import Job
+from mmenc.serving.engine_client import EngineClient, Encoded, RemoteError, settle
 from mmenc.serving.formats import EncodedImage
-from mmenc.serving.frontends.client import EngineClient, Encoded, RemoteError, settle
 from mmenc.shm import Channel, Segment, SegmentPool
 
 logger = init_logger(__name__)

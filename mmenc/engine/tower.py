@@ -5,7 +5,7 @@
     out = run_tower(loaded, pixel_values, grid_thw)                     # TowerOutput
 
 The tower shards over the tensor-parallel group set in mmenc.distributed.parallel_state (unsharded
-without one, as in data-parallel mode); `tp_size`, if given, must equal that group's size.
+without one, as in data-parallel mode).
 """
 import dataclasses
 import functools
@@ -163,25 +163,16 @@ def init_dummy_weights(tower: nn.Module, seed: int = DUMMY_SEED) -> None:
             p.normal_(0.0, 0.02, generator=g)
 
 
-def _check_tp_size(tp_size: int | None) -> None:
-    from mmenc.distributed.parallel_state import get_tp_size
-
-    if tp_size is not None and tp_size != get_tp_size():
-        raise ValueError(f"tp_size={tp_size} but the tensor-parallel group set now has size {get_tp_size()}; the tower "
-                         f"shards over that group: call mmenc.distributed.parallel_state.set_tp_group first (None "
-                         f"for an unsharded tower), and leave tp_size out")
-
-
 def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype" = "auto",
-                device: "str | torch.device | None" = None, multimodal_config: MultiModalConfig | None = None,
-                tp_size: int | None = None) -> LoadedTower:
+                device: "str | torch.device | None" = None,
+                multimodal_config: MultiModalConfig | None = None) -> LoadedTower:
     """Build the vision tower of `model` (a checkpoint folder, or a built-in name such as
     "Qwen/Qwen2.5-VL-7B-Instruct", which implies load_format="dummy").
 
     load_format: "auto" reads the tower's tensors from the folder's safetensors; "dummy" gives
     random weights (seeded, with a warning). dtype: "auto" is the checkpoint's torch_dtype on an
     accelerator and float32 on CPU. device: None is the current platform's device ("meta" builds
-    without memory, for shapes). tp_size: see the module docstring.
+    without memory, for shapes). The tensor-parallel size is the parallel state's (module docstring).
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format={load_format!r} is not valid; expected one of {LOAD_FORMATS}")
@@ -191,7 +182,6 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
         _hint_cpu_bfloat16(hf_config)
     dtype = resolve_dtype(dtype, hf_config, device)
     config = spec.config_from_hf(hf_config)
-    _check_tp_size(tp_size)  # the tower shards over the parallel state's group; tp_size only double-checks it
     tower = spec.tower_cls(config, multimodal_config=multimodal_config or MultiModalConfig(), device=device,
                            dtype=dtype)
     if device.type != "meta":
