@@ -76,7 +76,7 @@ def rows() -> None:
 
 def accuracy() -> None:
     grids = [(1, 32, 32)] * 2 + [(1, 74, 74)]
-    modes = ("fp8", "fp8+fused", "fp8-all", "fp8-all+fused")
+    modes = ("bf16+fused", "fp8", "fp8+fused", "fp8-all", "fp8-all+fused")
     report = fp8_accuracy(QWEN, grids, device="cuda", modes=modes)
     print("report: " + json.dumps(report))
     print(f"{'mode':<14} {'cosine min vs bf16':>18} {'err vs fp32':>12} {'x bf16 err':>10} {'bar':>5}")

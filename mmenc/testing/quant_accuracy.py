@@ -50,21 +50,25 @@ def fp8_accuracy(model: str, grids: Sequence[tuple[int, int, int]], device="cpu"
                  modes: Sequence[str] = ("fp8", "fp8-all"), seed: int = 0) -> dict:
     """{"bf16": {"err_vs_fp32"}, mode: {"cosine_min", "err_vs_fp32", "err_ratio", "meets_bar", "linears"}}
     over random pixels of `grids`. A mode ending in "+fused" ("fp8+fused") runs with the fused kernels
-    (mmenc.layers.fused: the quantization inside the norm / SiLU-gate kernels)."""
+    (mmenc.layers.fused: the quantization inside the norm / SiLU-gate kernels); "bf16+fused": the fused
+    kernels without FP8 (how far the fused bf16 path itself is from the reference bf16 one)."""
     grid_thw = torch.tensor(grids, dtype=torch.int64)
     g = torch.Generator().manual_seed(seed + 1)
     outputs: dict[str, torch.Tensor] = {}
     tokens = None
+    if any(m.removesuffix("+fused") not in ("bf16", "fp8", "fp8-all") for m in modes):
+        raise ValueError(f"modes={list(modes)!r}; expected fp8, fp8-all or bf16, each optionally with +fused")
     for name in ("fp32", "bf16", *modes):
         dtype = torch.float32 if name == "fp32" else torch.bfloat16
         tower = build_random_tower(model, dtype, device, depth, seed)
+        quantization = name.removesuffix("+fused")
         if tokens is None:
             tokens = tower.output_tokens(grid_thw)
             features = tower.config.patch_features
             pixels = torch.randn(int(grid_thw.prod(-1).sum()), features, generator=g)
         count = None
         if name in modes:
-            targets = quantized_linears(tower, name.removesuffix("+fused"), weight_prefixes=())
+            targets = quantized_linears(tower, quantization, weight_prefixes=()) if quantization != "bf16" else set()
             count = prepare_linears(tower, Fp8Linear, include=targets.__contains__)
             if name.endswith("+fused"):
                 use_fused_kernels(tower)
