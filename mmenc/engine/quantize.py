@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from mmenc.backends.linear import LinearBackendEnum
 from mmenc.config import MultiModalConfig
-from mmenc.layers.linear import _LinearBase, prepare_linears
+from mmenc.layers.linear import linear_names, prepare_linears
 from mmenc.loader.checkpoint import prefix_group
 from mmenc.logger import init_logger
 
@@ -50,7 +50,7 @@ def quantized_linears(tower: nn.Module, mode: str, ignore: Sequence[str] = (),
     """Names of the linears of `tower` that `mode` ("fp8", "fp8-all") quantizes (see the module doc)."""
     if mode not in ("fp8", "fp8-all"):
         raise ValueError(f"quantization={mode!r} is not valid; expected 'fp8' or 'fp8-all'")
-    linears = [name for name, m in tower.named_modules() if isinstance(m, _LinearBase)]
+    linears = linear_names(tower)
     if mode == "fp8":
         depth: dict[str, int] = {}
         for name, _ in tower.named_modules():
@@ -88,7 +88,7 @@ def prepare_tower_linears(tower: nn.Module, platform, dtype, mm_config: MultiMod
     rest = platform.get_linear_backend(dtype, None, None, invariant)
     prepare_linears(tower, backend, include=targets.__contains__)
     prepare_linears(tower, rest, include=lambda name: name not in targets)
-    total = sum(isinstance(m, _LinearBase) for m in tower.modules())
+    total = len(linear_names(tower))
     logger.info("quantization=%s: %d of %d linears on %s, the rest on %s", mode, len(targets), total, backend.name,
                 rest.name)
     return backend

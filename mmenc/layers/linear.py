@@ -368,6 +368,11 @@ def restore_linears(module: nn.Module) -> type[LinearBackend] | None:
     return backend
 
 
+def linear_names(module: nn.Module) -> list[str]:
+    """Names of the parallel linears of `module`, in module order."""
+    return [name for name, m in module.named_modules() if isinstance(m, _LinearBase)]
+
+
 def linear_plan(module: nn.Module) -> dict[str, type[LinearBackend]]:
     """{linear name: the backend it is prepared for} over the prepared linears of `module` (several
     backends may share a tower: FP8 on some blocks, NATIVE elsewhere); `prepare_plan` applies one again."""
