@@ -52,6 +52,21 @@ def test_fp8_linear_matches_the_dequantized_matmul(out_features, in_features):
     assert restored.dtype == torch.bfloat16 and 1e-3 < rel(restored, original) < 0.05
 
 
+def test_fp8_bias_in_the_gemm_epilogue():
+    """Where _scaled_mm takes a bias (torch's CPU kernel does; GPUs are probed once), the bias is added by the
+    GEMM (padded like the rows); apply_unbiased leaves it out for the kernel reading the output."""
+    from mmenc.backends.linear.fp8 import gemm_adds_bias
+
+    g = torch.Generator().manual_seed(4)
+    w, b = (0.02 * torch.randn(20, 40, generator=g)).bfloat16(), torch.randn(20, generator=g).bfloat16()
+    state = Fp8Linear.prepare(w, b)
+    assert gemm_adds_bias(torch.device("cpu")) and state.extras["bias"].shape == (32,)
+    x = torch.randn(7, 40, generator=g).bfloat16()
+    with_bias, without = Fp8Linear.apply(state, x), Fp8Linear.apply_unbiased(state, x)
+    assert rel(with_bias, without.float() + b.float()) < 8e-3
+    assert rel(with_bias, dequantized_reference(x, w, b)) < 8e-3
+
+
 def test_fp8_memory_is_half_of_bf16():
     lin = ReplicatedLinear(1280, 3840, bias=False, dtype=torch.bfloat16)
     lin.weight.data.normal_(0, 0.02)

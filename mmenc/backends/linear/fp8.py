@@ -8,10 +8,14 @@ applied in its epilogue and the output in the tower's dtype.
     apply_quantized(state, QuantizedRows) -> [..., out]: an input a fused kernel already quantized
         (mmenc.backends.kernels.fused_rows: the norm or activation producing it, no pass of its own)
 
+The bias is added in the GEMM's epilogue (`_scaled_mm(bias=)`, padded like the rows) where the device's
+`_scaled_mm` takes one with row-wise scales (tried once per device), else after it.
 `_scaled_mm` needs both weight dims divisible by 16: a weight is padded with zero rows/columns at load
 (Qwen2.5-VL's 3420-wide MLP: 3424 columns; the merged 6840-row gate/up: 6848 rows) and the output sliced.
 Accuracy and speed: docs/linear.md, "FP8". On the CPU (tests) `_scaled_mm` runs torch's reference kernel.
 """
+import functools
+import logging
 import math
 from typing import NamedTuple
 
@@ -19,6 +23,8 @@ import torch
 
 from mmenc.backends.linear.base import LinearBackend, LinearState, dtype_name
 from mmenc.backends.linear.enum import LinearBackendEnum
+
+logger = logging.getLogger(__name__)  # under the package's "mmenc" logger
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -92,7 +98,11 @@ class Fp8Linear(LinearBackend):
     def prepare(cls, weight, bias):
         q, scale = quantize_weight(weight)
         out, inp = weight.shape
-        return LinearState(q[:out, :inp], bias, {"padded": q, "scale": scale.view(1, -1)}, out_dtype=weight.dtype)
+        extras = {"padded": q, "scale": scale.view(1, -1)}
+        if bias is not None and gemm_adds_bias(weight.device):  # the GEMM's epilogue adds it: [padded(out)]
+            extras["bias"] = torch.zeros(q.shape[0], device=bias.device, dtype=weight.dtype)
+            extras["bias"][:out] = bias
+        return LinearState(q[:out, :inp], bias, extras, out_dtype=weight.dtype)
 
     @classmethod
     def input_width(cls, state: LinearState) -> int:
@@ -116,10 +126,11 @@ class Fp8Linear(LinearBackend):
         if x.data.shape[-1] != q.shape[1]:
             raise ValueError(f"FP8 input has {x.data.shape[-1]} columns; expected {q.shape[1]} (the padded "
                              f"in_features)")
+        fused_bias = state.extras.get("bias") if add_bias else None
         y = torch._scaled_mm(x.data.reshape(-1, q.shape[1]), q.t(), scale_a=x.scale.reshape(-1, 1),
-                             scale_b=state.extras["scale"], out_dtype=state.out_dtype)
+                             scale_b=state.extras["scale"], bias=fused_bias, out_dtype=state.out_dtype)
         y = y[:, :out] if q.shape[0] != out else y
-        if state.bias is not None and add_bias:
+        if state.bias is not None and add_bias and fused_bias is None:
             y = y + state.bias
         return y.view(*lead, out) if y.is_contiguous() else y.unflatten(0, lead)
 
@@ -132,4 +143,25 @@ class Fp8Linear(LinearBackend):
     @classmethod
     def state_nbytes(cls, state):
         bias = state.bias.nbytes if state.bias is not None else 0
-        return state.extras["padded"].nbytes + state.extras["scale"].nbytes + bias
+        return sum(t.nbytes for t in state.extras.values()) + bias
+
+
+@functools.cache
+def _gemm_adds_bias(device_type: str, index: int | None) -> bool:
+    """Whether this device's row-wise scaled `_scaled_mm` takes a bfloat16 bias (its epilogue adds it), tried
+    once on a 16 x 16 x 16 product; where it refuses, the bias is added after the GEMM."""
+    device = torch.device(device_type, index) if index is not None else torch.device(device_type)
+    a = torch.ones(16, 16, device=device).to(FP8_DTYPE)
+    one = torch.ones(16, 1, device=device)
+    try:
+        y = torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one.t(), out_dtype=torch.bfloat16,
+                             bias=torch.ones(16, device=device, dtype=torch.bfloat16))
+    except RuntimeError as e:
+        logger.info("torch._scaled_mm on %s takes no bias with row-wise scales (%s); FP8 linears add theirs after "
+                    "the GEMM", device, str(e).splitlines()[0])
+        return False
+    return bool((y.float() == 17.0).all())
+
+
+def gemm_adds_bias(device: torch.device) -> bool:
+    return _gemm_adds_bias(device.type, device.index)
