@@ -1,6 +1,7 @@
 """Encoder: images in, the embeddings a VLM consumes out.
 
-    enc = Encoder("path/to/Qwen2.5-VL-7B-Instruct")          # or a built-in name, load_format="dummy"
+    enc = Encoder("path/to/Qwen2.5-VL-7B-Instruct")          # a folder, or a Hub id (huggingface_hub's cache)
+    enc = Encoder("Qwen/Qwen2.5-VL-7B-Instruct", load_format="dummy")  # random weights, no files
     embeddings = enc.encode(["a.jpg", "b.png"])              # list of [tokens_i, out_hidden]
     for i, emb in enc.encode_iter(paths):                    # a stream, input order, bounded memory
     pixel_values, grid_thw = enc.preprocess(images)          # exactly the HF image processor's output
@@ -38,7 +39,7 @@ from mmenc.engine.checks import check_dtype, check_finite, check_grid, check_pos
 from mmenc.engine.executors import make_executor
 from mmenc.engine.outputs import ImageEmbedding, concat_outputs, whole_image_runs
 from mmenc.engine.stream import stream
-from mmenc.engine.tower import TowerRecipe, empty_output
+from mmenc.engine.tower import LOAD_FORMATS, TowerRecipe, empty_output, resolve_checkpoint
 from mmenc.engine.videos import VideoEmbedding
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
@@ -52,8 +53,12 @@ logger = init_logger(__name__)
 DEFAULT_MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 
 
+class EncoderClosedError(RuntimeError):
+    """An Encoder was asked to encode after close()."""
+
+
 class Encoder:
-    def __init__(self, model: str = DEFAULT_MODEL, dtype: str | torch.dtype = "auto",
+    def __init__(self, model: str | None = None, dtype: str | torch.dtype = "auto",
                  device: str | torch.device | None = None, mm_encoder_attn_backend: str | None = None,
                  load_format: Literal["auto", "dummy"] = "auto", tensor_parallel_size: int = 1,
                  mm_encoder_tp_mode: str = "weights", max_batch_patches: int = 1 << 16, compile: bool = False,
@@ -61,9 +66,14 @@ class Encoder:
                  preprocess_workers: int | None = None, preprocess_worker_kind: str = "auto",
                  preprocess_resize: str = "auto",
                  batch_invariant: bool = False, linear_backend: str | None = None, quantization: str | None = None,
-                 fused_kernels: bool = False, first_chunk_patches: int | None = None, chunk_growth: float = 2.0):
-        """model: a local Hugging Face checkpoint folder, or a built-in name (then
-        load_format="dummy" is implied: random weights, no files). max_batch_patches bounds one
+                 fused_kernels: bool = False, first_chunk_patches: int | None = None, chunk_growth: float = 2.0,
+                 high_bit_depth: Literal["clip", "scale"] = "clip"):
+        """model: a local Hugging Face checkpoint folder, or a Hub id ("org/name") resolved through
+        huggingface_hub (the local cache first, HF_HUB_OFFLINE honoured; a download fetches only
+        config.json, the processor configs and the shards holding the tower's tensors). load_format:
+        "auto" reads the checkpoint's weights; "dummy" gives random weights (a built-in name then needs
+        no files; `random_weights` says so). None: the built-in DEFAULT_MODEL with random weights (a
+        demo that runs offline). max_batch_patches bounds one
         tower call; `encode` splits larger inputs into several calls (whole images only).
         compile=True runs the tower's blocks through torch.compile (the first call compiles).
         cuda_graphs=True (CUDA only) replays one CUDA graph per packing seen before (the second
@@ -93,6 +103,9 @@ class Encoder:
         call's rows, up to max_batch_patches (math.inf: straight to max_batch_patches); the cut
         depends only on the images' sizes, so repeated calls repeat their packings
         (mmenc.preprocess.schedule.ChunkSchedule). See docs/engine.md, Pipelining.
+        high_bit_depth: 16-bit images (16-bit grayscale PNGs) in encode/encode_iter: "clip" converts them
+        as transformers does (values over 255 clip, the image comes out almost white; warned once), for
+        parity; "scale" maps 0..65535 onto 0..255, the image as it looks.
         Safe to call from many threads: calls run one at a time (docs/engine.md, Threads)."""
         check_dtype(dtype)
         check_positive_int("tensor_parallel_size", tensor_parallel_size, "the number of devices, e.g. 2")
@@ -106,7 +119,9 @@ class Encoder:
         if first_chunk_patches is not None:
             check_positive_int("first_chunk_patches", first_chunk_patches,
                                "the most patches of the first tower call of a call, e.g. 4096")
-        self.max_batch_patches, self.strict, self.model_name = max_batch_patches, bool(strict), model
+        if model is None:
+            model, load_format = DEFAULT_MODEL, "dummy"
+        self.max_batch_patches, self.strict, self.model_name = max_batch_patches, bool(strict), str(model)
         self.first_chunk_patches = min(max_batch_patches, first_chunk_patches if first_chunk_patches is not None
                                        else max(1, max_batch_patches // 16))
         if isinstance(chunk_growth, bool) or not isinstance(chunk_growth, (int, float)) or not chunk_growth >= 1:
@@ -115,7 +130,10 @@ class Encoder:
         self.chunk_growth = chunk_growth
         self.chunks_in_flight = 2  # tower calls the host may queue before reading the oldest's result
         self.tally = Tally()  # seconds of encode/encode_iter: chunk_wait_s, launch_s, device_wait_s, consumer_s
-        self._recipe = TowerRecipe(dict(model=model, load_format=load_format, dtype=dtype,
+        if load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format={load_format!r} is not valid; expected one of {LOAD_FORMATS}")
+        checkpoint = resolve_checkpoint(self.model_name, load_format)  # a Hub id: once, here, not per worker
+        self._recipe = TowerRecipe(dict(model=checkpoint, load_format=load_format, dtype=dtype,
                                         multimodal_config=self.mm_config))
         self._executor = make_executor(self._recipe, torch.device(device) if device is not None else None,
                                        tensor_parallel_size, self.mm_config.mm_encoder_tp_mode, worker_timeout_s)
@@ -125,9 +143,10 @@ class Encoder:
         workers = default_workers(self.device) if preprocess_workers is None else preprocess_workers
         self.preprocessor = Preprocessor(self.processor, device=self.input_device, workers=workers,
                                          worker_kind=preprocess_worker_kind, resize=preprocess_resize,
-                                         video_processor=self.video_processor)
+                                         video_processor=self.video_processor, high_bit_depth=high_bit_depth)
         logger.info("threads: %s", self.threads())
         self._lock = threading.Lock()  # one call at a time: results can never cross between threads
+        self._closed = False  # close() was called: encoding raises EncoderClosedError
         self._empty: TowerOutput | None = None
         self._text = None  # the TextEncoder, built by the first embed_text
         self._hooks: list = []  # tower_call_hook's, innermost last
@@ -136,8 +155,9 @@ class Encoder:
     # -- the three steps --------------------------------------------------------------------
     def preprocess(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """pixel_values float32 [patches, C*tp*p*p] and grid_thw int64 [N, 3], as the model's HF
-        image processor gives them. Inputs: paths, PIL images, numpy arrays (see mmenc.preprocess)."""
-        return self.processor(list(images))
+        image processor gives them. Inputs: paths, PIL images, numpy arrays (see mmenc.preprocess); one
+        image alone (a path, bytes, a PIL image, an [H, W(, C)] array) counts as a list of one."""
+        return self.processor(list(as_items(images)))
 
     @property
     def video_processor(self) -> Any:
@@ -158,6 +178,7 @@ class Encoder:
         images (grid_thw [0, 3], pixel_values [0, F]) give an empty result [0, out_hidden].
         pooled=True: the tower's pooled image embeddings [N, hidden] instead (see `pool`); with
         return_extras, the TowerOutput carries them as extras["pooled"]."""
+        self._check_open("encode_pixels")
         if pooled:
             out = self.encode_pixels(pixel_values, grid_thw, return_extras=True)
             vectors = self.pool(out.embeddings, grid_thw)
@@ -188,6 +209,21 @@ class Encoder:
         return tower.pool(embeddings, torch.as_tensor(grid_thw, dtype=torch.int64).cpu())
 
     @property
+    def random_weights(self) -> bool:
+        """True when the tower runs random weights (load_format="dummy"): its embeddings mean nothing."""
+        return self.loaded.load_format == "dummy"
+
+    @property
+    def weights(self) -> str:
+        """Where the weights come from, as outputs state it: "checkpoint", or "random" (load_format="dummy")."""
+        return "random" if self.random_weights else "checkpoint"
+
+    @property
+    def checkpoint_folder(self):
+        """The checkpoint folder read (a Hub id's snapshot in the huggingface_hub cache), or None (built-in)."""
+        return self.loaded.folder
+
+    @property
     def pooled_dim(self) -> int | None:
         """The width of `encode(images, pooled=True)`'s vectors (and of `embed_text`'s, for contrastive
         checkpoints), or None when the tower has no pooled image embedding (VLM towers)."""
@@ -207,6 +243,7 @@ class Encoder:
         """Text embeddings [len(texts), dim] in the space of `encode(images, pooled=True)`: transformers'
         get_text_features on the checkpoint's own tokenizer output (mmenc.engine.text), on `device` in the
         tower's dtype. The text tower is built on first use. ValueError for a checkpoint without one."""
+        self._check_open("embed_text")
         if self._text is None:
             if self.loaded.load_format != "auto":
                 raise ValueError(f"embed_text: {self.model_name!r} has random weights and no tokenizer files "
@@ -214,14 +251,15 @@ class Encoder:
                                  f"folder")
             from mmenc.engine.text import TextEncoder
 
-            self._text = TextEncoder.from_checkpoint(self.model_name, self.device, self.loaded.dtype)
+            self._text = TextEncoder.from_checkpoint(self.loaded.folder, self.device, self.loaded.dtype)
         with self._lock:
             return self._text.encode(list(texts) if not isinstance(texts, str) else texts)
 
     def encode(self, images: Sequence[Any], return_extras: bool = False,
                errors: Literal["raise", "skip"] = "raise", pooled: bool = False) -> list:
         """One [tokens_i, out_hidden] tensor per image (ImageEmbedding with return_extras), on the
-        tower's device. Inputs: paths, bytes, PIL images, numpy arrays (see mmenc.preprocess); videos
+        tower's device. Inputs: a sequence of paths, bytes, PIL images, numpy arrays (see mmenc.preprocess);
+        one input alone (`encode("cat.jpg")`) is a list of one, and so is its result; videos
         (a path with a video extension, a video file's bytes, or mmenc.preprocess.video.Video(path,
         fps=...)) give a VideoEmbedding (embeddings, extras, video: VideoInfo) whatever return_extras.
         pooled=True: one [hidden] pooled embedding per image instead (the tower's pooling head, see
@@ -233,7 +271,8 @@ class Encoder:
         Pipelined in chunks of at most max_batch_patches patches (see encode_iter)."""
         if errors not in ("raise", "skip"):
             raise ValueError(f"errors={errors!r} not supported; expected 'raise' or 'skip'")
-        items = list(images)
+        self._check_open("encode")
+        items = list(as_items(images))
         results: list = [None] * len(items)
         failures: list[LoadFailure] = []
         for index, value in stream(self, items, stop_on_failure=errors == "raise", pooled=pooled):
@@ -265,7 +304,8 @@ class Encoder:
         strict=True, before the chunk's results are handed out (NonFiniteOutputError ends the stream).
         Results are device tensors whose tower call may still be running (stream-ordered, as any
         torch op's output)."""
-        for index, value in stream(self, images, stop_on_failure=False):
+        self._check_open("encode_iter")
+        for index, value in stream(self, as_items(images), stop_on_failure=False):
             if isinstance(value, LoadFailure):
                 logger.warning("skipped: %s", value.message)
                 yield index, value
@@ -302,9 +342,15 @@ class Encoder:
         return backend.name if backend is not None else "unknown"
 
     def close(self) -> None:
-        """Stop the preprocessing threads and the worker processes, if any (also on `with` exit). Idempotent."""
+        """Stop the preprocessing threads and the worker processes, if any (also on `with` exit). Idempotent;
+        afterwards every encode / encode_iter / encode_pixels / embed_text call raises EncoderClosedError."""
+        self._closed = True
         self.preprocessor.close()
         self._executor.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def __enter__(self):
         return self
@@ -394,6 +440,11 @@ class Encoder:
             self._hooks.remove(hook)
 
     # -- internals ----------------------------------------------------------------------------
+    def _check_open(self, method: str) -> None:
+        if self._closed:
+            raise EncoderClosedError(f"Encoder({self.model_name!r}).{method}: the encoder is closed (close() was "
+                                     f"called, or its `with` block ended); create a new Encoder to encode again")
+
     def _graphs(self):
         """The tower's CudaGraphCache, or None (no CUDA graphs; worker processes keep theirs)."""
         return getattr(self.loaded, "graphs", None)
@@ -427,3 +478,24 @@ class Encoder:
             meta = TowerRecipe({**self._recipe.tower_args, "dtype": self.loaded.dtype}).meta_tower()
             self._empty = empty_output(meta, self.device)
         return self._empty
+
+
+def as_items(images: Any) -> Iterable[Any]:
+    """`images` as an iterable of inputs: one input alone (a str or os.PathLike path, bytes, a PIL image,
+    an [H, W] or [H, W, C] numpy array, a Video) becomes a list of one, so "cat.jpg" is not read as the
+    characters c, a, t; any other iterable as it is. TypeError for what is neither."""
+    import os
+
+    import numpy as np
+    from PIL import Image
+
+    from mmenc.preprocess.video import Video
+
+    if isinstance(images, (str, bytes, bytearray, memoryview, os.PathLike, Image.Image, Video)):
+        return [images]
+    if isinstance(images, np.ndarray) and images.ndim in (2, 3):
+        return [images]
+    if isinstance(images, dict) or not isinstance(images, Iterable):
+        raise TypeError(f"images must be one input (a path, bytes, a PIL image, a numpy array, a Video) or an "
+                        f"iterable of them, got {type(images).__name__}")
+    return images
