@@ -16,9 +16,13 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def add_encoder_args(parser: argparse.ArgumentParser, default_model_help: str) -> None:
-    parser.add_argument("--model", default=None, help=f"checkpoint folder or built-in name ({default_model_help})")
+    parser.add_argument("--model", default=None,
+                        help=f"checkpoint folder or Hugging Face Hub id, e.g. Qwen/Qwen2.5-VL-7B-Instruct (read from "
+                             f"the huggingface_hub cache, else downloaded: config, processor configs and the tower's "
+                             f"shards only; HF_HUB_OFFLINE=1 never downloads) ({default_model_help})")
     parser.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
-                        help="dummy: random weights, no files (implied for built-in names)")
+                        help="auto: the checkpoint's weights; dummy: RANDOM weights, no weight files (a built-in name "
+                             "needs no files at all: mmenc.models.registry.builtin_model_names()); outputs say so")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, float32 on CPU), bfloat16, float16, float32")
     parser.add_argument("--device", default=None, help="torch device: cpu, cuda, cuda:N (default: the platform's)")
     parser.add_argument("--mm-encoder-attn-backend", default=None, metavar="BACKEND",
@@ -61,10 +65,12 @@ def apply_log_level(args: argparse.Namespace) -> None:
 
 
 def encoder_kwargs(args: argparse.Namespace, default_model: str) -> dict:
-    """Encoder(...) keyword arguments from the flags; --device is validated first (ValueError)."""
+    """Encoder(...) keyword arguments from the flags; --device is validated first (ValueError). Without
+    --model: `default_model` (a built-in name) with random weights (load_format "dummy"), offline."""
     check_device(args.device)
+    load_format = args.load_format if args.model else "dummy"  # no --model: the built-in default, random weights
     return dict(model=args.model or default_model, dtype=args.dtype, device=args.device,
-                mm_encoder_attn_backend=args.mm_encoder_attn_backend, load_format=args.load_format,
+                mm_encoder_attn_backend=args.mm_encoder_attn_backend, load_format=load_format,
                 tensor_parallel_size=args.tensor_parallel_size, mm_encoder_tp_mode=args.mm_encoder_tp_mode,
                 compile=args.compile, cuda_graphs=args.cuda_graphs, worker_timeout_s=args.worker_timeout,
                 batch_invariant=args.batch_invariant, linear_backend=args.linear_backend,
@@ -113,6 +119,10 @@ def add_image_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-image-pixels", type=int, default=None, metavar="N",
                         help="refuse images with more than N pixels as decompression bombs (default: PIL's "
                              f"limit, {_pil_default_limit()}); raise it for trusted large images; 0: no limit")
+    parser.add_argument("--high-bit-depth", choices=["clip", "scale"], default="clip",
+                        help="16-bit images (16-bit grayscale PNGs): 'clip' converts them as transformers does (values "
+                             "over 255 clip, so they come out almost white; a warning says so), for parity; 'scale' "
+                             "maps 0..65535 onto 0..255 (default: %(default)s)")
 
 
 def add_preprocess_args(parser: argparse.ArgumentParser, scope: str = "") -> None:

@@ -127,7 +127,7 @@ def _run(args) -> int:
     paths = collect_images(args.inputs)
     output = check_output_path(args.output, "--output", paths)
     kwargs = dict(encoder_kwargs(args, DEFAULT_MODEL), preprocess_worker_kind=args.preprocess_worker_kind,
-                  preprocess_resize=args.preprocess_resize)
+                  preprocess_resize=args.preprocess_resize, high_bit_depth=args.high_bit_depth)
     if args.model is None:
         print(f"mmenc encode: no --model given: running the built-in {DEFAULT_MODEL} vision tower with RANDOM "
               f"weights (a demo of the pipeline; pass a checkpoint folder for real embeddings)", file=sys.stderr)
@@ -146,7 +146,7 @@ def _run(args) -> int:
             if texts:
                 embed_texts(encoder, texts, results)
             written, interrupted, seconds = _encode_and_save(encoder, paths, args, output, results)
-    print(f"model={encoder.model_name} backend={encoder.attention_backends()} images={results.images} "
+    print(f"model={encoder.model_name} weights={encoder.weights} backend={encoder.attention_backends()} images={results.images} "
           + (f"(videos={results.videos} frames={int(encoder.tally.snapshot().get('video_frames', 0))}) "
              if results.videos else "")
           + f"tokens={results.tokens} seconds={seconds:.2f} images/s={results.images / max(seconds, 1e-9):.2f} "
@@ -250,7 +250,7 @@ def save(encoder, output: pathlib.Path, results: Results, complete: bool, partia
         return False
     from safetensors.torch import save_file
 
-    metadata = {"model": encoder.model_name, "backend": encoder.attention_backends(),
+    metadata = {"model": encoder.model_name, "weights": encoder.weights, "backend": encoder.attention_backends(),
                 "images": str(results.images), "complete": str(complete).lower(), **results.metadata}
     if results.videos:
         metadata["videos"] = str(results.videos)

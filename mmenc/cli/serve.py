@@ -15,6 +15,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "image_embeds, raw base64 or JSON; GET /health, /v1/models, /metrics. "
                                    "See docs/serving.md.")
     add_encoder_args(p, f"default: {DEFAULT_MODEL} with random weights")
+    p.add_argument("--served-model-name", default=None, metavar="NAME",
+                   help="the model's name in /v1/models and in every answer (default: the Hub id given, or the "
+                        "checkpoint folder's name; never its path)")
     p.add_argument("--host", default=_D.host, help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=_D.port, help="port (default: %(default)s)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* routes")
@@ -91,7 +94,8 @@ def settings_from_args(args) -> ServeSettings:
                          max_images_per_request=args.max_images_per_request,
                          max_image_pixels=args.max_image_pixels, max_queue_images=args.max_queue_images,
                          shutdown_timeout_s=args.shutdown_timeout, max_in_flight=args.max_in_flight,
-                         bucket_batches=args.bucket_batches, frontends=args.frontends, **extra)
+                         bucket_batches=args.bucket_batches, frontends=args.frontends,
+                         served_model_name=args.served_model_name, **extra)
 
 
 def run(args) -> int:

@@ -1,6 +1,7 @@
 """Encoder: images in, the embeddings a VLM consumes out.
 
-    enc = Encoder("path/to/Qwen2.5-VL-7B-Instruct")          # or a built-in name, load_format="dummy"
+    enc = Encoder("path/to/Qwen2.5-VL-7B-Instruct")          # a folder, or a Hub id (huggingface_hub's cache)
+    enc = Encoder("Qwen/Qwen2.5-VL-7B-Instruct", load_format="dummy")  # random weights, no files
     embeddings = enc.encode(["a.jpg", "b.png"])              # list of [tokens_i, out_hidden]
     for i, emb in enc.encode_iter(paths):                    # a stream, input order, bounded memory
     pixel_values, grid_thw = enc.preprocess(images)          # exactly the HF image processor's output
@@ -38,7 +39,7 @@ from mmenc.engine.checks import check_dtype, check_finite, check_grid, check_pos
 from mmenc.engine.executors import make_executor
 from mmenc.engine.outputs import ImageEmbedding, concat_outputs, whole_image_runs
 from mmenc.engine.stream import stream
-from mmenc.engine.tower import TowerRecipe, empty_output
+from mmenc.engine.tower import LOAD_FORMATS, TowerRecipe, empty_output, resolve_checkpoint
 from mmenc.engine.videos import VideoEmbedding
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
@@ -57,7 +58,7 @@ class EncoderClosedError(RuntimeError):
 
 
 class Encoder:
-    def __init__(self, model: str = DEFAULT_MODEL, dtype: str | torch.dtype = "auto",
+    def __init__(self, model: str | None = None, dtype: str | torch.dtype = "auto",
                  device: str | torch.device | None = None, mm_encoder_attn_backend: str | None = None,
                  load_format: Literal["auto", "dummy"] = "auto", tensor_parallel_size: int = 1,
                  mm_encoder_tp_mode: str = "weights", max_batch_patches: int = 1 << 16, compile: bool = False,
@@ -65,9 +66,14 @@ class Encoder:
                  preprocess_workers: int | None = None, preprocess_worker_kind: str = "auto",
                  preprocess_resize: str = "auto",
                  batch_invariant: bool = False, linear_backend: str | None = None, quantization: str | None = None,
-                 first_chunk_patches: int | None = None, chunk_growth: float = 2.0):
-        """model: a local Hugging Face checkpoint folder, or a built-in name (then
-        load_format="dummy" is implied: random weights, no files). max_batch_patches bounds one
+                 first_chunk_patches: int | None = None, chunk_growth: float = 2.0,
+                 high_bit_depth: Literal["clip", "scale"] = "clip"):
+        """model: a local Hugging Face checkpoint folder, or a Hub id ("org/name") resolved through
+        huggingface_hub (the local cache first, HF_HUB_OFFLINE honoured; a download fetches only
+        config.json, the processor configs and the shards holding the tower's tensors). load_format:
+        "auto" reads the checkpoint's weights; "dummy" gives random weights (a built-in name then needs
+        no files; `random_weights` says so). None: the built-in DEFAULT_MODEL with random weights (a
+        demo that runs offline). max_batch_patches bounds one
         tower call; `encode` splits larger inputs into several calls (whole images only).
         compile=True runs the tower's blocks through torch.compile (the first call compiles).
         cuda_graphs=True (CUDA only) replays one CUDA graph per packing seen before (the second
@@ -94,6 +100,9 @@ class Encoder:
         call's rows, up to max_batch_patches (math.inf: straight to max_batch_patches); the cut
         depends only on the images' sizes, so repeated calls repeat their packings
         (mmenc.preprocess.schedule.ChunkSchedule). See docs/engine.md, Pipelining.
+        high_bit_depth: 16-bit images (16-bit grayscale PNGs) in encode/encode_iter: "clip" converts them
+        as transformers does (values over 255 clip, the image comes out almost white; warned once), for
+        parity; "scale" maps 0..65535 onto 0..255, the image as it looks.
         Safe to call from many threads: calls run one at a time (docs/engine.md, Threads)."""
         check_dtype(dtype)
         check_positive_int("tensor_parallel_size", tensor_parallel_size, "the number of devices, e.g. 2")
@@ -106,7 +115,9 @@ class Encoder:
         if first_chunk_patches is not None:
             check_positive_int("first_chunk_patches", first_chunk_patches,
                                "the most patches of the first tower call of a call, e.g. 4096")
-        self.max_batch_patches, self.strict, self.model_name = max_batch_patches, bool(strict), model
+        if model is None:
+            model, load_format = DEFAULT_MODEL, "dummy"
+        self.max_batch_patches, self.strict, self.model_name = max_batch_patches, bool(strict), str(model)
         self.first_chunk_patches = min(max_batch_patches, first_chunk_patches if first_chunk_patches is not None
                                        else max(1, max_batch_patches // 16))
         if isinstance(chunk_growth, bool) or not isinstance(chunk_growth, (int, float)) or not chunk_growth >= 1:
@@ -115,7 +126,10 @@ class Encoder:
         self.chunk_growth = chunk_growth
         self.chunks_in_flight = 2  # tower calls the host may queue before reading the oldest's result
         self.tally = Tally()  # seconds of encode/encode_iter: chunk_wait_s, launch_s, device_wait_s, consumer_s
-        self._recipe = TowerRecipe(dict(model=model, load_format=load_format, dtype=dtype,
+        if load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format={load_format!r} is not valid; expected one of {LOAD_FORMATS}")
+        checkpoint = resolve_checkpoint(self.model_name, load_format)  # a Hub id: once, here, not per worker
+        self._recipe = TowerRecipe(dict(model=checkpoint, load_format=load_format, dtype=dtype,
                                         multimodal_config=self.mm_config))
         self._executor = make_executor(self._recipe, torch.device(device) if device is not None else None,
                                        tensor_parallel_size, self.mm_config.mm_encoder_tp_mode, worker_timeout_s)
@@ -125,7 +139,7 @@ class Encoder:
         workers = default_workers(self.device) if preprocess_workers is None else preprocess_workers
         self.preprocessor = Preprocessor(self.processor, device=self.input_device, workers=workers,
                                          worker_kind=preprocess_worker_kind, resize=preprocess_resize,
-                                         video_processor=self.video_processor)
+                                         video_processor=self.video_processor, high_bit_depth=high_bit_depth)
         logger.info("threads: %s", self.threads())
         self._lock = threading.Lock()  # one call at a time: results can never cross between threads
         self._closed = False  # close() was called: encoding raises EncoderClosedError
@@ -137,8 +151,9 @@ class Encoder:
     # -- the three steps --------------------------------------------------------------------
     def preprocess(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """pixel_values float32 [patches, C*tp*p*p] and grid_thw int64 [N, 3], as the model's HF
-        image processor gives them. Inputs: paths, PIL images, numpy arrays (see mmenc.preprocess)."""
-        return self.processor(list(images))
+        image processor gives them. Inputs: paths, PIL images, numpy arrays (see mmenc.preprocess); one
+        image alone (a path, bytes, a PIL image, an [H, W(, C)] array) counts as a list of one."""
+        return self.processor(list(as_items(images)))
 
     @property
     def video_processor(self) -> Any:
@@ -190,6 +205,21 @@ class Encoder:
         return tower.pool(embeddings, torch.as_tensor(grid_thw, dtype=torch.int64).cpu())
 
     @property
+    def random_weights(self) -> bool:
+        """True when the tower runs random weights (load_format="dummy"): its embeddings mean nothing."""
+        return self.loaded.load_format == "dummy"
+
+    @property
+    def weights(self) -> str:
+        """Where the weights come from, as outputs state it: "checkpoint", or "random" (load_format="dummy")."""
+        return "random" if self.random_weights else "checkpoint"
+
+    @property
+    def checkpoint_folder(self):
+        """The checkpoint folder read (a Hub id's snapshot in the huggingface_hub cache), or None (built-in)."""
+        return self.loaded.folder
+
+    @property
     def pooled_dim(self) -> int | None:
         """The width of `encode(images, pooled=True)`'s vectors (and of `embed_text`'s, for contrastive
         checkpoints), or None when the tower has no pooled image embedding (VLM towers)."""
@@ -217,14 +247,15 @@ class Encoder:
                                  f"folder")
             from mmenc.engine.text import TextEncoder
 
-            self._text = TextEncoder.from_checkpoint(self.model_name, self.device, self.loaded.dtype)
+            self._text = TextEncoder.from_checkpoint(self.loaded.folder, self.device, self.loaded.dtype)
         with self._lock:
             return self._text.encode(list(texts) if not isinstance(texts, str) else texts)
 
     def encode(self, images: Sequence[Any], return_extras: bool = False,
                errors: Literal["raise", "skip"] = "raise", pooled: bool = False) -> list:
         """One [tokens_i, out_hidden] tensor per image (ImageEmbedding with return_extras), on the
-        tower's device. Inputs: paths, bytes, PIL images, numpy arrays (see mmenc.preprocess); videos
+        tower's device. Inputs: a sequence of paths, bytes, PIL images, numpy arrays (see mmenc.preprocess);
+        one input alone (`encode("cat.jpg")`) is a list of one, and so is its result; videos
         (a path with a video extension, a video file's bytes, or mmenc.preprocess.video.Video(path,
         fps=...)) give a VideoEmbedding (embeddings, extras, video: VideoInfo) whatever return_extras.
         pooled=True: one [hidden] pooled embedding per image instead (the tower's pooling head, see
@@ -237,7 +268,7 @@ class Encoder:
         if errors not in ("raise", "skip"):
             raise ValueError(f"errors={errors!r} not supported; expected 'raise' or 'skip'")
         self._check_open("encode")
-        items = list(images)
+        items = list(as_items(images))
         results: list = [None] * len(items)
         failures: list[LoadFailure] = []
         for index, value in stream(self, items, stop_on_failure=errors == "raise", pooled=pooled):
@@ -270,7 +301,7 @@ class Encoder:
         Results are device tensors whose tower call may still be running (stream-ordered, as any
         torch op's output)."""
         self._check_open("encode_iter")
-        for index, value in stream(self, images, stop_on_failure=False):
+        for index, value in stream(self, as_items(images), stop_on_failure=False):
             if isinstance(value, LoadFailure):
                 logger.warning("skipped: %s", value.message)
                 yield index, value
@@ -443,3 +474,24 @@ class Encoder:
             meta = TowerRecipe({**self._recipe.tower_args, "dtype": self.loaded.dtype}).meta_tower()
             self._empty = empty_output(meta, self.device)
         return self._empty
+
+
+def as_items(images: Any) -> Iterable[Any]:
+    """`images` as an iterable of inputs: one input alone (a str or os.PathLike path, bytes, a PIL image,
+    an [H, W] or [H, W, C] numpy array, a Video) becomes a list of one, so "cat.jpg" is not read as the
+    characters c, a, t; any other iterable as it is. TypeError for what is neither."""
+    import os
+
+    import numpy as np
+    from PIL import Image
+
+    from mmenc.preprocess.video import Video
+
+    if isinstance(images, (str, bytes, bytearray, memoryview, os.PathLike, Image.Image, Video)):
+        return [images]
+    if isinstance(images, np.ndarray) and images.ndim in (2, 3):
+        return [images]
+    if isinstance(images, dict) or not isinstance(images, Iterable):
+        raise TypeError(f"images must be one input (a path, bytes, a PIL image, a numpy array, a Video) or an "
+                        f"iterable of them, got {type(images).__name__}")
+    return images
