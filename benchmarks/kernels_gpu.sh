@@ -42,7 +42,7 @@ step() {
 }
 bench() {  # bench NAME LIMIT FLAGS...
   local name=$1 limit=$2; shift 2
-  step "$name" "$limit" $py -m mmenc.cli.main bench --model Qwen/Qwen2.5-VL-7B-Instruct --dtype bfloat16 \
+  step "$name" "$limit" $py -m mmenc.cli.main bench --model Qwen/Qwen2.5-VL-7B-Instruct --load-format dummy --dtype bfloat16 \
     --compile --cuda-graphs --workload 8x1036px --workload 32x448px --warmup "$warmup" --iters "$iters" \
     --profile --quiet --json "$out/$name.json" "$@"
 }
