@@ -31,7 +31,12 @@ def add_encoder_args(parser: argparse.ArgumentParser, default_model_help: str) -
                         help="force one linear (matmul) backend: " + ", ".join(b.name for b in LinearBackendEnum)
                              + " (default: the platform's; `mmenc backends` shows it)")
     parser.add_argument("--quantization", default=None, choices=list(QUANTIZATIONS),
-                        help="quantize the tower's linears at load (fp8: FP8 weights and activations, CUDA)")
+                        help="quantize the tower's linears at load (fp8: FP8 weights and activations on the last "
+                             "quarter of the blocks, where accuracy holds; fp8-all: every linear, below the accuracy "
+                             "bar; CUDA sm89+; docs/linear.md)")
+    parser.add_argument("--fused-kernels", action="store_true",
+                        help="CUDA: fused Triton row kernels (residual add + norm, SiLU-gate; with FP8 the "
+                             "quantization inside them); off: the reference ops (docs/kernels.md)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                         help="number of devices (worker processes) for the tower")
     parser.add_argument("--mm-encoder-tp-mode", choices=["weights", "data"], default="weights",
@@ -74,7 +79,7 @@ def encoder_kwargs(args: argparse.Namespace, default_model: str) -> dict:
                 tensor_parallel_size=args.tensor_parallel_size, mm_encoder_tp_mode=args.mm_encoder_tp_mode,
                 compile=args.compile, cuda_graphs=args.cuda_graphs, worker_timeout_s=args.worker_timeout,
                 batch_invariant=args.batch_invariant, linear_backend=args.linear_backend,
-                quantization=args.quantization)
+                quantization=args.quantization, fused_kernels=args.fused_kernels)
 
 
 def check_device(name: str | None) -> None:

@@ -66,7 +66,7 @@ class Encoder:
                  preprocess_workers: int | None = None, preprocess_worker_kind: str = "auto",
                  preprocess_resize: str = "auto",
                  batch_invariant: bool = False, linear_backend: str | None = None, quantization: str | None = None,
-                 first_chunk_patches: int | None = None, chunk_growth: float = 2.0,
+                 fused_kernels: bool = False, first_chunk_patches: int | None = None, chunk_growth: float = 2.0,
                  high_bit_depth: Literal["clip", "scale"] = "clip"):
         """model: a local Hugging Face checkpoint folder, or a Hub id ("org/name") resolved through
         huggingface_hub (the local cache first, HF_HUB_OFFLINE honoured; a download fetches only
@@ -92,7 +92,10 @@ class Encoder:
         batch_invariant: each image's embedding is bitwise identical whatever else is in the call
         (order, chunking), at some throughput cost (MultiModalConfig.batch_invariant).
         linear_backend: the linears' kernel backend by name ("native", "onednn", "fp8"; None: the
-        platform's choice, see `linear_backend()` and docs/linear.md); quantization: None or "fp8".
+        platform's choice, see `linear_backend()` and docs/linear.md); quantization: None, "fp8" (FP8 on the
+        last quarter of the blocks) or "fp8-all" (every linear, below the accuracy bar; docs/linear.md).
+        fused_kernels: fused row kernels (residual add + norm, gated activation, FP8 quantization inside
+        them) where the platform has them; an error naming why where it has none (docs/kernels.md).
         first_chunk_patches: the first tower call of each `encode`/`encode_iter` takes at most this
         many patches (at least one image), so the tower starts while the rest is still decoded
         (None: max_batch_patches // 16, 4096 by default; max_batch_patches or more: no smaller
@@ -111,7 +114,8 @@ class Encoder:
         self.mm_config = MultiModalConfig(mm_encoder_attn_backend=mm_encoder_attn_backend,
                                           mm_encoder_tp_mode=mm_encoder_tp_mode, compile=compile,
                                           cuda_graphs=cuda_graphs, batch_invariant=batch_invariant,
-                                          linear_backend=linear_backend, quantization=quantization)
+                                          linear_backend=linear_backend, quantization=quantization,
+                                          fused_kernels=fused_kernels)
         if first_chunk_patches is not None:
             check_positive_int("first_chunk_patches", first_chunk_patches,
                                "the most patches of the first tower call of a call, e.g. 4096")
