@@ -292,7 +292,7 @@ def test_cuda_call_is_queued_while_the_previous_one_runs():
 
 
 def test_asynchronous_tower_call_equals_encode_pixels(tmp_path):
-    """The call the batcher uses on CUDA towers (the runner's run, finiteness checked later), here on
+    """The call the batcher uses on CUDA towers (Encoder.launch, finiteness checked later), here on
     the CPU: the same embeddings as Encoder.encode_pixels; a call over the Encoder's max_batch_patches
     still splits."""
     from mmenc.engine.encoder import Encoder

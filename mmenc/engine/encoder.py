@@ -317,9 +317,9 @@ class Encoder:
 
     @property
     def launches_asynchronously(self) -> bool:
-        """Whether `launch` returns as soon as the tower's kernels are queued (a tower on an accelerator in
-        this process); False with worker processes, torchrun ranks and on the CPU, where it returns done."""
-        return self._executor.launches_asynchronously and self.device.type != "cpu"
+        """Whether `launch` only queues the tower's kernels (the tower in this process: on an accelerator it
+        returns before they run); False with worker processes and torchrun ranks, whose calls return done."""
+        return self._executor.launches_asynchronously
 
     @torch.inference_mode()
     def launch(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
