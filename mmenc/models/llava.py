@@ -150,7 +150,8 @@ class LlavaVisionConfig(TowerConfigBase):
         values["projector_act"] = config.get("projector_hidden_act", "gelu")
         values["projector_bias"] = bool(config.get("multimodal_projector_bias", True))
         if config.get("model_type") == "vipllava":  # VipLlava: CLS always dropped, a LayerNorm first
-            layer = config.get("vision_feature_layer", (-2, -5, -8, -11, 6))
+            # published VipLlava configs (and transformers before 5.24) spell it vision_feature_layers
+            layer = config.get("vision_feature_layers", config.get("vision_feature_layer", (-2, -5, -8, -11, 6)))
             values["feature_layers"] = tuple(layer) if isinstance(layer, (list, tuple)) else (layer,)
             values["select"] = "default"
             values["projector_norm_eps"] = float(config.get("projector_layernorm_eps", 1e-5))

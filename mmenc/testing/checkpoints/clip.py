@@ -56,8 +56,9 @@ def save_vipllava(folder, vision: dict | None = None, seed: int = 0, max_shard_s
     import transformers
 
     config = transformers.VipLlavaConfig(vision_config={**TINY_CLIP_VISION, **(vision or {})},
-                                         text_config=dict(TINY_TEXT, model_type="llama"),
-                                         vision_feature_layer=[0, -2, 1], dtype=torch.float32)
+                                         text_config=dict(TINY_TEXT, model_type="llama"), dtype=torch.float32)
+    # transformers 5.24 maps the published spelling vision_feature_layers to vision_feature_layer; 5.17 has only it
+    config.vision_feature_layers = [0, -2, 1]
     model = _seeded(transformers.VipLlavaForConditionalGeneration, config, seed)
     _randomise_embeddings(model)
     return _save(model, folder, max_shard_size), model
@@ -66,8 +67,7 @@ def save_vipllava(folder, vision: dict | None = None, seed: int = 0, max_shard_s
 def hf_vipllava_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> tuple[torch.Tensor, list]:
     """transformers' VipLlavaModel.get_image_features frame by frame (interpolate_pos_encoding=True), concatenated."""
     with torch.no_grad():
-        outs = [model.model.get_image_features(pixel_values=image, interpolate_pos_encoding=True,
-                                               vision_feature_layer=model.config.vision_feature_layer).pooler_output[0]
+        outs = [model.model.get_image_features(pixel_values=image, interpolate_pos_encoding=True).pooler_output[0]
                 for image in frame_images(pixel_values, grid_thw, model.config.vision_config.patch_size)]
     return torch.cat(outs), []
 
@@ -227,7 +227,9 @@ def hf_idefics3_outputs(model, pixel_values: torch.Tensor, grid_thw: torch.Tenso
     with torch.no_grad():
         for image, (t, h, w) in zip(rows.split(grid_thw.prod(-1).tolist()), grid_thw.tolist()):
             tiles = image.view(t, h, w, -1, p, p).permute(0, 3, 1, 4, 2, 5).reshape(1, t, -1, h * p, w * p)
-            outs.append(model.model.get_image_features(pixel_values=tiles).pooler_output[0])
+            pooled = model.model.get_image_features(pixel_values=tiles).pooler_output
+            # transformers 5.24: a list of [tiles * tokens, hidden] per image; 5.17: a [tiles, tokens, hidden] tensor
+            outs.append(pooled[0] if isinstance(pooled, (list, tuple)) else pooled.reshape(-1, pooled.shape[-1]))
     return torch.cat(outs), []
 
 
