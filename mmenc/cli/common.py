@@ -1,4 +1,4 @@
-"""Flags and checks shared by the subcommands: encoder flags (derived from MultiModalConfig/Encoder),
+"""Flags and checks shared by the subcommands: encoder flags (made from EncoderSettings: mmenc.cli.flags),
 log level, image pixel limit, device validation, output paths checked before work and written atomically."""
 import argparse
 import contextlib
@@ -9,38 +9,19 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from mmenc.backends import AttentionBackendEnum
-from mmenc.backends.linear import QUANTIZATIONS, LinearBackendEnum
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def add_encoder_args(parser: argparse.ArgumentParser, default_model_help: str) -> None:
+def add_encoder_args(parser: argparse.ArgumentParser, default_model_help: str, command: str | None = None) -> None:
+    """--model, the flags made from EncoderSettings for `command` (default: the parser's subcommand name;
+    "serve", the flags every command has, for a parser of its own), and the log flags."""
+    from mmenc.cli.flags import add_settings_flags
+    from mmenc.engine.settings import COMMANDS
+
     parser.add_argument("--model", default=None, help=f"checkpoint folder or built-in name ({default_model_help})")
-    parser.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
-                        help="dummy: random weights, no files (implied for built-in names)")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, float32 on CPU), bfloat16, float16, float32")
-    parser.add_argument("--device", default=None, help="torch device: cpu, cuda, cuda:N (default: the platform's)")
-    parser.add_argument("--mm-encoder-attn-backend", default=None, metavar="BACKEND",
-                        help="force one attention backend: " + ", ".join(b.name for b in AttentionBackendEnum))
-    parser.add_argument("--linear-backend", default=None, metavar="BACKEND",
-                        help="force one linear (matmul) backend: " + ", ".join(b.name for b in LinearBackendEnum)
-                             + " (default: the platform's; `mmenc backends` shows it)")
-    parser.add_argument("--quantization", default=None, choices=list(QUANTIZATIONS),
-                        help="quantize the tower's linears at load (fp8: FP8 weights and activations, CUDA)")
-    parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
-                        help="number of devices (worker processes) for the tower")
-    parser.add_argument("--mm-encoder-tp-mode", choices=["weights", "data"], default="weights",
-                        help="weights: shard the tower over the devices; data: one replica per device, images split")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the tower's blocks (first call compiles)")
-    parser.add_argument("--cuda-graphs", action="store_true",
-                        help="CUDA only: replay one CUDA graph per packing seen before (the 2nd call of a packing captures)")
-    parser.add_argument("--batch-invariant", action="store_true",
-                        help="each image's embedding bitwise the same whatever else is in the batch "
-                             "(fixed-shape GEMM tiles and attention sub-packs; costs some throughput)")
-    parser.add_argument("--worker-timeout", type=float, default=600.0, metavar="SECONDS",
-                        help="with --tensor-parallel-size > 1: the most one call waits for the worker processes "
-                             "before they count as hung (default: %(default)s)")
+    name = parser.prog.split()[-1]
+    add_settings_flags(parser, command or (name if name in COMMANDS else "serve"))
     add_log_args(parser)
 
 
@@ -61,14 +42,11 @@ def apply_log_level(args: argparse.Namespace) -> None:
 
 
 def encoder_kwargs(args: argparse.Namespace, default_model: str) -> dict:
-    """Encoder(...) keyword arguments from the flags; --device is validated first (ValueError)."""
+    """Encoder(...) keyword arguments from the flags (EncoderSettings, validated; --device is checked first)."""
+    from mmenc.cli.flags import settings_from_args
+
     check_device(args.device)
-    return dict(model=args.model or default_model, dtype=args.dtype, device=args.device,
-                mm_encoder_attn_backend=args.mm_encoder_attn_backend, load_format=args.load_format,
-                tensor_parallel_size=args.tensor_parallel_size, mm_encoder_tp_mode=args.mm_encoder_tp_mode,
-                compile=args.compile, cuda_graphs=args.cuda_graphs, worker_timeout_s=args.worker_timeout,
-                batch_invariant=args.batch_invariant, linear_backend=args.linear_backend,
-                quantization=args.quantization)
+    return dict(model=args.model or default_model, **settings_from_args(args).as_kwargs())
 
 
 def check_device(name: str | None) -> None:
@@ -113,22 +91,6 @@ def add_image_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-image-pixels", type=int, default=None, metavar="N",
                         help="refuse images with more than N pixels as decompression bombs (default: PIL's "
                              f"limit, {_pil_default_limit()}); raise it for trusted large images; 0: no limit")
-
-
-def add_preprocess_args(parser: argparse.ArgumentParser, scope: str = "") -> None:
-    """--preprocess-worker-kind, --preprocess-resize: Preprocessor(worker_kind=..., resize=...),
-    Encoder(preprocess_worker_kind=..., preprocess_resize=...)."""
-    parser.add_argument("--preprocess-resize", choices=["auto", "cpu", "device", "split"], default="auto",
-                        help=f"{scope}where images are resized: 'cpu' (in the decode workers), 'device' (on the "
-                             "tower's device, the CPU kernel's bytes), 'split' (each call's first image per worker on the "
-                             "device, the rest in the workers), 'auto' (split with worker processes on CUDA, device "
-                             "with threads; see docs/preprocessing.md; default: %(default)s)")
-    parser.add_argument("--preprocess-worker-kind", choices=["auto", "thread", "process"], default="auto",
-                        help=f"{scope}where images are decoded and resized: 'thread' (a thread pool in this process), "
-                             "'process' (files and bytes in worker processes, so the thread launching the tower "
-                             "does not share the GIL with the decoders; PIL images and arrays stay in threads), "
-                             "'auto' (processes on a CUDA device with 8 or more workers, else threads; "
-                             "default: %(default)s)")
 
 
 def _pil_default_limit() -> int | None:
