@@ -221,3 +221,18 @@ def test_all_finite_flag_needs_no_tensor_of_the_embeddings_size():
     huge = torch.full((4, 8), 3e38)
     assert not bool(all_finite(huge))  # the sum overflows: a false alarm, settled by check_finite
     check_finite(huge, [2, 2], strict=True)  # no NonFiniteOutputError: every value is finite
+
+
+def test_encode_after_close_raises_a_clear_error(q25):
+    """Issue 28 item 13: an Encoder used after close() (or its `with` block) worked silently."""
+    from mmenc.engine.encoder import EncoderClosedError
+
+    with Encoder(q25, device="cpu") as enc:
+        pixel_values, grid = enc.preprocess(_images()[:1])
+        enc.encode(_images()[:1])
+    assert enc.closed
+    for call in (lambda: enc.encode(_images()[:1]), lambda: list(enc.encode_iter(_images()[:1])),
+                 lambda: enc.encode_pixels(pixel_values, grid)):
+        with pytest.raises(EncoderClosedError, match=r"encoder is closed .*create a new Encoder"):
+            call()
+    enc.close()  # still idempotent

@@ -141,12 +141,9 @@ def check_output_path(path: str, flag: str, inputs: Sequence[str] = ()) -> pathl
 
 
 def write_atomically(path: pathlib.Path, write: Callable[[str], None]) -> None:
-    """`write(tmp)` to a temporary file beside `path`, then rename it onto `path`: a reader never sees
-    a half-written file, and an interruption leaves any earlier `path` as it was."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(str(tmp))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    """`write(tmp)` to a temporary file beside `path`, then rename it onto `path` with the umask's
+    permissions (mmenc.files.write_atomically): a reader never sees a half-written file, and an
+    interruption leaves any earlier `path` as it was."""
+    from mmenc.files import write_atomically as write_whole
+
+    write_whole(path, write)

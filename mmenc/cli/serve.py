@@ -2,7 +2,7 @@
 import argparse
 import sys
 
-from mmenc.cli.common import add_encoder_args, encoder_kwargs
+from mmenc.cli.common import add_encoder_args, apply_log_level, encoder_kwargs
 from mmenc.engine.encoder import DEFAULT_MODEL
 from mmenc.serving.settings import ServeSettings, parse_size
 
@@ -95,6 +95,7 @@ def settings_from_args(args) -> ServeSettings:
 
 
 def run(args) -> int:
+    apply_log_level(args)  # -q / --log-level: mmenc's logger, and uvicorn's (mmenc.serving.server)
     if not args.ray and (args.autoscale is not None or args.replicas != 1 or args.ray_address is not None
                          or args.ray_ingress != "proxy" or args.ray_cache != "shared"):
         raise ValueError("--replicas, --autoscale, --ray-address, --ray-ingress and --ray-cache need --ray (one "
@@ -124,6 +125,10 @@ def _run_ray(args) -> int:
     settings = settings_from_args(args)  # flags checked before Ray starts
     kwargs = encoder_kwargs(args, DEFAULT_MODEL)
     ray_settings_from_args(args, cluster_gpus=0)
+    if args.ray_address is None:  # a local Ray: its proxy (or the replicas) will listen here
+        from mmenc.serving.frontends.engine import bind
+
+        bind(settings.host, settings.port, reuse_port=args.ray_ingress == "direct").close()
     started = connect(args.ray_address)
     try:
         return run_ray_serve(settings, ray_settings_from_args(args, cluster_gpus()), kwargs, args.ray_address)

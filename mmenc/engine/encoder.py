@@ -53,6 +53,10 @@ logger = init_logger(__name__)
 DEFAULT_MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 
 
+class EncoderClosedError(RuntimeError):
+    """An Encoder was asked to encode after close()."""
+
+
 class Encoder:
     def __init__(self, model: str = DEFAULT_MODEL, settings: EncoderSettings | None = None, **options):
         """model: a local Hugging Face checkpoint folder, or a built-in name (then load_format="dummy" is
@@ -90,6 +94,7 @@ class Encoder:
                                          video_processor=self.video_processor)
         logger.info("threads: %s", self.threads())
         self._lock = threading.Lock()  # one call at a time: results can never cross between threads
+        self._closed = False  # close() was called: encoding raises EncoderClosedError
         self._empty: TowerOutput | None = None
         self._text = None  # the TextEncoder, built by the first embed_text
         self._hooks: list = []  # tower_call_hook's, innermost last
@@ -120,6 +125,7 @@ class Encoder:
         images (grid_thw [0, 3], pixel_values [0, F]) give an empty result [0, out_hidden].
         pooled=True: the tower's pooled image embeddings [N, hidden] instead (see `pool`); with
         return_extras, the TowerOutput carries them as extras["pooled"]."""
+        self._check_open("encode_pixels")
         if pooled:
             out = self.encode_pixels(pixel_values, grid_thw, return_extras=True)
             vectors = self.pool(out.embeddings, grid_thw)
@@ -169,6 +175,7 @@ class Encoder:
         """Text embeddings [len(texts), dim] in the space of `encode(images, pooled=True)`: transformers'
         get_text_features on the checkpoint's own tokenizer output (mmenc.engine.text), on `device` in the
         tower's dtype. The text tower is built on first use. ValueError for a checkpoint without one."""
+        self._check_open("embed_text")
         if self._text is None:
             if self.loaded.load_format != "auto":
                 raise ValueError(f"embed_text: {self.model_name!r} has random weights and no tokenizer files "
@@ -195,6 +202,7 @@ class Encoder:
         Pipelined in chunks of at most max_batch_patches patches (see encode_iter)."""
         if errors not in ("raise", "skip"):
             raise ValueError(f"errors={errors!r} not supported; expected 'raise' or 'skip'")
+        self._check_open("encode")
         items = list(images)
         results: list = [None] * len(items)
         failures: list[LoadFailure] = []
@@ -227,6 +235,7 @@ class Encoder:
         strict=True, before the chunk's results are handed out (NonFiniteOutputError ends the stream).
         Results are device tensors whose tower call may still be running (stream-ordered, as any
         torch op's output)."""
+        self._check_open("encode_iter")
         for index, value in stream(self, images, stop_on_failure=False):
             if isinstance(value, LoadFailure):
                 logger.warning("skipped: %s", value.message)
@@ -264,9 +273,15 @@ class Encoder:
         return backend.name if backend is not None else "unknown"
 
     def close(self) -> None:
-        """Stop the preprocessing threads and the worker processes, if any (also on `with` exit). Idempotent."""
+        """Stop the preprocessing threads and the worker processes, if any (also on `with` exit). Idempotent;
+        afterwards every encode / encode_iter / encode_pixels / embed_text call raises EncoderClosedError."""
+        self._closed = True
         self.preprocessor.close()
         self._executor.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def __enter__(self):
         return self
@@ -356,6 +371,11 @@ class Encoder:
             self._hooks.remove(hook)
 
     # -- internals ----------------------------------------------------------------------------
+    def _check_open(self, method: str) -> None:
+        if self._closed:
+            raise EncoderClosedError(f"Encoder({self.model_name!r}).{method}: the encoder is closed (close() was "
+                                     f"called, or its `with` block ended); create a new Encoder to encode again")
+
     def _graphs(self):
         """The tower's CudaGraphCache, or None (no CUDA graphs; worker processes keep theirs)."""
         return getattr(self.loaded, "graphs", None)

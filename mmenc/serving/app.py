@@ -70,12 +70,43 @@ def create_app(service: EncodeService, on_load_failure=None) -> FastAPI:
         refused = authorize(request, ENCODE)
         if refused is not None:
             return refused
+        drain = service.drain
+        if not drain.enter():  # the server is stopping: retry elsewhere or later
+            return error(shutting_down("the server is shutting down and takes no new requests"), ENCODE)
+        loop = asyncio.get_running_loop()
+        cut = loop.create_future()
+        forget = drain.on_cut(lambda: loop.call_soon_threadsafe(_set_once, cut))
+        handling = asyncio.ensure_future(handle(request, start))
+        try:
+            await asyncio.wait({handling, cut}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the host gave up on this request (e.g. uvicorn past its own timeout)
+            handling.cancel()
+            drain.leave()
+            raise
+        finally:
+            forget()
+        if handling.done():
+            drain.leave()
+            return handling.result()
+        handling.cancel()  # past --shutdown-timeout: drop its images not yet in a tower call, answer 503
+        with contextlib.suppress(asyncio.CancelledError):
+            await handling
+        drain.leave(cut=True)
+        return error(shutting_down(f"the server is shutting down and the request was not done within "
+                                   f"--shutdown-timeout {settings.shutdown_timeout_s:g} s"), ENCODE)
+
+    async def handle(request: Request, start: float):
         try:
             parsed = await read_request(request, settings.max_request_bytes, settings.max_images_per_request,
                                         service.pool)
             work = asyncio.ensure_future(service.encode(parsed))
             left = asyncio.ensure_future(wait_disconnect(request))
-            await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                work.cancel()
+                left.cancel()
+                raise
             if not work.done():  # the client went away: drop its images that have not reached the tower
                 work.cancel()
                 metrics.requests.labels(route=ENCODE, status="499").inc()
@@ -89,6 +120,16 @@ def create_app(service: EncodeService, on_load_failure=None) -> FastAPI:
         return PiecesResponse(payload)
 
     return app
+
+
+def shutting_down(message: str) -> RequestError:
+    """503 shutting_down: retryable (Retry-After), on another replica or once the server is back."""
+    return RequestError(503, "server", message + "; retry the request", kind="shutting_down")
+
+
+def _set_once(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class PiecesResponse(Response):

@@ -135,6 +135,10 @@ class Batcher:
         self._thread.join(timeout)
         self._completer.join(timeout)
 
+    def alive(self) -> bool:
+        """Whether a thread of the batcher still runs (e.g. a tower call that outlived close's timeout)."""
+        return self._thread.is_alive() or self._completer.is_alive()
+
     # -- the launcher thread --------------------------------------------------------------------
     def _take(self, block_s: float | None) -> Job | None | bool:
         """The next job not cancelled yet; None for the stop marker; False when nothing came within block_s."""

@@ -91,10 +91,16 @@ class LocalEngine(EngineClient):
         """Whether the loader thread still runs (e.g. after close() gave up waiting for it)."""
         return self._loader is not None and self._loader.is_alive()
 
-    def close(self) -> None:
+    def busy(self) -> bool:
+        """Whether a thread of this engine still runs torch (a load, or a tower call close() did not wait
+        out): the process must then exit without tearing torch down under it (uvicorn_run.exit_now)."""
+        return self.loading() or (self.batcher is not None and self.batcher.alive())
+
+    def close(self, timeout: float | None = None) -> None:
         """Stop: a load in progress stops at its next step (waited for up to shutdown_timeout_s; if it
         is still running then, it is left to the process exit, see server.serve), then the batcher
-        finishes its queued jobs and the Encoder is closed."""
+        finishes its queued jobs (waited for up to `timeout`, default shutdown_timeout_s) and the
+        Encoder is closed (unless a tower call still runs)."""
         self._closing.set()
         if self.loading():
             logger.info("stopping while the encoder loads: waiting up to %.0f s for the load to stop",
@@ -107,7 +113,10 @@ class LocalEngine(EngineClient):
         if self.state == "loading":
             self.state = "stopped"
         if self.batcher is not None:
-            self.batcher.close(timeout=self.settings.shutdown_timeout_s)
+            self.batcher.close(timeout=self.settings.shutdown_timeout_s if timeout is None else timeout)
+            if self.batcher.alive():
+                logger.warning("a tower call still runs after the shutdown wait; leaving it to the process exit")
+                return
         if self.encoder is not None:
             self.encoder.close()
 

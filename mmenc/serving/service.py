@@ -12,6 +12,7 @@ from collections.abc import Callable
 from mmenc.logger import init_logger
 from mmenc.serving.batcher import Batcher, Job
 from mmenc.serving.cache import content_key
+from mmenc.serving.drain import Drain
 from mmenc.serving.ec_storage import ECStorage
 from mmenc.serving.engine_client import Encoded, EngineClient, describe, done_future
 from mmenc.serving.formats import Body, EncodedImage, dumps, render_item
@@ -83,6 +84,7 @@ class EncodeService:
         self.pool = concurrent.futures.ThreadPoolExecutor(settings.preprocess_threads, thread_name_prefix="mmenc-cpu")
         self._in_flight = 0  # this process's images in flight (the metric); touched on the event loop only
         self.saver = TensorSaver()  # torch.save bytes from per-shape templates (formats.torch_b64)
+        self.drain = Drain()  # how this server stops (mmenc/serving/drain.py): begun by its HTTP host
 
     @property
     def state(self) -> str:
@@ -103,9 +105,16 @@ class EncodeService:
     def loading(self) -> bool:
         return self.engine.loading()
 
+    def busy(self) -> bool:
+        return self.engine.busy()
+
     def close(self) -> None:
-        """Stop the engine (a LocalEngine finishes its queued jobs and closes the Encoder), then the pool."""
-        self.engine.close()
+        """Stop the engine (a LocalEngine finishes its queued jobs and closes the Encoder), then the pool.
+        After a drain's cut the answers are out already: the tower call still running gets CUT_GRACE_S."""
+        from mmenc.serving.uvicorn_run import CUT_GRACE_S
+
+        self.drain.close()
+        self.engine.close(timeout=CUT_GRACE_S if self.drain.state == "cut" else None)
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     # -- one request -------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ class ProcessEngineClient(EngineClient):
         if self._futures.pop(rid, None) is not None:
             self._send(("cancel", rid))
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         self._closed = True
         self.channel.close()
 
