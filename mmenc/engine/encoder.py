@@ -310,6 +310,7 @@ class Encoder:
         result): call `check_finite(out.embeddings, enc.output_tokens(grid_thw))` once it is read back.
         More than max_batch_patches patches run as several calls over whole images. The service's
         batcher calls this; everyone else wants `encode_pixels`."""
+        self._check_open("launch")
         with self._lock:
             return self._run_chunks(pixel_values, grid_thw)
 
