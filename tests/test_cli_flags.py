@@ -7,21 +7,25 @@ import pathlib
 import pytest
 import torch
 
-from mmenc.cli.flags import TABLE_END, TABLE_START, flag_table, settings_from_args
+from mmenc.cli.flags import SERVE_END, SERVE_START, TABLE_END, TABLE_START, flag_table, serve_table, settings_from_args
 from mmenc.cli.main import build_parser
 from mmenc.engine.encoder import Encoder
 from mmenc.engine.settings import COMMANDS, EncoderSettings, flag_fields, flag_name
 from mmenc.testing.checkpoints import random_pixels
 
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+SERVING = DOCS.parent / "serving.md"
 
 
-def test_docs_flag_table_is_the_settings():
-    text = DOCS.read_text(encoding="utf-8")
-    assert TABLE_START in text and TABLE_END in text, f"docs/cli.md lacks the markers {TABLE_START} ... {TABLE_END}"
-    documented = text.split(TABLE_START, 1)[1].split(TABLE_END, 1)[0].strip()
-    assert documented == flag_table(), ("docs/cli.md's settings table differs from EncoderSettings; paste the output "
-                                        "of `python -m mmenc.cli.flags` between its markers")
+@pytest.mark.parametrize("doc,start,end,table,command", [
+    (DOCS, TABLE_START, TABLE_END, flag_table, "python -m mmenc.cli.flags"),
+    (SERVING, SERVE_START, SERVE_END, serve_table, "python -m mmenc.cli.flags serve")], ids=["cli.md", "serving.md"])
+def test_docs_flag_tables_are_the_settings(doc, start, end, table, command):
+    text = doc.read_text(encoding="utf-8")
+    assert start in text and end in text, f"docs/{doc.name} lacks the markers {start} ... {end}"
+    documented = text.split(start, 1)[1].split(end, 1)[0].strip()
+    assert documented == table(), (f"docs/{doc.name}'s flag table differs from the settings; paste the output of "
+                                   f"`{command}` between its markers")
 
 
 def _parse(command: str, *flags: str) -> argparse.Namespace:
@@ -76,3 +80,17 @@ def test_encoder_takes_settings_and_options(folder):
         Encoder(folder, device="cpu", max_batch=3)
     with pytest.raises(TypeError, match=r"settings is str 'auto'"):
         Encoder(folder, "auto")
+
+
+def test_serve_flags_are_serve_settings():
+    from mmenc.cli.serve import settings_from_args as serve_settings
+    from mmenc.serving.settings import ServeSettings
+
+    assert serve_settings(_parse("serve")) == ServeSettings()
+    got = serve_settings(_parse("serve", "--port", "9001", "--cache-bytes", "512MiB", "--max-request-bytes", "1G",
+                                "--shutdown-timeout", "5", "--bucket-batches", "on", "--preprocess-threads", "3"))
+    assert (got.port, got.cache_bytes, got.max_request_bytes) == (9001, 512 << 20, 10 ** 9)
+    assert (got.shutdown_timeout_s, got.bucket_batches, got.preprocess_threads) == (5.0, "on", 3)
+    with pytest.raises(ValueError, match=r"--cache-bytes='lots' is not a size"):
+        serve_settings(_parse("serve", "--cache-bytes", "lots"))
+    assert ServeSettings(cache_bytes="2GiB").cache_bytes == 2 << 30  # the same parsing from Python

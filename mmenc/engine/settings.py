@@ -24,11 +24,13 @@ MM_FIELDS = tuple(f.name for f in dataclasses.fields(MultiModalConfig))
 
 def setting(default: Any, help: str, *, flag: str | None = None, metavar: str | None = None,
             choices: tuple | None = None, commands: tuple[str, ...] = COMMANDS,
-            scope: dict[str, str] | None = None) -> Any:
+            scope: dict[str, str] | None = None, shown_default: str | None = None, text: bool = False) -> Any:
     """A settings field with its command-line flag: `flag` (default: --field-name), its `help` (the
-    default is added to it), `metavar`, `choices`, the `commands` that get it (() for none: a Python-only
-    setting) and `scope`, a prefix of the help per command (e.g. {"bench": "with --e2e: "})."""
-    meta = dict(help=help, flag=flag, metavar=metavar, choices=choices, commands=commands, scope=scope or {})
+    default, or `shown_default`, is added to it), `metavar`, `choices`, the `commands` that get it (() for
+    none: a Python-only setting), `scope`, a prefix of the help per command (e.g. {"bench": "with --e2e: "}),
+    and `text`: the flag's value reaches the settings as written (they parse it, e.g. a size "64MiB")."""
+    meta = dict(help=help, flag=flag, metavar=metavar, choices=choices, commands=commands, scope=scope or {},
+                shown_default=shown_default, text=text)
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -124,9 +126,10 @@ class EncoderSettings:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-def flag_fields(command: str) -> list[dataclasses.Field]:
-    """The settings fields that are flags of `command` ("encode", "bench", "serve"), in declaration order."""
-    return [f for f in dataclasses.fields(EncoderSettings) if command in f.metadata["commands"]]
+def flag_fields(command: str, settings_cls: type = EncoderSettings) -> list[dataclasses.Field]:
+    """The fields of `settings_cls` (EncoderSettings, or another class whose fields are `setting`s, e.g.
+    ServeSettings) that are flags of `command`, in declaration order."""
+    return [f for f in dataclasses.fields(settings_cls) if command in f.metadata.get("commands", ())]
 
 
 def flag_name(field: dataclasses.Field) -> str:
