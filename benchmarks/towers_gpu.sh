@@ -56,7 +56,7 @@ bench() {
   local name=$1 limit=$2 model=$3 mode=$4; shift 4
   local flags=""
   [ "$mode" = compiled ] && flags="--compile --cuda-graphs"
-  step "${name}_$mode" "$limit" $py -m mmenc.cli.main bench --model "$model" --dtype bfloat16 $flags \
+  step "${name}_$mode" "$limit" $py -m mmenc.cli.main bench --model "$model" --load-format dummy --dtype bfloat16 $flags \
     --warmup "$warmup" --iters "$iters" --quiet --json "$out/${name}_$mode.json" "$@"
 }
 

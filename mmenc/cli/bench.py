@@ -1,7 +1,9 @@
 """`mmenc bench`: tower throughput on standard workloads, side by side with transformers.
 
-On a CPU the default is a small workload (CPU_WORKLOADS); a workload whose estimated run time on
-this CPU is long is announced before it starts, and every workload reports progress while it runs.
+On a CPU the default is a quick run (about a minute for the default tower on 2 cores: the smallest CPU
+workload, CPU_QUICK warm-up and timed calls) that ends with the exact flags of a longer one; a workload
+whose estimated run time on this CPU is long is announced before it starts, and every workload reports
+progress while it runs.
 """
 import argparse
 import json
@@ -17,7 +19,9 @@ from mmenc.cli.common import add_encoder_args, apply_log_level, check_output_pat
 from mmenc.cli.progress import Progress
 from mmenc.engine.encoder import DEFAULT_MODEL
 
-CPU_WORKLOADS: dict[str, list[tuple[int, int, int]]] = {"cpu-2x224px": [(1, 16, 16)] * 2}
+CPU_WORKLOADS: dict[str, list[tuple[int, int, int]]] = {"cpu-1x112px": [(1, 8, 8)], "cpu-2x224px": [(1, 16, 16)] * 2}
+CPU_QUICK = (1, 3)  # warm-up and timed calls of the CPU default run (elsewhere: --warmup 3 --iters 10)
+LONGER_CPU_RUN = ("--workload", "cpu-2x224px", "--warmup", "3", "--iters", "10")
 CPU_SLOW_S = 120.0  # a workload estimated to take longer than this on a CPU is announced before it runs
 
 
@@ -30,11 +34,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="a standard workload (repeatable): " + "; ".join(
                        f"{name}: {describe(grids)}" for name, grids in {**WORKLOADS, **CPU_WORKLOADS}.items())
                    + f". Default: the GPU workloads ({', '.join(WORKLOADS)}) on a GPU, "
-                     f"{', '.join(CPU_WORKLOADS)} on a CPU")
+                     f"{next(iter(CPU_WORKLOADS))} on a CPU (a quick run, about a minute)")
     p.add_argument("--grid", action="append", default=None, metavar="TxHxW[*N]",
                    help="a custom workload of N images of grid TxHxW patches (repeatable)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed calls per workload (default: %(default)s)")
-    p.add_argument("--iters", type=int, default=10, help="timed calls per workload, >= 1 (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help=f"untimed calls per workload (default: 3; {CPU_QUICK[0]} in the CPU default run)")
+    p.add_argument("--iters", type=int, default=None,
+                   help=f"timed calls per workload, >= 1 (default: 10; {CPU_QUICK[1]} in the CPU default run)")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' tower")
     p.add_argument("--hf-attn", default="sdpa", help="transformers attn_implementation (default: %(default)s)")
     p.add_argument("--vllm-python", default=None, metavar="PATH",
@@ -78,9 +84,9 @@ def run(args) -> int:
     from mmenc.bench.hf_reference import build_hf_tower, hf_tower_available
 
     apply_log_level(args)
-    if args.iters < 1:
+    if args.iters is not None and args.iters < 1:
         raise ValueError(f"--iters={args.iters} must be >= 1 (the median of the timed calls is reported)")
-    if args.warmup < 0:
+    if args.warmup is not None and args.warmup < 0:
         raise ValueError(f"--warmup={args.warmup} must be >= 0")
     json_path = check_output_path(args.json, "--json") if args.json else None
     grids_of = {**WORKLOADS, **CPU_WORKLOADS}
@@ -101,11 +107,16 @@ def run(args) -> int:
                              f"(tensor_parallel_size 1); leave it out with worker processes")
         set_max_intermediate_bytes(loaded.tower, args.max_intermediate_bytes or None)
     device, dtype = encoder.device, loaded.dtype
+    quick = device.type == "cpu" and not workloads
     if not workloads:
-        workloads = dict(CPU_WORKLOADS if device.type == "cpu" else WORKLOADS)
-        if device.type == "cpu":
-            print(f"mmenc bench: the device is a CPU: running the small CPU workload {', '.join(CPU_WORKLOADS)}; "
-                  f"the GPU workloads ({', '.join(WORKLOADS)}) run with --workload NAME", file=sys.stderr)
+        first = next(iter(CPU_WORKLOADS))
+        workloads = {first: CPU_WORKLOADS[first]} if quick else dict(WORKLOADS)
+        if quick:
+            print(f"mmenc bench: the device is a CPU: a quick run of the small CPU workload {first} "
+                  f"({describe(CPU_WORKLOADS[first])}; about a minute); the GPU workloads ({', '.join(WORKLOADS)}) "
+                  f"run with --workload NAME", file=sys.stderr)
+    args.warmup = (CPU_QUICK[0] if quick else 3) if args.warmup is None else args.warmup
+    args.iters = (CPU_QUICK[1] if quick else 10) if args.iters is None else args.iters
     hf = None
     if not args.no_hf and args.tensor_parallel_size == 1:
         arch = loaded.hf_config.get("architectures", ["?"])[0]
@@ -183,6 +194,8 @@ def run(args) -> int:
           + (f" gpu={torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
           + (f" matmul_ceiling={ceiling:.0f} TFLOP/s" if ceiling else ""))
     print(format_table(rows, ceiling))
+    if quick:
+        print(f"mmenc bench: that was the quick CPU run; a longer one: {longer_run_command(args)}", file=sys.stderr)
     if json_path is not None:
         payload = {"model": encoder.model_name, "dtype": str(dtype), "device": str(device), "torch": torch.__version__,
                    "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
@@ -325,6 +338,17 @@ def describe(grids: list[tuple[int, int, int]]) -> str:
     kinds = sorted(set(grids))
     shown = ", ".join(f"{t}x{h}x{w}" for t, h, w in kinds)
     return f"{len(grids)} image{'s' if len(grids) != 1 else ''} of {shown} patches"
+
+
+def longer_run_command(args) -> str:
+    """The exact command of a longer CPU run with this run's model flags (what the quick run ends with)."""
+    import shlex
+
+    flags = [flag for name, flag in (("model", "--model"), ("device", "--device"), ("dtype", "--dtype"))
+             for flag in ((flag, str(getattr(args, name))) if getattr(args, name) not in (None, "auto") else ())]
+    if getattr(args, "load_format", "auto") != "auto":
+        flags += ["--load-format", args.load_format]
+    return shlex.join(["mmenc", "bench", *flags, *LONGER_CPU_RUN])
 
 
 def cpu_warning(name: str, grids, params: int, tflops: float, calls: int) -> str | None:

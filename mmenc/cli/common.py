@@ -19,7 +19,10 @@ def add_encoder_args(parser: argparse.ArgumentParser, default_model_help: str, c
     from mmenc.cli.flags import add_settings_flags
     from mmenc.engine.settings import COMMANDS
 
-    parser.add_argument("--model", default=None, help=f"checkpoint folder or built-in name ({default_model_help})")
+    parser.add_argument("--model", default=None,
+                        help=f"checkpoint folder or Hugging Face Hub id, e.g. Qwen/Qwen2.5-VL-7B-Instruct (read from "
+                             f"the huggingface_hub cache, else downloaded: config, processor configs and the tower's "
+                             f"shards only; HF_HUB_OFFLINE=1 never downloads) ({default_model_help})")
     name = parser.prog.split()[-1]
     add_settings_flags(parser, command or (name if name in COMMANDS else "serve"))
     add_log_args(parser)
@@ -42,11 +45,15 @@ def apply_log_level(args: argparse.Namespace) -> None:
 
 
 def encoder_kwargs(args: argparse.Namespace, default_model: str) -> dict:
-    """Encoder(...) keyword arguments from the flags (EncoderSettings, validated; --device is checked first)."""
+    """Encoder(...) keyword arguments from the flags (EncoderSettings, validated; --device is checked first).
+    Without --model: `default_model` (a built-in name) with random weights (load_format "dummy"), offline."""
     from mmenc.cli.flags import settings_from_args
 
     check_device(args.device)
-    return dict(model=args.model or default_model, **settings_from_args(args).as_kwargs())
+    kwargs = settings_from_args(args).as_kwargs()
+    if not args.model:
+        kwargs["load_format"] = "dummy"  # no --model: the built-in default, random weights
+    return dict(model=args.model or default_model, **kwargs)
 
 
 def check_device(name: str | None) -> None:

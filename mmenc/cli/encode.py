@@ -144,7 +144,7 @@ def _run(args) -> int:
             if texts:
                 embed_texts(encoder, texts, results)
             written, interrupted, seconds = _encode_and_save(encoder, paths, args, output, results)
-    print(f"model={encoder.model_name} backend={encoder.attention_backends()} images={results.images} "
+    print(f"model={encoder.model_name} weights={encoder.weights} backend={encoder.attention_backends()} images={results.images} "
           + (f"(videos={results.videos} frames={int(encoder.tally.snapshot().get('video_frames', 0))}) "
              if results.videos else "")
           + f"tokens={results.tokens} seconds={seconds:.2f} images/s={results.images / max(seconds, 1e-9):.2f} "
@@ -248,7 +248,7 @@ def save(encoder, output: pathlib.Path, results: Results, complete: bool, partia
         return False
     from safetensors.torch import save_file
 
-    metadata = {"model": encoder.model_name, "backend": encoder.attention_backends(),
+    metadata = {"model": encoder.model_name, "weights": encoder.weights, "backend": encoder.attention_backends(),
                 "images": str(results.images), "complete": str(complete).lower(), **results.metadata}
     if results.videos:
         metadata["videos"] = str(results.videos)

@@ -87,7 +87,7 @@ def _run_ray(args) -> int:
     kwargs = encoder_kwargs(args, DEFAULT_MODEL)
     ray_settings_from_args(args, cluster_gpus=0)
     if args.ray_address is None:  # a local Ray: its proxy (or the replicas) will listen here
-        from mmenc.serving.frontends.engine import bind
+        from mmenc.serving.uvicorn_run import bind
 
         bind(settings.host, settings.port, reuse_port=args.ray_ingress == "direct").close()
     started = connect(args.ray_address)

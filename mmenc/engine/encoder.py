@@ -1,6 +1,7 @@
 """Encoder: images in, the embeddings a VLM consumes out.
 
-    enc = Encoder("path/to/Qwen2.5-VL-7B-Instruct")          # or a built-in name, load_format="dummy"
+    enc = Encoder("path/to/Qwen2.5-VL-7B-Instruct")          # a folder, or a Hub id (huggingface_hub's cache)
+    enc = Encoder("Qwen/Qwen2.5-VL-7B-Instruct", load_format="dummy")  # random weights, no files
     embeddings = enc.encode(["a.jpg", "b.png"])              # list of [tokens_i, out_hidden]
     for i, emb in enc.encode_iter(paths):                    # a stream, input order, bounded memory
     pixel_values, grid_thw = enc.preprocess(images)          # exactly the HF image processor's output
@@ -39,7 +40,7 @@ from mmenc.engine.executors import make_executor
 from mmenc.engine.outputs import ImageEmbedding, concat_outputs, whole_image_runs
 from mmenc.engine.settings import EncoderSettings
 from mmenc.engine.stream import stream
-from mmenc.engine.tower import TowerRecipe, empty_output
+from mmenc.engine.tower import TowerRecipe, empty_output, resolve_checkpoint
 from mmenc.engine.videos import VideoEmbedding
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
@@ -58,14 +59,18 @@ class EncoderClosedError(RuntimeError):
 
 
 class Encoder:
-    def __init__(self, model: str = DEFAULT_MODEL, settings: EncoderSettings | None = None, **options):
-        """model: a local Hugging Face checkpoint folder, or a built-in name (then load_format="dummy" is
-        implied: random weights, no files). settings: an EncoderSettings (mmenc.engine.settings: every option,
+    def __init__(self, model: str | None = None, settings: EncoderSettings | None = None, **options):
+        """model: a local Hugging Face checkpoint folder, or a Hub id ("org/name") resolved through
+        huggingface_hub (the local cache first, HF_HUB_OFFLINE honoured; a download fetches only
+        config.json, the processor configs and the shards holding the tower's tensors). load_format:
+        "auto" reads the checkpoint's weights; "dummy" gives random weights (a built-in name then needs
+        no files; `random_weights` says so). None: the built-in DEFAULT_MODEL with random weights (a
+        demo that runs offline). settings: an EncoderSettings (mmenc.engine.settings: every option,
         what it does, its command-line flag), and/or its fields as keyword arguments, which win over it:
         dtype, device, load_format, tensor_parallel_size, mm_encoder_tp_mode, mm_encoder_attn_backend,
         linear_backend, quantization, custom_ops, compile, cuda_graphs, batch_invariant, max_batch_patches,
         worker_timeout_s, strict, preprocess_workers, preprocess_worker_kind, preprocess_resize,
-        first_chunk_patches, chunk_growth. Validated once, there (ValueError naming the value).
+        first_chunk_patches, chunk_growth, high_bit_depth. Validated once, there (ValueError naming the value).
         Safe to call from many threads: calls run one at a time (docs/engine.md, Threads)."""
         if settings is not None and not isinstance(settings, EncoderSettings):
             raise TypeError(f"Encoder(model, settings): settings is {type(settings).__name__} {settings!r}; pass an "
@@ -75,12 +80,15 @@ class Encoder:
             raise TypeError(f"Encoder() got unknown options {unknown}; the options are EncoderSettings' fields: "
                             f"{', '.join(EncoderSettings.__dataclass_fields__)}")
         settings = EncoderSettings(**options) if settings is None else dataclasses.replace(settings, **options)
+        if model is None:
+            model, settings = DEFAULT_MODEL, dataclasses.replace(settings, load_format="dummy")
         self.settings, self.mm_config = settings, settings.mm_config
-        self.max_batch_patches, self.strict, self.model_name = settings.max_batch_patches, settings.strict, model
+        self.max_batch_patches, self.strict, self.model_name = settings.max_batch_patches, settings.strict, str(model)
         self.first_chunk_patches, self.chunk_growth = settings.first_call_patches, settings.chunk_growth
         self.chunks_in_flight = 2  # tower calls the host may queue before reading the oldest's result
         self.tally = Tally()  # seconds of encode/encode_iter: chunk_wait_s, launch_s, device_wait_s, consumer_s
-        self._recipe = TowerRecipe(dict(model=model, load_format=settings.load_format, dtype=settings.dtype,
+        checkpoint = resolve_checkpoint(self.model_name, settings.load_format)  # a Hub id: once, here, not per worker
+        self._recipe = TowerRecipe(dict(model=checkpoint, load_format=settings.load_format, dtype=settings.dtype,
                                         multimodal_config=self.mm_config))
         device = torch.device(settings.device) if settings.device is not None else None
         self._executor = make_executor(self._recipe, device, settings.tensor_parallel_size,
@@ -91,7 +99,7 @@ class Encoder:
         workers = default_workers(self.device) if settings.preprocess_workers is None else settings.preprocess_workers
         self.preprocessor = Preprocessor(self.processor, device=self.input_device, workers=workers,
                                          worker_kind=settings.preprocess_worker_kind, resize=settings.preprocess_resize,
-                                         video_processor=self.video_processor)
+                                         video_processor=self.video_processor, high_bit_depth=settings.high_bit_depth)
         logger.info("threads: %s", self.threads())
         self._lock = threading.Lock()  # one call at a time: results can never cross between threads
         self._closed = False  # close() was called: encoding raises EncoderClosedError
@@ -103,8 +111,9 @@ class Encoder:
     # -- the three steps --------------------------------------------------------------------
     def preprocess(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """pixel_values float32 [patches, C*tp*p*p] and grid_thw int64 [N, 3], as the model's HF
-        image processor gives them. Inputs: paths, PIL images, numpy arrays (see mmenc.preprocess)."""
-        return self.processor(list(images))
+        image processor gives them. Inputs: paths, PIL images, numpy arrays (see mmenc.preprocess); one
+        image alone (a path, bytes, a PIL image, an [H, W(, C)] array) counts as a list of one."""
+        return self.processor(list(as_items(images)))
 
     @property
     def video_processor(self) -> Any:
@@ -156,6 +165,21 @@ class Encoder:
         return tower.pool(embeddings, torch.as_tensor(grid_thw, dtype=torch.int64).cpu())
 
     @property
+    def random_weights(self) -> bool:
+        """True when the tower runs random weights (load_format="dummy"): its embeddings mean nothing."""
+        return self.loaded.load_format == "dummy"
+
+    @property
+    def weights(self) -> str:
+        """Where the weights come from, as outputs state it: "checkpoint", or "random" (load_format="dummy")."""
+        return "random" if self.random_weights else "checkpoint"
+
+    @property
+    def checkpoint_folder(self):
+        """The checkpoint folder read (a Hub id's snapshot in the huggingface_hub cache), or None (built-in)."""
+        return self.loaded.folder
+
+    @property
     def pooled_dim(self) -> int | None:
         """The width of `encode(images, pooled=True)`'s vectors (and of `embed_text`'s, for contrastive
         checkpoints), or None when the tower has no pooled image embedding (VLM towers)."""
@@ -183,14 +207,15 @@ class Encoder:
                                  f"folder")
             from mmenc.engine.text import TextEncoder
 
-            self._text = TextEncoder.from_checkpoint(self.model_name, self.device, self.loaded.dtype)
+            self._text = TextEncoder.from_checkpoint(self.loaded.folder, self.device, self.loaded.dtype)
         with self._lock:
             return self._text.encode(list(texts) if not isinstance(texts, str) else texts)
 
     def encode(self, images: Sequence[Any], return_extras: bool = False,
                errors: Literal["raise", "skip"] = "raise", pooled: bool = False) -> list:
         """One [tokens_i, out_hidden] tensor per image (ImageEmbedding with return_extras), on the
-        tower's device. Inputs: paths, bytes, PIL images, numpy arrays (see mmenc.preprocess); videos
+        tower's device. Inputs: a sequence of paths, bytes, PIL images, numpy arrays (see mmenc.preprocess);
+        one input alone (`encode("cat.jpg")`) is a list of one, and so is its result; videos
         (a path with a video extension, a video file's bytes, or mmenc.preprocess.video.Video(path,
         fps=...)) give a VideoEmbedding (embeddings, extras, video: VideoInfo) whatever return_extras.
         pooled=True: one [hidden] pooled embedding per image instead (the tower's pooling head, see
@@ -203,7 +228,7 @@ class Encoder:
         if errors not in ("raise", "skip"):
             raise ValueError(f"errors={errors!r} not supported; expected 'raise' or 'skip'")
         self._check_open("encode")
-        items = list(images)
+        items = list(as_items(images))
         results: list = [None] * len(items)
         failures: list[LoadFailure] = []
         for index, value in stream(self, items, stop_on_failure=errors == "raise", pooled=pooled):
@@ -236,7 +261,7 @@ class Encoder:
         Results are device tensors whose tower call may still be running (stream-ordered, as any
         torch op's output)."""
         self._check_open("encode_iter")
-        for index, value in stream(self, images, stop_on_failure=False):
+        for index, value in stream(self, as_items(images), stop_on_failure=False):
             if isinstance(value, LoadFailure):
                 logger.warning("skipped: %s", value.message)
                 yield index, value
@@ -410,3 +435,24 @@ class Encoder:
             meta = TowerRecipe({**self._recipe.tower_args, "dtype": self.loaded.dtype}).meta_tower()
             self._empty = empty_output(meta, self.device)
         return self._empty
+
+
+def as_items(images: Any) -> Iterable[Any]:
+    """`images` as an iterable of inputs: one input alone (a str or os.PathLike path, bytes, a PIL image,
+    an [H, W] or [H, W, C] numpy array, a Video) becomes a list of one, so "cat.jpg" is not read as the
+    characters c, a, t; any other iterable as it is. TypeError for what is neither."""
+    import os
+
+    import numpy as np
+    from PIL import Image
+
+    from mmenc.preprocess.video import Video
+
+    if isinstance(images, (str, bytes, bytearray, memoryview, os.PathLike, Image.Image, Video)):
+        return [images]
+    if isinstance(images, np.ndarray) and images.ndim in (2, 3):
+        return [images]
+    if isinstance(images, dict) or not isinstance(images, Iterable):
+        raise TypeError(f"images must be one input (a path, bytes, a PIL image, a numpy array, a Video) or an "
+                        f"iterable of them, got {type(images).__name__}")
+    return images

@@ -40,7 +40,8 @@ class EncoderSettings:
     `mm_encoder_tp_mode` is "weights" or "data", backend fields the enum members' names or None."""
 
     load_format: Literal["auto", "dummy"] = setting(
-        "auto", "dummy: random weights, no files (implied for built-in names)", choices=("auto", "dummy"))
+        "auto", "auto: the checkpoint's weights; dummy: RANDOM weights, no weight files (a built-in name needs no "
+        "files at all: mmenc.models.registry.builtin_model_names()); outputs say so", choices=("auto", "dummy"))
     dtype: str | torch.dtype = setting("auto", "auto (bf16 on GPU, float32 on CPU), bfloat16, float16, float32")
     device: str | None = setting(None, "torch device: cpu, cuda, cuda:N (default: the platform's)")
     mm_encoder_attn_backend: str | None = setting(
@@ -80,6 +81,10 @@ class EncoderSettings:
         "kernel's bytes), 'split' (each call's first image per worker on the device, the rest in the workers), "
         "'auto' (split with worker processes on CUDA, device with threads; see docs/preprocessing.md)",
         choices=("auto", "cpu", "device", "split"), commands=("encode", "bench"), scope={"bench": "with --e2e: "})
+    high_bit_depth: Literal["clip", "scale"] = setting(
+        "clip", "16-bit images (16-bit grayscale PNGs): 'clip' converts them as transformers does (values over 255 "
+        "clip, so they come out almost white; a warning says so), for parity; 'scale' maps 0..65535 onto 0..255",
+        choices=("clip", "scale"), commands=("encode",))
     first_chunk_patches: int | None = setting(
         None, "rows of the first tower call of each encode (None: max_batch_patches // 16)", metavar="N",
         commands=("bench",), scope={"bench": "with --e2e: "})
@@ -88,6 +93,10 @@ class EncoderSettings:
         "max_batch_patches)", metavar="X", commands=("bench",), scope={"bench": "with --e2e: "})
 
     def __post_init__(self):
+        for name in ("load_format", "preprocess_worker_kind", "preprocess_resize", "high_bit_depth"):
+            allowed = EncoderSettings.__dataclass_fields__[name].metadata["choices"]
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not valid; expected one of {allowed}")
         check_dtype(self.dtype)
         check_positive_int("tensor_parallel_size", self.tensor_parallel_size, "the number of devices, e.g. 2")
         check_positive_int("max_batch_patches", self.max_batch_patches,

@@ -86,7 +86,8 @@ def read_json_if_present(path: str | pathlib.Path, name: str) -> dict[str, Any]:
 
 def tensor_files(path: str | pathlib.Path) -> dict[str, pathlib.Path]:
     """{tensor name: safetensors file holding it}, from the index when there is one (no file is
-    opened), else from each file's header."""
+    opened; a shard need not be present unless its tensors are read: a Hub download fetches the
+    tower's shards only), else from each file's header."""
     folder = checkpoint_folder(path)
     index = folder / INDEX_FILE
     if index.is_file():
@@ -94,12 +95,7 @@ def tensor_files(path: str | pathlib.Path) -> dict[str, pathlib.Path]:
         weight_map = content.get("weight_map") if isinstance(content, dict) else None
         if not isinstance(weight_map, dict):
             raise ValueError(f"{index} has no 'weight_map' mapping tensor names to shard files")
-        files = {name: folder / file for name, file in weight_map.items()}
-        missing = sorted({str(f.name) for f in files.values() if not f.is_file()})
-        if missing:
-            raise ValueError(f"{index} lists shard file(s) {', '.join(missing)} that are not in {str(folder)!r} "
-                             f"({_listing(folder)})")
-        return files
+        return {name: folder / file for name, file in weight_map.items()}  # shards checked when read
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
         raise ValueError(f"checkpoint folder {str(folder)!r} has no *.safetensors files ({_listing(folder)}); "
@@ -144,6 +140,11 @@ def iter_tower_tensors(path: str | pathlib.Path, prefixes: Sequence[str],
     for name, file in files.items():
         if name.startswith(group):
             by_file.setdefault(file, []).append(name)
+    missing = sorted({file.name for file in by_file if not file.is_file()})
+    if missing:
+        folder = checkpoint_folder(path)
+        raise ValueError(f"{folder / INDEX_FILE} lists shard file(s) {', '.join(missing)} that are not in "
+                         f"{str(folder)!r} ({_listing(folder)})")
     for file, names in sorted(by_file.items()):
         with open_safetensors(file) as f:
             for name in sorted(names):

@@ -245,6 +245,9 @@ class ModelSpec:
     vision_model_types: the vision_config.model_type values this family serves under its architectures
         (empty: any); several families may share an architecture with different towers
         (LlavaForConditionalGeneration: Pixtral, CLIP or SigLIP), see `vision_model_type`.
+    vision_architectures: transformers' vision-only model classes holding exactly this tower (e.g.
+        "Qwen2_5_VisionTransformerPretrainedModel"): a checkpoint of one has the vision config itself as
+        config.json and the tower's tensors without a prefix; it is read as a full checkpoint is.
     """
 
     architectures: tuple[str, ...]
@@ -254,6 +257,7 @@ class ModelSpec:
     processor_from_hf: Callable[[Mapping[str, Any]], Any]
     builtin_configs: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     vision_model_types: tuple[str, ...] = ()
+    vision_architectures: tuple[str, ...] = ()
 
     def serves(self, vision_type: str | None) -> bool:
         """Whether this family takes a checkpoint whose vision_config.model_type is `vision_type`."""

@@ -145,6 +145,7 @@ def _builtin(arch: str, model_type: str, intermediate: int) -> dict:
 
 GLM4V_SPEC = register_model(ModelSpec(
     architectures=("Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration"),
+    vision_architectures=("Glm4vVisionModel", "Glm4vMoeVisionModel"),
     tower_cls=Glm4vVisionTower,
     config_from_hf=Glm4vVisionConfig.from_hf,
     weight_prefixes=("model.visual.", "visual."),

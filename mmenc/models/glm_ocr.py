@@ -100,6 +100,7 @@ _GLM_OCR_VISION = {"depth": 24, "hidden_size": 1024, "num_heads": 16, "intermedi
 
 GLM_OCR_SPEC = register_model(ModelSpec(
     architectures=("GlmOcrForConditionalGeneration",),
+    vision_architectures=("GlmOcrVisionModel",),
     tower_cls=GlmOcrVisionTower,
     config_from_hf=GlmOcrVisionConfig.from_hf,
     weight_prefixes=("model.visual.", "visual."),

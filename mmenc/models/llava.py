@@ -244,7 +244,7 @@ class LlavaTower(VisionTower):
         for i, (t, gh, gw, h, w) in enumerate(rows):
             expected = (1 + math.prod(geometry.canvas_tiles(h, w)), s, s, h, w) if min(h, w) > 0 else None
             if (t, gh, gw, h, w) != expected:
-                raise ValueError(f"grid_thw[{i}] = {(t, gh, gw, h, w)}: an anyres image of {h}x{w} px is "
+                raise ValueError(f"grid_thw[{i}] = {(t, gh, gw, h, w)}: an anyres image of width={w} height={h} is "
                                  f"{expected or '(tiles, s, s, H, W) with a positive H, W'} here (the base tile and "
                                  f"its canvas's tiles); pass the grid_thw the processor gave")
         return rows

@@ -170,6 +170,7 @@ def _qwen2_5_vl_builtin(out_hidden: int) -> dict:
 
 QWEN2_5_VL_SPEC = register_model(ModelSpec(
     architectures=("Qwen2_5_VLForConditionalGeneration",),
+    vision_architectures=("Qwen2_5_VisionTransformerPretrainedModel",),
     tower_cls=Qwen2_5_VisionTower,
     config_from_hf=Qwen2_5_VisionConfig.from_hf,
     weight_prefixes=("model.visual.", "visual."),

@@ -86,6 +86,7 @@ def _qwen2_vl_builtin(text_hidden: int) -> dict:
 
 QWEN2_VL_SPEC = register_model(ModelSpec(
     architectures=("Qwen2VLForConditionalGeneration",),
+    vision_architectures=("Qwen2VisionTransformerPretrainedModel",),
     tower_cls=Qwen2VisionTower,
     config_from_hf=Qwen2VisionConfig.from_hf,
     weight_prefixes=("model.visual.", "visual."),

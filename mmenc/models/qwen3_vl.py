@@ -149,6 +149,7 @@ QWEN3_VL_BUILTINS = {
 
 QWEN3_VL_SPEC = register_model(ModelSpec(
     architectures=(_DENSE[0], _MOE[0]),
+    vision_architectures=("Qwen3VLVisionModel", "Qwen3VLMoeVisionModel"),
     tower_cls=Qwen3VisionTower,
     config_from_hf=Qwen3VisionConfig.from_hf,
     weight_prefixes=("model.visual.", "visual."),
@@ -184,6 +185,7 @@ QWEN3_OMNI_BUILTINS = {f"Qwen/Qwen3-Omni-30B-A3B-{kind}": _omni_builtin(2048)
 
 QWEN3_OMNI_SPEC = register_model(ModelSpec(
     architectures=(_OMNI,),
+    vision_architectures=("Qwen3OmniMoeVisionEncoder",),
     tower_cls=Qwen3OmniVisionTower,
     config_from_hf=Qwen3VisionConfig.from_hf,
     weight_prefixes=("thinker.visual.", "thinker.model.visual."),

@@ -17,7 +17,7 @@ from mmenc.serving.engine_client import EngineClient, EngineInfo, Encoded, done_
 from mmenc.serving.formats import EncodedImage, dtype_name
 from mmenc.serving.launch import make_batcher
 from mmenc.serving.metrics import ServeMetrics
-from mmenc.serving.settings import ServeSettings
+from mmenc.serving.settings import ServeSettings, served_name
 
 logger = init_logger(__name__)
 
@@ -72,15 +72,16 @@ class LocalEngine(EngineClient):
         hidden, levels = out.embeddings.shape[1], len(out.extras.get("deepstack") or [])
         loaded = enc.loaded
         archs = (getattr(loaded, "hf_config", None) or {}).get("architectures") or [type(loaded.config).__name__]
-        card = {"id": enc.model_name, "object": "model", "architecture": archs[0], "hidden_size": hidden,
+        name = self.settings.served_model_name or served_name(enc.model_name)
+        card = {"id": name, "object": "model", "architecture": archs[0], "hidden_size": hidden,
                 "image_embeds_size": hidden * (1 + levels), "deepstack_levels": levels,
-                "dtype": dtype_name(loaded.dtype)}
+                "dtype": dtype_name(loaded.dtype), "weights": enc.weights}
         identity = model_identity(enc.model_name, enc.processor, loaded.dtype)
         if self._closing.is_set():
             return
         self.batcher = self._batcher_factory(enc, self.settings, self.metrics)
         self.batcher.alloc = self._alloc
-        self.info = EngineInfo(model_name=enc.model_name, card=card, identity=identity, processor=enc.processor,
+        self.info = EngineInfo(model_name=name, card=card, identity=identity, processor=enc.processor,
                                uint8=self.batcher.prepare is not None, dtype=loaded.dtype,
                                video_processor=enc.video_processor)
         self.state = "ready"
