@@ -116,3 +116,93 @@ def test_revision_pins_one_snapshot(q25, hub_cache):
     assert snapshot.name == REVISION
     with Encoder("org/two-revisions", device="cpu") as enc:
         assert enc.checkpoint_folder == snapshot
+
+
+class _FakeHub:
+    """A Hub stand-in on 127.0.0.1 serving one folder as `org/name` at REVISION through the routes
+    huggingface_hub downloads from (HEAD then GET /{repo}/resolve/{revision}/{file}); it records the
+    files fetched. Loopback only: the suite still never reaches the network."""
+
+    def __init__(self, repo: str, folder):
+        import hashlib
+        import http.server
+        import threading
+
+        files, fetched = {p.name: p for p in folder.iterdir() if p.is_file()}, []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self, body: bool):
+                prefix = f"/{repo}/resolve/"
+                name = self.path.split("?")[0][len(prefix):].split("/", 1)[-1] if self.path.startswith(prefix) else None
+                if name not in files:
+                    self.send_response(404)
+                    self.send_header("X-Error-Code", "EntryNotFound" if name is not None else "RepoNotFound")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                data = files[name].read_bytes()
+                self.send_response(200)
+                self.send_header("X-Repo-Commit", REVISION)
+                self.send_header("ETag", f'"{hashlib.sha256(data).hexdigest()}"')
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if body:
+                    fetched.append(name)
+                    self.wfile.write(data)
+
+            def do_HEAD(self):
+                self._answer(False)
+
+            def do_GET(self):
+                self._answer(True)
+
+            def log_message(self, *args):
+                pass
+
+        self.fetched = fetched
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _resolve_in_child(model: str, env: dict) -> subprocess.CompletedProcess:
+    code = "import sys; from mmenc.engine.tower import resolve_checkpoint; print(resolve_checkpoint(sys.argv[1]))"
+    return subprocess.run([sys.executable, "-c", code, model], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_download_fetches_only_the_towers_files(tmp_path):
+    """Online (a Hub stand-in on loopback, HF_ENDPOINT): config.json, the processor configs that exist, the
+    index and the shards holding tower tensors are downloaded, the language model's shards are not; a second
+    resolution offline finds them in the cache."""
+    folder, _ = save_qwen2_5_vl(tmp_path / "sharded", seed=4, max_shard_size="20KB")
+    weight_map = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    tower = {f for name, f in weight_map.items() if name.startswith(("model.visual.", "visual."))}
+    (folder / "preprocessor_config.json").write_text(json.dumps({"patch_size": 14}))
+    hub = _FakeHub("org/sharded", folder)
+    cache = tmp_path / "cache"
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0", "HF_HUB_CACHE": str(cache),
+           "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_ETAG_TIMEOUT": "30", "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
+           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    try:
+        run = _resolve_in_child("org/sharded", env)
+        assert run.returncode == 0, run.stderr[-2000:]
+        assert set(hub.fetched) == {"config.json", "preprocessor_config.json", "model.safetensors.index.json", *tower}
+        assert set(weight_map.values()) - tower, "the language model's shards exist and were not fetched"
+    finally:
+        hub.close()
+    offline = _resolve_in_child("org/sharded", {**env, "HF_HUB_OFFLINE": "1", "HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert offline.returncode == 0 and offline.stdout.strip() == run.stdout.strip(), offline.stderr[-2000:]
+
+
+def test_an_unreachable_hub_is_named_with_the_fix(tmp_path):
+    env = {**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0", "HF_HUB_CACHE": str(tmp_path),
+           "HF_HUB_ETAG_TIMEOUT": "5", "HF_HUB_DOWNLOAD_TIMEOUT": "5",
+           "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    run = _resolve_in_child("org/unreachable", env)
+    assert run.returncode != 0
+    last = run.stderr.strip().splitlines()[-1]
+    assert "'org/unreachable'" in last and "downloading it failed" in last and "--load-format dummy" in last, last

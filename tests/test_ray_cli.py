@@ -91,8 +91,9 @@ def _big_images(n: int) -> list[str]:
 @pytest.mark.parametrize("ingress", ["proxy"])  # "direct" passed too (65 s; left out of CI for time)
 def test_serve_ray_sigterm_drains_the_requests_in_flight(tmp_path, ingress):
     """Issue 25 item 3 / issue 28 item 1: SIGTERM to `mmenc serve --ray` while requests are in flight:
-    each is answered (200; none 'Server disconnected'), one that arrives meanwhile gets a JSON 503
-    shutting_down or is refused, then the command exits 0 leaving no Ray process."""
+    each is answered (200; before, 'Server disconnected without sending a response'), the log lists
+    the replica's drain, then the command exits 0 leaving no Ray process. (The refusal and cut answers
+    are the same Drain code as `mmenc serve`: tests/test_serve_drain.py.)"""
     import concurrent.futures
     import time
 
@@ -122,6 +123,7 @@ def test_serve_ray_sigterm_drains_the_requests_in_flight(tmp_path, ingress):
             replies = [f.result(timeout=150) for f in pending]
         assert [r.status for r in replies] == [200] * len(replies), [r.body[:200] for r in replies]
         assert proc.wait(timeout=120) == 0, (tmp_path / "serve.log").read_text()[-3000:]
+        assert "3 request(s) answered while draining, 0 cut" in (tmp_path / "serve.log").read_text()
     finally:
         if proc.poll() is None:
             proc.kill()

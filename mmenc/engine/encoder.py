@@ -68,7 +68,7 @@ class Encoder:
         demo that runs offline). settings: an EncoderSettings (mmenc.engine.settings: every option,
         what it does, its command-line flag), and/or its fields as keyword arguments, which win over it:
         dtype, device, load_format, tensor_parallel_size, mm_encoder_tp_mode, mm_encoder_attn_backend,
-        linear_backend, quantization, custom_ops, compile, cuda_graphs, batch_invariant, max_batch_patches,
+        linear_backend, quantization, fused_kernels, custom_ops, compile, cuda_graphs, batch_invariant, max_batch_patches,
         worker_timeout_s, strict, preprocess_workers, preprocess_worker_kind, preprocess_resize,
         first_chunk_patches, chunk_growth, high_bit_depth. Validated once, there (ValueError naming the value).
         Safe to call from many threads: calls run one at a time (docs/engine.md, Threads)."""
@@ -323,9 +323,9 @@ class Encoder:
 
     @property
     def launches_asynchronously(self) -> bool:
-        """Whether `launch` only queues the tower's kernels (the tower in this process: on an accelerator it
-        returns before they run); False with worker processes and torchrun ranks, whose calls return done."""
-        return self._executor.launches_asynchronously
+        """Whether `launch` returns as soon as the tower's kernels are queued (a tower on an accelerator in
+        this process); False with worker processes, torchrun ranks and on the CPU, where it returns done."""
+        return self._executor.launches_asynchronously and self.device.type != "cpu"
 
     @torch.inference_mode()
     def launch(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:

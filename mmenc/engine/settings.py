@@ -50,8 +50,12 @@ class EncoderSettings:
         None, "force one linear (matmul) backend: " + ", ".join(b.name for b in LinearBackendEnum)
         + " (default: the platform's; `mmenc backends` shows it)", metavar="BACKEND")
     quantization: str | None = setting(
-        None, "quantize the tower's linears at load (fp8: FP8 weights and activations, CUDA)",
+        None, "quantize the tower's linears at load (fp8: FP8 weights and activations on the last quarter of the "
+        "blocks, where accuracy holds; fp8-all: every linear, below the accuracy bar; CUDA sm89+; docs/linear.md)",
         choices=tuple(QUANTIZATIONS))
+    fused_kernels: bool = setting(
+        False, "CUDA: fused Triton row kernels (residual add + norm, SiLU-gate; with FP8 the quantization inside "
+        "them); off: the reference ops (docs/kernels.md)")
     tensor_parallel_size: int = setting(1, "number of devices (worker processes) for the tower", metavar="N")
     mm_encoder_tp_mode: str = setting(
         "weights", "weights: shard the tower over the devices; data: one replica per device, images split",

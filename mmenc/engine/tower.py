@@ -256,12 +256,20 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
     mm_config = multimodal_config or MultiModalConfig()
     linear_backend = None
     if device.type != "meta":  # after loading, before tiling or compiling: the platform's linear kernels
-        from mmenc.layers.linear import prepare_linears
+        from mmenc.engine.quantize import prepare_tower_linears
         from mmenc.platforms import platform_for
 
-        linear_backend = platform_for(device).get_linear_backend(dtype, mm_config.quantization,
-                                                                 mm_config.linear_backend, mm_config.batch_invariant)
-        prepare_linears(tower, linear_backend)
+        linear_backend = prepare_tower_linears(tower, platform_for(device), dtype, mm_config, hf_config,
+                                               spec.weight_prefixes)
+    if mm_config.fused_kernels and device.type != "meta":
+        from mmenc.layers.fused import use_fused_kernels
+        from mmenc.platforms import platform_for
+
+        reasons = platform_for(device).fused_kernel_reasons(dtype)
+        if reasons:
+            raise ValueError(f"fused_kernels=True cannot run on {device}: {'; '.join(reasons)}; leave fused_kernels "
+                             f"off (the reference ops) on this device")
+        use_fused_kernels(tower)
     if mm_config.batch_invariant:  # before compiling / capturing: fixed-shape GEMMs in every linear
         from mmenc.distributed.parallel_state import get_tp_size
         from mmenc.layers.linear import use_token_tiles

@@ -49,6 +49,16 @@ def check_tensor_dtype(name: str, tensor: torch.Tensor, file: pathlib.Path) -> t
     return tensor
 
 
+def check_not_fp8(name: str, tensor: torch.Tensor, file: pathlib.Path) -> torch.Tensor:
+    """`tensor`, or ValueError for an FP8 tensor in a checkpoint without a quantization_config (its scales
+    would be unknown, and a plain copy would load wrong values)."""
+    if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise ValueError(f"tensor {name!r} in {str(file)!r} is FP8 but config.json has no quantization_config; "
+                         f"FP8 checkpoints (compressed-tensors, block-scaled FP8) name their layout there: restore "
+                         f"the checkpoint's config.json")
+    return tensor
+
+
 def checkpoint_folder(path: str | pathlib.Path) -> pathlib.Path:
     """The folder as a Path; ValueError when it does not exist or is not a folder."""
     folder = pathlib.Path(path).expanduser()
@@ -145,10 +155,24 @@ def iter_tower_tensors(path: str | pathlib.Path, prefixes: Sequence[str],
         folder = checkpoint_folder(path)
         raise ValueError(f"{folder / INDEX_FILE} lists shard file(s) {', '.join(missing)} that are not in "
                          f"{str(folder)!r} ({_listing(folder)})")
+    config = pathlib.Path(path) / "config.json"
+    quantization = (_read_json(config).get("quantization_config") if config.is_file() else None) or None
+    tensors = _read(by_file, group, fp8=quantization is not None)
+    if quantization is not None:  # FP8 weights are dequantized as they are read (mmenc.loader.fp8)
+        from mmenc.loader.fp8 import dequantized_tensors
+
+        tensors = dequantized_tensors(tensors, quantization)
+    yield from tensors
+
+
+def _read(by_file: dict[pathlib.Path, list[str]], group: tuple[str, ...],
+          fp8: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name without the prefix, tensor), file by file; FP8 tensors only where `fp8` (a quantized checkpoint)."""
     for file, names in sorted(by_file.items()):
         with open_safetensors(file) as f:
             for name in sorted(names):
-                yield _strip(name, group), check_tensor_dtype(name, f.get_tensor(name), file)
+                tensor = check_tensor_dtype(name, f.get_tensor(name), file)
+                yield _strip(name, group), tensor if fp8 else check_not_fp8(name, tensor, file)
 
 
 def load_tower_weights(tower: torch.nn.Module, path: str | pathlib.Path, prefixes: Sequence[str]) -> set[str]:

@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid, read_grid
-from mmenc.layers.linear import prepare_linears, restore_linears
+from mmenc.layers.linear import linear_plan, prepare_plan, restore_linears
 from mmenc.layers.weights import WeightMap, load_named_weights
 from mmenc.utils.lru import LRUCache
 
@@ -222,12 +222,12 @@ class VisionTower(nn.Module):
         """Copy checkpoint tensors in (names as the checkpoint's, tower prefix removed); returns the names
         of the parameters filled. Linears already prepared for a kernel backend get their plain weights
         back for the load and are prepared again after it."""
-        backend = restore_linears(self)
+        plan = linear_plan(self)
+        restore_linears(self)
         try:
             return load_named_weights(self, weights, self.weight_map)
         finally:
-            if backend is not None:
-                prepare_linears(self, backend)
+            prepare_plan(self, plan)
 
 
 @dataclasses.dataclass(frozen=True)

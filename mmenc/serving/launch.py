@@ -18,8 +18,8 @@ from mmenc.serving.settings import ServeSettings
 
 
 def asynchronous_tower_call(enc) -> tuple[Callable, Callable] | None:
-    """(the tower call without a host sync, check_finite(cpu embeddings, tokens)) for the tower in this
-    process; None for worker processes or torchrun ranks."""
+    """(the tower call without a host sync, check_finite(cpu embeddings, tokens)) for an accelerator
+    tower in this process; None elsewhere (worker processes, torchrun ranks, the CPU)."""
     if not enc.launches_asynchronously:
         return None
 
@@ -38,7 +38,7 @@ def use_buckets(settings: ServeSettings, enc) -> bool:
 
 def make_batcher(enc, settings: ServeSettings, metrics: ServeMetrics) -> Batcher:
     device = enc.device
-    call = asynchronous_tower_call(enc) if device.type != "cpu" else None
+    call = asynchronous_tower_call(enc)
     encode, finite = call if call is not None else (enc.encode_pixels, None)
     processor = enc.processor
     # uint8 jobs pay off where the batch crosses to a device; on the CPU, normalizing in the pool

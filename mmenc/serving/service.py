@@ -110,11 +110,12 @@ class EncodeService:
 
     def close(self) -> None:
         """Stop the engine (a LocalEngine finishes its queued jobs and closes the Encoder), then the pool.
-        After a drain's cut the answers are out already: the tower call still running gets CUT_GRACE_S."""
-        from mmenc.serving.uvicorn_run import CUT_GRACE_S
+        After a drain's cut the answers are out already: a tower call still running gets TOWER_WAIT_AFTER_CUT_S
+        (then the process exits without tearing torch down under it: server.serve)."""
+        from mmenc.serving.uvicorn_run import TOWER_WAIT_AFTER_CUT_S
 
         self.drain.close()
-        self.engine.close(timeout=CUT_GRACE_S if self.drain.state == "cut" else None)
+        self.engine.close(timeout=TOWER_WAIT_AFTER_CUT_S if self.drain.state == "cut" else None)
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     # -- one request -------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ logger = init_logger(__name__)
 
 SEND_BUFFER_BYTES = 256 << 10  # SO_SNDBUF of each connection under uvloop (see _http_protocol)
 CUT_GRACE_S = 5.0  # after the cut, how long uvicorn waits for the 503 answers to go out before it cancels tasks
+TOWER_WAIT_AFTER_CUT_S = 1.0  # after the cut, how long a running tower call (its answers no longer wanted) is waited for
 
 
 def uvicorn_log_level() -> str:

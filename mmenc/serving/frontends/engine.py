@@ -101,7 +101,7 @@ def serve_with_frontends(settings: ServeSettings, make_encoder: Callable[[], obj
         from mmenc.shm import SegmentPool, raise_fd_limit
         from mmenc.serving.local import LocalEngine
         from mmenc.serving.metrics import ServeMetrics
-        from mmenc.serving.uvicorn_run import CUT_GRACE_S, bind, exit_now, exit_while_loading
+        from mmenc.serving.uvicorn_run import CUT_GRACE_S, TOWER_WAIT_AFTER_CUT_S, bind, exit_now, exit_while_loading
 
         listener = bind(settings.host, settings.port)
         raise_fd_limit()
@@ -132,9 +132,10 @@ def serve_with_frontends(settings: ServeSettings, make_encoder: Callable[[], obj
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             listener.close()
-        # the front ends answered (or cut) every request: a tower call still running gets what is left
-        left = settings.shutdown_timeout_s + CUT_GRACE_S - (time.monotonic() - stopping)
-        engine.close(timeout=max(1.0, left))
+        # the front ends answered (or cut) every request: a tower call still running has no one waiting for
+        # it; it gets what is left of the timeout, at least TOWER_WAIT_AFTER_CUT_S, then the process exits
+        left = settings.shutdown_timeout_s - (time.monotonic() - stopping)
+        engine.close(timeout=max(TOWER_WAIT_AFTER_CUT_S, left))
         if engine.loading():
             metrics_dir.remove()
             exit_while_loading(code)
