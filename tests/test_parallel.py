@@ -48,14 +48,16 @@ def test_assign_images_rejects_bad_world():
 
 def test_resolve_tp_mode():
     assert resolve_tp_mode("weights", 16, 2) == ("weights", None)
-    assert resolve_tp_mode("weight", 16, 4) == ("weights", None)
+    assert resolve_tp_mode("weights", 16, 4) == ("weights", None)
+    with pytest.raises(ValueError, match=r"mode='weight': expected 'weights' or 'data' \(MultiModalConfig"):
+        resolve_tp_mode("weight", 16, 4)  # spellings are read once, by MultiModalConfig
     assert resolve_tp_mode("data", 16, 2) == ("data", None)
     assert resolve_tp_mode("weights", 3, 1) == ("weights", None)
     mode, reason = resolve_tp_mode("weights", 16, 3)
     assert mode == "data" and "num_heads=16 is not divisible by tensor_parallel_size=3" in reason
     mode, reason = resolve_tp_mode("weights", 16, 2, sizes={"intermediate_size": 3421})
     assert mode == "data" and "intermediate_size=3421" in reason
-    with pytest.raises(ValueError, match="mm_encoder_tp_mode='rows'"):
+    with pytest.raises(ValueError, match="mode='rows': expected 'weights' or 'data'"):
         resolve_tp_mode("rows", 16, 2)
 
 

@@ -156,7 +156,7 @@ def test_cli_flags_reach_the_settings():
 def test_frontends_refuse_a_port_in_use_once_and_clearly():
     import socket
 
-    from mmenc.serving.frontends.engine import bind
+    from mmenc.serving.uvicorn_run import bind
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -12,26 +12,16 @@ import torch
 from mmenc.bench.hf_projected import HF_PROJECTED, Reference, build_projected
 from mmenc.models.base import vision_config_dict
 
-# architecture -> (transformers.models.<module>, tower class, vision config class)
-HF_TOWERS: dict[str, tuple[str, str, str]] = {
-    "Qwen2VLForConditionalGeneration": ("qwen2_vl", "Qwen2VisionTransformerPretrainedModel", "Qwen2VLVisionConfig"),
-    "Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VisionTransformerPretrainedModel",
-                                           "Qwen2_5_VLVisionConfig"),
-    "Qwen3VLForConditionalGeneration": ("qwen3_vl", "Qwen3VLVisionModel", "Qwen3VLVisionConfig"),
-    "Qwen3VLMoeForConditionalGeneration": ("qwen3_vl_moe", "Qwen3VLMoeVisionModel", "Qwen3VLMoeVisionConfig"),
-    "Glm4vForConditionalGeneration": ("glm4v", "Glm4vVisionModel", "Glm4vVisionConfig"),
-    "SiglipModel": ("siglip", "SiglipVisionModel", "SiglipVisionConfig"),
-    "SiglipVisionModel": ("siglip", "SiglipVisionModel", "SiglipVisionConfig"),
-    "Siglip2Model": ("siglip2", "Siglip2VisionModel", "Siglip2VisionConfig"),
-    "Siglip2VisionModel": ("siglip2", "Siglip2VisionModel", "Siglip2VisionConfig"),
-    "GlmOcrForConditionalGeneration": ("glm_ocr", "GlmOcrVisionModel", "GlmOcrVisionConfig"),
-    "Qwen3OmniMoeForConditionalGeneration": ("qwen3_omni_moe", "Qwen3OmniMoeVisionEncoder",
-                                             "Qwen3OmniMoeVisionEncoderConfig"),
-    "Llama4ForConditionalGeneration": ("llama4", "Llama4VisionModel", "Llama4VisionConfig"),  # + projector, below
-    "Ovis2ForConditionalGeneration": ("ovis2", "Ovis2VisionModel", "Ovis2VisionConfig"),  # + embedding table, below
-    **{arch: ("clip", "CLIPVisionModel", "CLIPVisionConfig")
-       for arch in ("CLIPModel", "CLIPVisionModel", "CLIPVisionModelWithProjection")},
-}
+def hf_vision(architecture: str):
+    """The family table's transformers tower (mmenc.testing.checkpoints.FAMILIES, HFVision) standing for
+    `architecture`, or None."""
+    from mmenc.testing.checkpoints import FAMILIES
+
+    for key, case in FAMILIES.items():
+        vision = case.hf_vision
+        if vision is not None and architecture in (vision.architectures or (case.architecture or key,)):
+            return vision
+    return None
 
 
 def _llama4_with_projector(cls, text_hidden: int):
@@ -150,12 +140,9 @@ class ClipHFTower(SiglipHFTower):
 # architecture -> checkpoint tensor names (tower prefix removed) that transformers' tower above does not hold
 HF_SKIP: dict[str, tuple[str, ...]] = {"CLIPModel": ("projection.",), "CLIPVisionModelWithProjection": ("projection.",)}
 
-# architecture -> how to call its transformers tower, where not HFTower's (pixel_values, grid_thw=...)
-HF_CALLS: dict[str, type] = {
-    "SiglipModel": SiglipHFTower, "SiglipVisionModel": SiglipHFTower,
-    "Siglip2Model": Siglip2HFTower, "Siglip2VisionModel": Siglip2HFTower,
-    "CLIPModel": ClipHFTower, "CLIPVisionModel": ClipHFTower, "CLIPVisionModelWithProjection": ClipHFTower,
-}
+# transformers tower class -> how to call it, where not HFTower's (pixel_values, grid_thw=...)
+HF_CALLS: dict[str, type] = {"SiglipVisionModel": SiglipHFTower, "Siglip2VisionModel": Siglip2HFTower,
+                             "CLIPVisionModel": ClipHFTower}
 
 
 def _missing_class(architecture: str, module: str, cls: str) -> str | None:
@@ -171,19 +158,20 @@ def hf_tower_available(architecture: str) -> str | None:
     """None if transformers can build this architecture's tower here, else the reason."""
     if architecture in HF_PROJECTED:  # towers whose output includes the projector (mmenc/bench/hf_projected.py)
         return _missing_class(architecture, HF_PROJECTED[architecture].module, HF_PROJECTED[architecture].probe)
-    if architecture not in HF_TOWERS:
+    vision = hf_vision(architecture)
+    if vision is None:
         return (f"no transformers tower registered for {architecture} (Kimi: its embeddings include the "
                 f"projector; compare with benchmarks/kimi_vs_transformers.py)")
-    module, cls, _ = HF_TOWERS[architecture]
-    return _missing_class(architecture, module, cls)
+    return _missing_class(architecture, vision.module, vision.tower)
 
 
 def build_hf_tower(loaded, attn_implementation: str = "sdpa") -> Reference:
     """transformers' tower for `loaded` (a mmenc LoadedTower), same dtype, device and weights."""
     if any(a in HF_PROJECTED for a in loaded.hf_config.get("architectures", [])):
         return build_projected(loaded, attn_implementation)
-    architecture = next(a for a in loaded.hf_config.get("architectures", []) if a in HF_TOWERS)
-    module, cls_name, cfg_name = HF_TOWERS[architecture]
+    architecture = next(a for a in loaded.hf_config.get("architectures", []) if hf_vision(a) is not None)
+    vision = hf_vision(architecture)
+    module, cls_name, cfg_name = vision.module, vision.tower, vision.config
     modeling = importlib.import_module(f"transformers.models.{module}.modeling_{module}")
     configuration = importlib.import_module(f"transformers.models.{module}.configuration_{module}")
     vision = vision_config_dict(loaded.hf_config)
@@ -210,5 +198,5 @@ def build_hf_tower(loaded, attn_implementation: str = "sdpa") -> Reference:
         if missing or unexpected:
             raise ValueError(f"checkpoint tensors do not fit transformers' {cls_name}: missing {missing[:5]}, "
                              f"unexpected {unexpected[:5]}")
-    return HF_CALLS.get(architecture, HFTower)(tower, loaded.device)
+    return HF_CALLS.get(cls_name, HFTower)(tower, loaded.device)
 

@@ -15,8 +15,7 @@ import numpy as np
 import torch
 
 from mmenc.bench.measure import WORKLOADS, format_table, matmul_tflops, measure, parse_grid_spec, random_pixels
-from mmenc.cli.common import (add_encoder_args, add_preprocess_args, apply_log_level, check_output_path, encoder_kwargs,
-                              write_atomically)
+from mmenc.cli.common import add_encoder_args, apply_log_level, check_output_path, encoder_kwargs, write_atomically
 from mmenc.cli.progress import Progress
 from mmenc.engine.encoder import DEFAULT_MODEL
 
@@ -67,12 +66,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--preprocess-decode", choices=["auto", "cpu", "torchvision", "gpu"], default="auto",
                    help="with --e2e: how JPEGs are decoded (cpu: PIL; torchvision: its libjpeg-turbo on the CPU; "
                         "gpu: nvJPEG; auto: torchvision when it imports, else PIL; default: %(default)s)")
-    add_preprocess_args(p, "with --e2e: ")
-    p.add_argument("--first-chunk-patches", type=int, default=None, metavar="N",
-                   help="with --e2e: rows of the first tower call of each encode (default: max_batch_patches // 16)")
-    p.add_argument("--chunk-growth", type=float, default=2.0, metavar="X",
-                   help="with --e2e: each later tower call of an encode takes up to X times the previous one's "
-                        "rows (inf: straight to max_batch_patches; default: %(default)s)")
     p.add_argument("--graph-recent-calls", type=int, default=16, metavar="N",
                    help="with --cuda-graphs: a packing is captured only when seen again within N tower calls "
                         "(0: whenever seen twice, the rule before; default: %(default)s)")
@@ -106,9 +99,7 @@ def run(args) -> int:
     workloads = {name: grids_of[name] for name in args.workload or []}
     for spec in args.grid or []:
         workloads[spec] = parse_grid_spec(spec)
-    encoder = Encoder(**encoder_kwargs(args, DEFAULT_MODEL), first_chunk_patches=args.first_chunk_patches,
-                      chunk_growth=args.chunk_growth, preprocess_worker_kind=args.preprocess_worker_kind,
-                      preprocess_resize=args.preprocess_resize)
+    encoder = Encoder(**encoder_kwargs(args, DEFAULT_MODEL))
     loaded = encoder.loaded
     if encoder.graph_stats() is not None:
         if args.graph_recent_calls < 0:

@@ -1,4 +1,4 @@
-"""Flags and checks shared by the subcommands: encoder flags (derived from MultiModalConfig/Encoder),
+"""Flags and checks shared by the subcommands: encoder flags (made from EncoderSettings: mmenc.cli.flags),
 log level, image pixel limit, device validation, output paths checked before work and written atomically."""
 import argparse
 import contextlib
@@ -9,47 +9,22 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from mmenc.backends import AttentionBackendEnum
-from mmenc.backends.linear import QUANTIZATIONS, LinearBackendEnum
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def add_encoder_args(parser: argparse.ArgumentParser, default_model_help: str) -> None:
+def add_encoder_args(parser: argparse.ArgumentParser, default_model_help: str, command: str | None = None) -> None:
+    """--model, the flags made from EncoderSettings for `command` (default: the parser's subcommand name;
+    "serve", the flags every command has, for a parser of its own), and the log flags."""
+    from mmenc.cli.flags import add_settings_flags
+    from mmenc.engine.settings import COMMANDS
+
     parser.add_argument("--model", default=None,
                         help=f"checkpoint folder or Hugging Face Hub id, e.g. Qwen/Qwen2.5-VL-7B-Instruct (read from "
                              f"the huggingface_hub cache, else downloaded: config, processor configs and the tower's "
                              f"shards only; HF_HUB_OFFLINE=1 never downloads) ({default_model_help})")
-    parser.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
-                        help="auto: the checkpoint's weights; dummy: RANDOM weights, no weight files (a built-in name "
-                             "needs no files at all: mmenc.models.registry.builtin_model_names()); outputs say so")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, float32 on CPU), bfloat16, float16, float32")
-    parser.add_argument("--device", default=None, help="torch device: cpu, cuda, cuda:N (default: the platform's)")
-    parser.add_argument("--mm-encoder-attn-backend", default=None, metavar="BACKEND",
-                        help="force one attention backend: " + ", ".join(b.name for b in AttentionBackendEnum))
-    parser.add_argument("--linear-backend", default=None, metavar="BACKEND",
-                        help="force one linear (matmul) backend: " + ", ".join(b.name for b in LinearBackendEnum)
-                             + " (default: the platform's; `mmenc backends` shows it)")
-    parser.add_argument("--quantization", default=None, choices=list(QUANTIZATIONS),
-                        help="quantize the tower's linears at load (fp8: FP8 weights and activations on the last "
-                             "quarter of the blocks, where accuracy holds; fp8-all: every linear, below the accuracy "
-                             "bar; CUDA sm89+; docs/linear.md)")
-    parser.add_argument("--fused-kernels", action="store_true",
-                        help="CUDA: fused Triton row kernels (residual add + norm, SiLU-gate; with FP8 the "
-                             "quantization inside them); off: the reference ops (docs/kernels.md)")
-    parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
-                        help="number of devices (worker processes) for the tower")
-    parser.add_argument("--mm-encoder-tp-mode", choices=["weights", "data"], default="weights",
-                        help="weights: shard the tower over the devices; data: one replica per device, images split")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the tower's blocks (first call compiles)")
-    parser.add_argument("--cuda-graphs", action="store_true",
-                        help="CUDA only: replay one CUDA graph per packing seen before (the 2nd call of a packing captures)")
-    parser.add_argument("--batch-invariant", action="store_true",
-                        help="each image's embedding bitwise the same whatever else is in the batch "
-                             "(fixed-shape GEMM tiles and attention sub-packs; costs some throughput)")
-    parser.add_argument("--worker-timeout", type=float, default=600.0, metavar="SECONDS",
-                        help="with --tensor-parallel-size > 1: the most one call waits for the worker processes "
-                             "before they count as hung (default: %(default)s)")
+    name = parser.prog.split()[-1]
+    add_settings_flags(parser, command or (name if name in COMMANDS else "serve"))
     add_log_args(parser)
 
 
@@ -70,16 +45,15 @@ def apply_log_level(args: argparse.Namespace) -> None:
 
 
 def encoder_kwargs(args: argparse.Namespace, default_model: str) -> dict:
-    """Encoder(...) keyword arguments from the flags; --device is validated first (ValueError). Without
-    --model: `default_model` (a built-in name) with random weights (load_format "dummy"), offline."""
+    """Encoder(...) keyword arguments from the flags (EncoderSettings, validated; --device is checked first).
+    Without --model: `default_model` (a built-in name) with random weights (load_format "dummy"), offline."""
+    from mmenc.cli.flags import settings_from_args
+
     check_device(args.device)
-    load_format = args.load_format if args.model else "dummy"  # no --model: the built-in default, random weights
-    return dict(model=args.model or default_model, dtype=args.dtype, device=args.device,
-                mm_encoder_attn_backend=args.mm_encoder_attn_backend, load_format=load_format,
-                tensor_parallel_size=args.tensor_parallel_size, mm_encoder_tp_mode=args.mm_encoder_tp_mode,
-                compile=args.compile, cuda_graphs=args.cuda_graphs, worker_timeout_s=args.worker_timeout,
-                batch_invariant=args.batch_invariant, linear_backend=args.linear_backend,
-                quantization=args.quantization, fused_kernels=args.fused_kernels)
+    kwargs = settings_from_args(args).as_kwargs()
+    if not args.model:
+        kwargs["load_format"] = "dummy"  # no --model: the built-in default, random weights
+    return dict(model=args.model or default_model, **kwargs)
 
 
 def check_device(name: str | None) -> None:
@@ -124,26 +98,6 @@ def add_image_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-image-pixels", type=int, default=None, metavar="N",
                         help="refuse images with more than N pixels as decompression bombs (default: PIL's "
                              f"limit, {_pil_default_limit()}); raise it for trusted large images; 0: no limit")
-    parser.add_argument("--high-bit-depth", choices=["clip", "scale"], default="clip",
-                        help="16-bit images (16-bit grayscale PNGs): 'clip' converts them as transformers does (values "
-                             "over 255 clip, so they come out almost white; a warning says so), for parity; 'scale' "
-                             "maps 0..65535 onto 0..255 (default: %(default)s)")
-
-
-def add_preprocess_args(parser: argparse.ArgumentParser, scope: str = "") -> None:
-    """--preprocess-worker-kind, --preprocess-resize: Preprocessor(worker_kind=..., resize=...),
-    Encoder(preprocess_worker_kind=..., preprocess_resize=...)."""
-    parser.add_argument("--preprocess-resize", choices=["auto", "cpu", "device", "split"], default="auto",
-                        help=f"{scope}where images are resized: 'cpu' (in the decode workers), 'device' (on the "
-                             "tower's device, the CPU kernel's bytes), 'split' (each call's first image per worker on the "
-                             "device, the rest in the workers), 'auto' (split with worker processes on CUDA, device "
-                             "with threads; see docs/preprocessing.md; default: %(default)s)")
-    parser.add_argument("--preprocess-worker-kind", choices=["auto", "thread", "process"], default="auto",
-                        help=f"{scope}where images are decoded and resized: 'thread' (a thread pool in this process), "
-                             "'process' (files and bytes in worker processes, so the thread launching the tower "
-                             "does not share the GIL with the decoders; PIL images and arrays stay in threads), "
-                             "'auto' (processes on a CUDA device with 8 or more workers, else threads; "
-                             "default: %(default)s)")
 
 
 def _pil_default_limit() -> int | None:

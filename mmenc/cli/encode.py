@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from mmenc.cli.common import (add_encoder_args, add_image_args, add_preprocess_args, apply_log_level, check_output_path,
-                              encoder_kwargs, image_pixel_limit, write_atomically)
+from mmenc.cli.common import (add_encoder_args, add_image_args, apply_log_level, check_output_path, encoder_kwargs,
+                              image_pixel_limit, write_atomically)
 from mmenc.cli.encode_video import VIDEO_EXTENSIONS, add_video_args, encode_videos, planned_frames, video_options
 from mmenc.cli.progress import Progress
 from mmenc.cli.signals import describe, exit_code, stop_on_signals
@@ -43,7 +43,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "in parallel threads, ahead of the tower")
     add_image_args(p)
     add_video_args(p)
-    add_preprocess_args(p)
     p.add_argument("--pooled", action="store_true",
                    help="write one pooled image embedding per image (CLIP's projected class token, SigLIP/SigLIP2's "
                         "attention-pooling head) instead of the token embeddings")
@@ -126,8 +125,7 @@ def _run(args) -> int:
     texts = read_texts(args.text) if args.text else {}
     paths = collect_images(args.inputs)
     output = check_output_path(args.output, "--output", paths)
-    kwargs = dict(encoder_kwargs(args, DEFAULT_MODEL), preprocess_worker_kind=args.preprocess_worker_kind,
-                  preprocess_resize=args.preprocess_resize, high_bit_depth=args.high_bit_depth)
+    kwargs = encoder_kwargs(args, DEFAULT_MODEL)
     if args.model is None:
         print(f"mmenc encode: no --model given: running the built-in {DEFAULT_MODEL} vision tower with RANDOM "
               f"weights (a demo of the pipeline; pass a checkpoint folder for real embeddings)", file=sys.stderr)

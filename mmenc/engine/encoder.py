@@ -28,18 +28,19 @@ chunk while the tower runs this one, and the host reads no device value between 
 (docs/engine.md, Pipelining).
 """
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 import torch
 
-from mmenc.config import MultiModalConfig
-from mmenc.engine.checks import check_dtype, check_finite, check_grid, check_positive_int, check_timeout
+from mmenc.engine.checks import check_finite, check_grid
 from mmenc.engine.executors import make_executor
 from mmenc.engine.outputs import ImageEmbedding, concat_outputs, whole_image_runs
+from mmenc.engine.settings import EncoderSettings
 from mmenc.engine.stream import stream
-from mmenc.engine.tower import LOAD_FORMATS, TowerRecipe, empty_output, resolve_checkpoint
+from mmenc.engine.tower import TowerRecipe, empty_output, resolve_checkpoint
 from mmenc.engine.videos import VideoEmbedding
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
@@ -58,92 +59,47 @@ class EncoderClosedError(RuntimeError):
 
 
 class Encoder:
-    def __init__(self, model: str | None = None, dtype: str | torch.dtype = "auto",
-                 device: str | torch.device | None = None, mm_encoder_attn_backend: str | None = None,
-                 load_format: Literal["auto", "dummy"] = "auto", tensor_parallel_size: int = 1,
-                 mm_encoder_tp_mode: str = "weights", max_batch_patches: int = 1 << 16, compile: bool = False,
-                 cuda_graphs: bool = False, *, worker_timeout_s: float = 600.0, strict: bool = False,
-                 preprocess_workers: int | None = None, preprocess_worker_kind: str = "auto",
-                 preprocess_resize: str = "auto",
-                 batch_invariant: bool = False, linear_backend: str | None = None, quantization: str | None = None,
-                 fused_kernels: bool = False, first_chunk_patches: int | None = None, chunk_growth: float = 2.0,
-                 high_bit_depth: Literal["clip", "scale"] = "clip"):
+    def __init__(self, model: str | None = None, settings: EncoderSettings | None = None, **options):
         """model: a local Hugging Face checkpoint folder, or a Hub id ("org/name") resolved through
         huggingface_hub (the local cache first, HF_HUB_OFFLINE honoured; a download fetches only
         config.json, the processor configs and the shards holding the tower's tensors). load_format:
         "auto" reads the checkpoint's weights; "dummy" gives random weights (a built-in name then needs
         no files; `random_weights` says so). None: the built-in DEFAULT_MODEL with random weights (a
-        demo that runs offline). max_batch_patches bounds one
-        tower call; `encode` splits larger inputs into several calls (whole images only).
-        compile=True runs the tower's blocks through torch.compile (the first call compiles).
-        cuda_graphs=True (CUDA only) replays one CUDA graph per packing seen before (the second
-        call with the same image sizes captures it; see mmenc.engine.cuda_graphs).
-        worker_timeout_s: with worker processes (tensor_parallel_size > 1), the most one call may
-        wait for them before they are declared hung (TimeoutError naming the rank).
-        strict: non-finite (NaN/inf) embeddings raise NonFiniteOutputError instead of a warning.
-        preprocess_workers: decode/resize workers of `encode`/`encode_iter` (None: one per usable core,
-        one for a tower on the CPU (see `threads()`); 0: in the calling thread).
-        preprocess_worker_kind: "thread", "process" (paths and bytes are
-        decoded in worker processes, so the thread that launches the tower keeps the GIL) or "auto"
-        (processes on CUDA with 8 or more workers, else threads). preprocess_resize: "cpu" (in the workers),
-        "device" (on the tower's device), "split" (a call's first image per worker on the device, the rest in
-        the workers) or "auto" (split with worker processes on CUDA, device with threads).
-        See mmenc.preprocess.pipeline.Preprocessor.
-        batch_invariant: each image's embedding is bitwise identical whatever else is in the call
-        (order, chunking), at some throughput cost (MultiModalConfig.batch_invariant).
-        linear_backend: the linears' kernel backend by name ("native", "onednn", "fp8"; None: the
-        platform's choice, see `linear_backend()` and docs/linear.md); quantization: None, "fp8" (FP8 on the
-        last quarter of the blocks) or "fp8-all" (every linear, below the accuracy bar; docs/linear.md).
-        fused_kernels: fused row kernels (residual add + norm, gated activation, FP8 quantization inside
-        them) where the platform has them; an error naming why where it has none (docs/kernels.md).
-        first_chunk_patches: the first tower call of each `encode`/`encode_iter` takes at most this
-        many patches (at least one image), so the tower starts while the rest is still decoded
-        (None: max_batch_patches // 16, 4096 by default; max_batch_patches or more: no smaller
-        first call). chunk_growth: each later call may take up to this many times the previous
-        call's rows, up to max_batch_patches (math.inf: straight to max_batch_patches); the cut
-        depends only on the images' sizes, so repeated calls repeat their packings
-        (mmenc.preprocess.schedule.ChunkSchedule). See docs/engine.md, Pipelining.
-        high_bit_depth: 16-bit images (16-bit grayscale PNGs) in encode/encode_iter: "clip" converts them
-        as transformers does (values over 255 clip, the image comes out almost white; warned once), for
-        parity; "scale" maps 0..65535 onto 0..255, the image as it looks.
+        demo that runs offline). settings: an EncoderSettings (mmenc.engine.settings: every option,
+        what it does, its command-line flag), and/or its fields as keyword arguments, which win over it:
+        dtype, device, load_format, tensor_parallel_size, mm_encoder_tp_mode, mm_encoder_attn_backend,
+        linear_backend, quantization, fused_kernels, custom_ops, compile, cuda_graphs, batch_invariant, max_batch_patches,
+        worker_timeout_s, strict, preprocess_workers, preprocess_worker_kind, preprocess_resize,
+        first_chunk_patches, chunk_growth, high_bit_depth. Validated once, there (ValueError naming the value).
         Safe to call from many threads: calls run one at a time (docs/engine.md, Threads)."""
-        check_dtype(dtype)
-        check_positive_int("tensor_parallel_size", tensor_parallel_size, "the number of devices, e.g. 2")
-        check_positive_int("max_batch_patches", max_batch_patches, "the most patches one tower call takes, e.g. 65536")
-        check_timeout("worker_timeout_s", worker_timeout_s)
-        self.mm_config = MultiModalConfig(mm_encoder_attn_backend=mm_encoder_attn_backend,
-                                          mm_encoder_tp_mode=mm_encoder_tp_mode, compile=compile,
-                                          cuda_graphs=cuda_graphs, batch_invariant=batch_invariant,
-                                          linear_backend=linear_backend, quantization=quantization,
-                                          fused_kernels=fused_kernels)
-        if first_chunk_patches is not None:
-            check_positive_int("first_chunk_patches", first_chunk_patches,
-                               "the most patches of the first tower call of a call, e.g. 4096")
+        if settings is not None and not isinstance(settings, EncoderSettings):
+            raise TypeError(f"Encoder(model, settings): settings is {type(settings).__name__} {settings!r}; pass an "
+                            f"EncoderSettings, or the options by keyword (dtype=..., device=...)")
+        unknown = sorted(set(options) - set(EncoderSettings.__dataclass_fields__))
+        if unknown:
+            raise TypeError(f"Encoder() got unknown options {unknown}; the options are EncoderSettings' fields: "
+                            f"{', '.join(EncoderSettings.__dataclass_fields__)}")
+        settings = EncoderSettings(**options) if settings is None else dataclasses.replace(settings, **options)
         if model is None:
-            model, load_format = DEFAULT_MODEL, "dummy"
-        self.max_batch_patches, self.strict, self.model_name = max_batch_patches, bool(strict), str(model)
-        self.first_chunk_patches = min(max_batch_patches, first_chunk_patches if first_chunk_patches is not None
-                                       else max(1, max_batch_patches // 16))
-        if isinstance(chunk_growth, bool) or not isinstance(chunk_growth, (int, float)) or not chunk_growth >= 1:
-            raise ValueError(f"chunk_growth={chunk_growth!r} must be a number >= 1 (2: each tower call of an encode "
-                             f"up to twice the previous one; math.inf: the first call, then max_batch_patches)")
-        self.chunk_growth = chunk_growth
+            model, settings = DEFAULT_MODEL, dataclasses.replace(settings, load_format="dummy")
+        self.settings, self.mm_config = settings, settings.mm_config
+        self.max_batch_patches, self.strict, self.model_name = settings.max_batch_patches, settings.strict, str(model)
+        self.first_chunk_patches, self.chunk_growth = settings.first_call_patches, settings.chunk_growth
         self.chunks_in_flight = 2  # tower calls the host may queue before reading the oldest's result
         self.tally = Tally()  # seconds of encode/encode_iter: chunk_wait_s, launch_s, device_wait_s, consumer_s
-        if load_format not in LOAD_FORMATS:
-            raise ValueError(f"load_format={load_format!r} is not valid; expected one of {LOAD_FORMATS}")
-        checkpoint = resolve_checkpoint(self.model_name, load_format)  # a Hub id: once, here, not per worker
-        self._recipe = TowerRecipe(dict(model=checkpoint, load_format=load_format, dtype=dtype,
+        checkpoint = resolve_checkpoint(self.model_name, settings.load_format)  # a Hub id: once, here, not per worker
+        self._recipe = TowerRecipe(dict(model=checkpoint, load_format=settings.load_format, dtype=settings.dtype,
                                         multimodal_config=self.mm_config))
-        self._executor = make_executor(self._recipe, torch.device(device) if device is not None else None,
-                                       tensor_parallel_size, self.mm_config.mm_encoder_tp_mode, worker_timeout_s)
+        device = torch.device(settings.device) if settings.device is not None else None
+        self._executor = make_executor(self._recipe, device, settings.tensor_parallel_size,
+                                       self.mm_config.mm_encoder_tp_mode, settings.worker_timeout_s)
         self.device, self.tensor_parallel_size = self._executor.device, self._executor.tensor_parallel_size
         self.loaded = self._executor.loaded
         self.processor = self.loaded.processor
-        workers = default_workers(self.device) if preprocess_workers is None else preprocess_workers
+        workers = default_workers(self.device) if settings.preprocess_workers is None else settings.preprocess_workers
         self.preprocessor = Preprocessor(self.processor, device=self.input_device, workers=workers,
-                                         worker_kind=preprocess_worker_kind, resize=preprocess_resize,
-                                         video_processor=self.video_processor, high_bit_depth=high_bit_depth)
+                                         worker_kind=settings.preprocess_worker_kind, resize=settings.preprocess_resize,
+                                         video_processor=self.video_processor, high_bit_depth=settings.high_bit_depth)
         logger.info("threads: %s", self.threads())
         self._lock = threading.Lock()  # one call at a time: results can never cross between threads
         self._closed = False  # close() was called: encoding raises EncoderClosedError
@@ -395,6 +351,7 @@ class Encoder:
         result): call `check_finite(out.embeddings, enc.output_tokens(grid_thw))` once it is read back.
         More than max_batch_patches patches run as several calls over whole images. The service's
         batcher calls this; everyone else wants `encode_pixels`."""
+        self._check_open("launch")
         with self._lock:
             return self._run_chunks(pixel_values, grid_thw)
 

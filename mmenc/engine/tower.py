@@ -340,7 +340,6 @@ class TowerRecipe:
         from mmenc.layers.linear import tp_sharded_sizes
         from mmenc.parallel.modes import resolve_tp_mode
 
-        mode = MultiModalConfig(mm_encoder_tp_mode=mode).mm_encoder_tp_mode
         if mode == "data" or world == 1:
             return mode, None
         loaded = self.meta_tower()

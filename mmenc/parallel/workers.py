@@ -37,10 +37,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from mmenc.config import MultiModalConfig
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
 from mmenc.parallel.data import assign_images, merge_outputs, patch_counts
+from mmenc.parallel.modes import check_tp_mode
 from mmenc.parallel.rank import TowerRecipe
 from mmenc.parallel.transport import caller_transport
 from mmenc.parallel.worker_process import (UNGUARDED_MAIN_FIX, check_fault, stop_if_reimported_main,
@@ -84,7 +84,8 @@ class WorkerGroup:
             raise ValueError(f"world_size={world_size!r} must be an int >= 1")
         if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
             raise ValueError(f"timeout_s={timeout_s!r} must be a positive number of seconds")
-        self.mode = MultiModalConfig(mm_encoder_tp_mode=mode).mm_encoder_tp_mode
+        check_tp_mode(mode)
+        self.mode = mode
         if device_type not in ("cuda", "cpu"):
             raise ValueError(f"device_type={device_type!r} is not supported by WorkerGroup; expected 'cuda' or 'cpu'")
         if device_type == "cuda" and world_size > (found := torch.cuda.device_count()):

@@ -13,7 +13,7 @@ so several nodes need a TCP load balancer in front.
 import threading
 
 from mmenc.logger import init_logger
-from mmenc.serving.frontends.engine import bind
+from mmenc.serving.uvicorn_run import bind
 from mmenc.serving.settings import ServeSettings
 from mmenc.serving.uvicorn_run import CUT_GRACE_S, draining_server
 

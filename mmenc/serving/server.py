@@ -1,6 +1,5 @@
 """Start and stop the service with uvicorn. SIGTERM / SIGINT: stop accepting connections, finish the
 requests in flight (up to shutdown_timeout_s), then stop the batcher and close the Encoder."""
-import logging
 from collections.abc import Callable
 
 import uvicorn
@@ -11,17 +10,12 @@ from mmenc.serving.metrics import ServeMetrics
 from mmenc.serving.service import EncodeService
 from mmenc.serving.settings import ServeSettings
 from mmenc.serving.uvicorn_run import (SEND_BUFFER_BYTES, _http_protocol, draining_server, exit_now,
-                                       exit_while_loading, run_draining, uvicorn_config)
+                                       exit_while_loading, run_draining, uvicorn_config, uvicorn_log_level)
 
 logger = init_logger(__name__)
 
 __all__ = ["SEND_BUFFER_BYTES", "build_server", "serve", "uvicorn_config", "_http_protocol", "exit_while_loading",
            "run_draining"]
-
-
-def uvicorn_log_level() -> str:
-    """uvicorn's level: "info" while mmenc logs INFO, else "warning" (mmenc serve -q)."""
-    return "info" if logger.getEffectiveLevel() <= logging.INFO else "warning"
 
 
 def build_server(settings: ServeSettings, make_encoder: Callable[[], object], log_level: str = "info",
@@ -46,7 +40,7 @@ def serve(settings: ServeSettings, make_encoder: Callable[[], object], **service
     settings.frontends > 0 this process is the engine and N front-end processes serve HTTP
     (mmenc/serving/frontends/engine.py). The port is bound first: one in use raises ValueError
     before anything loads. uvicorn logs at INFO only while the `mmenc` logger does (-q: warnings)."""
-    from mmenc.serving.frontends.engine import bind
+    from mmenc.serving.uvicorn_run import bind
 
     if settings.frontends > 0:
         from mmenc.serving.frontends.engine import serve_with_frontends

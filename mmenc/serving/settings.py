@@ -1,8 +1,13 @@
-"""ServeSettings: every limit and knob of `mmenc serve`, validated once (the Encoder's own flags
-travel separately, as `Encoder(**encoder_kwargs)`)."""
+"""ServeSettings: every limit and knob of `mmenc serve`, validated once; each field carries its flag
+(mmenc.engine.settings.setting), so `mmenc serve`'s flags and docs/serving.md's table are made from it.
+The Encoder's own settings travel separately (EncoderSettings, as `Encoder(**encoder_kwargs)`)."""
 import dataclasses
 import os
 import re
+
+from mmenc.engine.settings import setting
+
+_SERVE = ("serve",)
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000 ** 2, "mb": 1000 ** 2, "g": 1000 ** 3, "gb": 1000 ** 3,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40, "t": 1000 ** 4, "tb": 1000 ** 4}
@@ -32,7 +37,7 @@ class ServeSettings:
     ec_storage: folder written for vLLM's file-based encoder-cache connector (None = off).
     max_request_bytes, max_images_per_request, max_image_pixels (decoded width*height),
     max_queue_images (images admitted and not yet answered; beyond it: 503 + Retry-After).
-    preprocess_threads: decode/resize threads beside the tower. shutdown_timeout_s: how long SIGTERM
+    preprocess_threads: decode/resize threads beside the tower (None: min(8, CPUs)). shutdown_timeout_s: how long SIGTERM
     waits for requests in flight. max_in_flight: tower calls launched and not yet handed back (2: the
     next call is queued on the device while one runs). bucket_batches: "on" cuts each call's images
     of one size to a power of two so CUDA graphs replay (docs/serving.md); "auto": on when the
@@ -41,26 +46,46 @@ class ServeSettings:
     (docs/serving.md, "Front ends"). served_model_name: the model's name in /v1/models and in answers
     (None: `served_name(model)`, the Hub id or the checkpoint folder's name, never its path)."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    max_batch_patches: int = 32768
-    max_wait_ms: float = 5.0
-    cache_bytes: int = 1 << 30
-    ec_storage: str | None = None
-    max_request_bytes: int = 64 << 20
-    max_images_per_request: int = 64
-    max_image_pixels: int = 4096 * 4096
-    max_queue_images: int = 1024
-    preprocess_threads: int = dataclasses.field(default_factory=lambda: max(1, min(8, os.cpu_count() or 1)))
-    retry_after_s: int = 1
-    shutdown_timeout_s: float = 30.0
-    max_in_flight: int = 2
-    bucket_batches: str = "auto"
-    frontends: int = 0
-    served_model_name: str | None = None
+    host: str = setting("127.0.0.1", "address to listen on", commands=_SERVE)
+    port: int = setting(8000, "port", commands=_SERVE)
+    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' on /v1/* routes", commands=_SERVE)
+    max_batch_patches: int = setting(32768, "patches per tower call, across requests", metavar="N", commands=_SERVE)
+    max_wait_ms: float = setting(5.0, "longest wait for more images before a tower call", metavar="MS",
+                                 commands=_SERVE)
+    cache_bytes: int | str = setting(1 << 30, "encoder cache size, e.g. 512MiB; 0 turns it off", metavar="SIZE",
+                                     shown_default="1GiB", text=True, commands=_SERVE)
+    ec_storage: str | None = setting(
+        None, "also write DIR/<key>/encoder_cache.safetensors for vLLM's file-based EC connector", metavar="DIR",
+        commands=_SERVE)
+    max_request_bytes: int | str = setting(64 << 20, "largest request body", metavar="SIZE", shown_default="64MiB",
+                                           text=True, commands=_SERVE)
+    max_images_per_request: int = setting(64, "images in one request", metavar="N", commands=_SERVE)
+    max_image_pixels: int = setting(4096 * 4096, "largest decoded width*height per image", metavar="N",
+                                    commands=_SERVE)
+    max_queue_images: int = setting(1024, "images admitted at once; beyond, 503 with Retry-After", metavar="N",
+                                    commands=_SERVE)
+    preprocess_threads: int | None = setting(None, "decode/resize threads beside the tower", metavar="N",
+                                             shown_default="min(8, CPUs)", commands=_SERVE)
+    retry_after_s: int = setting(1, "the Retry-After of a 503", commands=())
+    shutdown_timeout_s: float = setting(30.0, "on SIGTERM, how long to let requests in flight finish",
+                                        flag="--shutdown-timeout", metavar="S", commands=_SERVE)
+    max_in_flight: int = setting(2, "tower calls launched and not yet handed back; 2 queues the next call on the "
+                                    "device while one runs", metavar="N", commands=_SERVE)
+    bucket_batches: str = setting("auto", "cut each call's images of one size to a power of two so CUDA graphs "
+                                          "replay; auto: on with --cuda-graphs", choices=("auto", "on", "off"),
+                                  commands=_SERVE)
+    frontends: int = setting(0, "HTTP front-end processes: this process keeps the tower, batcher and cache, N "
+                                "processes parse requests, decode images and render answers on one shared port; "
+                                "about one per 100-150 images/s. 0: one process", metavar="N", commands=_SERVE)
+    served_model_name: str | None = setting(
+        None, "the model's name in /v1/models and in every answer", metavar="NAME",
+        shown_default="the Hub id given, or the checkpoint folder's name; never its path", commands=_SERVE)
 
     def __post_init__(self):
+        for name, flag in (("cache_bytes", "--cache-bytes"), ("max_request_bytes", "--max-request-bytes")):
+            object.__setattr__(self, name, parse_size(getattr(self, name), flag))  # "64MiB", or bytes
+        if self.preprocess_threads is None:
+            object.__setattr__(self, "preprocess_threads", max(1, min(8, os.cpu_count() or 1)))
         positive = ("max_batch_patches", "max_request_bytes", "max_images_per_request", "max_image_pixels",
                     "max_queue_images", "preprocess_threads", "retry_after_s", "max_in_flight")
         for field in positive:

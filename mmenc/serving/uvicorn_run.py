@@ -20,6 +20,23 @@ CUT_GRACE_S = 5.0  # after the cut, how long uvicorn waits for the 503 answers t
 TOWER_WAIT_AFTER_CUT_S = 1.0  # after the cut, how long a running tower call (its answers no longer wanted) is waited for
 
 
+def uvicorn_log_level() -> str:
+    """uvicorn's level: "info" while mmenc logs INFO, else "warning" (mmenc serve -q)."""
+    return "info" if logger.getEffectiveLevel() <= logging.INFO else "warning"
+
+
+def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """The listening socket every front end accepts on. reuse_port: SO_REUSEPORT, so other processes
+    (mmenc.ray.direct's replicas) may listen on host:port too."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048, reuse_port=reuse_port)
+    except OSError as e:
+        shared = " (a process listening there without SO_REUSEPORT, e.g. a plain `mmenc serve`)" if reuse_port else ""
+        raise ValueError(f"cannot listen on {host}:{port} ({e}); stop what uses the port{shared} or pass another "
+                         f"--port") from e
+
+
 def uvicorn_config(app, settings: ServeSettings, log_level: str = "info", **overrides) -> uvicorn.Config:
     """The service's uvicorn settings (overrides: e.g. response headers of a front end)."""
     # uvicorn's own deadline comes after the service's cut (Drain), which answers every request first

@@ -30,18 +30,6 @@ RESTARTS, RESTART_WINDOW_S = 5, 60.0
 _POLL_S = 0.2
 
 
-def bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
-    """The listening socket every front end accepts on. reuse_port: SO_REUSEPORT, so other processes
-    (mmenc.ray.direct's replicas) may listen on host:port too."""
-    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
-    try:
-        return socket.create_server((host, port), family=family, backlog=2048, reuse_port=reuse_port)
-    except OSError as e:
-        shared = " (a process listening there without SO_REUSEPORT, e.g. a plain `mmenc serve`)" if reuse_port else ""
-        raise ValueError(f"cannot listen on {host}:{port} ({e}); stop what uses the port{shared} or pass another "
-                         f"--port") from e
-
-
 class _Frontends:
     """The front-end processes: start, restart a dead one (bounded), stop all."""
 
@@ -51,7 +39,7 @@ class _Frontends:
         self.in_flight = self.ctx.Value("q", 0)
         self.procs: dict[int, multiprocessing.Process] = {}
         self.deaths: dict[int, collections.deque] = collections.defaultdict(collections.deque)
-        from mmenc.serving.server import uvicorn_log_level
+        from mmenc.serving.uvicorn_run import uvicorn_log_level
 
         self.log_level = uvicorn_log_level()
 
@@ -113,7 +101,7 @@ def serve_with_frontends(settings: ServeSettings, make_encoder: Callable[[], obj
         from mmenc.shm import SegmentPool, raise_fd_limit
         from mmenc.serving.local import LocalEngine
         from mmenc.serving.metrics import ServeMetrics
-        from mmenc.serving.uvicorn_run import CUT_GRACE_S, TOWER_WAIT_AFTER_CUT_S, exit_now, exit_while_loading
+        from mmenc.serving.uvicorn_run import CUT_GRACE_S, TOWER_WAIT_AFTER_CUT_S, bind, exit_now, exit_while_loading
 
         listener = bind(settings.host, settings.port)
         raise_fd_limit()

@@ -2,8 +2,9 @@
 
 Each `save_*` builds the full transformers model (vision tower + a one-layer text model) from a
 tiny config, seeds its weights, `save_pretrained`s it (real checkpoint naming, optional sharding)
-and returns (folder, hf_model). `FAMILIES` is the one table the generic tower tests read: per
-registered architecture, its saver, transformers' reference call and its pixel layout. Nothing is
+and returns (folder, hf_model). `FAMILIES` is the one table of families that tests and benchmarks read:
+per registered architecture, its saver, transformers' reference call, its pixel layout, its compile and
+CUDA-graph grids and transformers' tower class for `mmenc bench` (HFVision). Nothing is
 downloaded; transformers (a test extra) is imported inside the functions that need it.
 
     from mmenc.testing import checkpoints as ck
@@ -49,6 +50,19 @@ from mmenc.testing.checkpoints.pixtral import (  # noqa: F401  (ck.<name> for te
 
 
 @dataclasses.dataclass(frozen=True)
+class HFVision:
+    """transformers' own vision tower of a family at any size, built from a config.json's vision_config:
+    transformers.models.<module>'s `tower` class over its `config` class (what `mmenc bench` runs beside
+    mmenc, mmenc.bench.hf_reference). `architectures`: the checkpoint architectures it stands for (empty:
+    the row's own)."""
+
+    module: str
+    tower: str
+    config: str
+    architectures: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class FamilyCase:
     """What the generic tower tests need to know about one checkpoint architecture.
 
@@ -69,6 +83,8 @@ class FamilyCase:
     vision_model_type: the built-ins this row covers have this vision_config.model_type (None: any).
     output_width: config.json dict -> the tower's output width (None: the language model's width;
         image-embedding towers such as CLIP give the vision width).
+    hf_vision: transformers' tower class for the benchmarks' side-by-side runs (None: none, or the
+        projected reference of mmenc.bench.hf_projected).
     compile_grids: (mixed, dense) grid_thw rows the compile and CUDA-graph tests run: a mixed packing and
         a dense batch of equal frames (the [B, S] path of fixed-size towers and of SigLIP); None:
         DEFAULT_COMPILE_GRIDS.
@@ -86,6 +102,7 @@ class FamilyCase:
     vision_model_type: str | None = None
     output_width: Callable[[dict], int] | None = None
     compile_grids: tuple[list[list[int]], list[list[int]]] | None = None
+    hf_vision: HFVision | None = None
 
     @property
     def patch_features(self) -> int:
@@ -122,7 +139,9 @@ CLIP_FAMILIES: dict[str, FamilyCase] = {
     "CLIPModel": FamilyCase(save_clip, hf_clip_outputs, (3 * 8 * 8,), "openai/clip-vit-",
                             aliases=("CLIPVisionModel", "CLIPVisionModelWithProjection"), hf_tower=clip_vision,
                             output_width=lambda config: config["vision_config"]["hidden_size"],
-        compile_grids=([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]])),
+        compile_grids=([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
+        hf_vision=HFVision("clip", "CLIPVisionModel", "CLIPVisionConfig",
+                           ("CLIPModel", "CLIPVisionModel", "CLIPVisionModelWithProjection"))),
     "LlavaForConditionalGeneration+clip": FamilyCase(
         save_llava, hf_llava_outputs, (3 * 8 * 8,), "llava-hf/llava-1.5-", hf_tower=None,
         architecture="LlavaForConditionalGeneration", vision_model_type="clip_vision_model",
@@ -167,20 +186,26 @@ CLIP_FAMILIES: dict[str, FamilyCase] = {
         compile_grids=([[2, 6, 6], [1, 4, 4]], [[3, 6, 6]])),
 }
 FAMILIES: dict[str, FamilyCase] = {
-    "Qwen2VLForConditionalGeneration": FamilyCase(save_qwen2_vl, hf_tower_outputs, _QWEN_PIXELS, "Qwen/Qwen2-VL-"),
+    "Qwen2VLForConditionalGeneration": FamilyCase(save_qwen2_vl, hf_tower_outputs, _QWEN_PIXELS, "Qwen/Qwen2-VL-",
+        hf_vision=HFVision("qwen2_vl", "Qwen2VisionTransformerPretrainedModel", "Qwen2VLVisionConfig")),
     "Qwen2_5_VLForConditionalGeneration": FamilyCase(save_qwen2_5_vl, hf_tower_outputs, _QWEN_PIXELS,
-                                                     "Qwen/Qwen2.5-VL-"),
+                                                     "Qwen/Qwen2.5-VL-",
+        hf_vision=HFVision("qwen2_5_vl", "Qwen2_5_VisionTransformerPretrainedModel", "Qwen2_5_VLVisionConfig")),
     "Qwen3VLForConditionalGeneration": FamilyCase(save_qwen3_vl, hf_tower_outputs, (3 * 2 * 16 * 16,),
-                                                  "Qwen/Qwen3-VL-"),
+                                                  "Qwen/Qwen3-VL-",
+        hf_vision=HFVision("qwen3_vl", "Qwen3VLVisionModel", "Qwen3VLVisionConfig")),
     "Qwen3VLMoeForConditionalGeneration": FamilyCase(functools.partial(save_qwen3_vl, moe=True), hf_tower_outputs,
-                                                     (3 * 2 * 16 * 16,), "Qwen/Qwen3-VL-"),
-    "Glm4vForConditionalGeneration": FamilyCase(save_glm4v, hf_glm4v_outputs, _QWEN_PIXELS, "zai-org/GLM-4"),
+                                                     (3 * 2 * 16 * 16,), "Qwen/Qwen3-VL-",
+        hf_vision=HFVision("qwen3_vl_moe", "Qwen3VLMoeVisionModel", "Qwen3VLMoeVisionConfig")),
+    "Glm4vForConditionalGeneration": FamilyCase(save_glm4v, hf_glm4v_outputs, _QWEN_PIXELS, "zai-org/GLM-4",
+        hf_vision=HFVision("glm4v", "Glm4vVisionModel", "Glm4vVisionConfig")),
     # qkv bias on here, so that path loads and runs too
     "Glm4vMoeForConditionalGeneration": FamilyCase(functools.partial(save_glm4v, moe=True,
                                                                      vision=dict(attention_bias=True)),
                                                    hf_glm4v_outputs, _QWEN_PIXELS, "zai-org/GLM-4"),
     "GlmOcrForConditionalGeneration": FamilyCase(save_glm_ocr, hf_tower_outputs, _QWEN_PIXELS, "zai-org/GLM-OCR",
-        compile_grids=([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]])),
+        compile_grids=([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
+        hf_vision=HFVision("glm_ocr", "GlmOcrVisionModel", "GlmOcrVisionConfig")),
     "PaddleOCRVLForConditionalGeneration": FamilyCase(save_paddleocr_vl, hf_image_features, (3, 14, 14),
                                                       "PaddlePaddle/PaddleOCR-VL", hf_tower=None,
         compile_grids=([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]])),
@@ -193,26 +218,32 @@ FAMILIES: dict[str, FamilyCase] = {
         compile_grids=([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]])),
     "Qwen3OmniMoeForConditionalGeneration": FamilyCase(save_qwen3_omni, hf_omni_outputs, (3 * 2 * 16 * 16,),
                                                        "Qwen/Qwen3-Omni-", hf_tower=hf_omni_vision,
-        compile_grids=([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]])),
+        compile_grids=([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
+        hf_vision=HFVision("qwen3_omni_moe", "Qwen3OmniMoeVisionEncoder", "Qwen3OmniMoeVisionEncoderConfig")),
     "Llama4ForConditionalGeneration": FamilyCase(save_llama4, hf_llama4_outputs, (3, 14, 14), "meta-llama/Llama-4-",
                                                  hf_tower=None, grid=((1, 4, 4), (3, 4, 4), (2, 4, 4), (1, 4, 4)),
                                                  meta_grid=((1, 24, 24), (2, 24, 24)),
-        compile_grids=([[3, 4, 4], [1, 4, 4]], [[2, 4, 4], [2, 4, 4]])),
+        compile_grids=([[3, 4, 4], [1, 4, 4]], [[2, 4, 4], [2, 4, 4]]),
+        hf_vision=HFVision("llama4", "Llama4VisionModel", "Llama4VisionConfig")),
     "Ovis2ForConditionalGeneration": FamilyCase(save_ovis2, hf_ovis2_outputs, (3, 14, 14), "thisisiron/Ovis2-",
                                                 hf_tower=None,  # ours also holds the visual embedding table
                                                 grid=((2, 4, 4), (1, 4, 4), (3, 4, 4), (1, 4, 4)),
                                                 meta_grid=((1, 32, 32), (3, 32, 32)),
-        compile_grids=([[2, 4, 4], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]])),
+        compile_grids=([[2, 4, 4], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
+        hf_vision=HFVision("ovis2", "Ovis2VisionModel", "Ovis2VisionConfig")),
     "Kimi_K25ForConditionalGeneration": FamilyCase(save_kimi_k25, hf_kimi_outputs, (3, 14, 14), "moonshotai/Kimi-",
                                                    aliases=("KimiK25ForConditionalGeneration",
                                                             "KimiVLForConditionalGeneration"), hf_tower=None),
     "SiglipModel": FamilyCase(save_siglip, hf_siglip_outputs, (3 * 8 * 8,), "google/siglip-",
                               aliases=("SiglipVisionModel", "PaliGemmaForConditionalGeneration",
                                        "Gemma3ForConditionalGeneration"), hf_tower=siglip_vision,
-        compile_grids=([[1, 6, 6], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]])),
+        compile_grids=([[1, 6, 6], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
+        hf_vision=HFVision("siglip", "SiglipVisionModel", "SiglipVisionConfig", ("SiglipModel", "SiglipVisionModel"))),
     "Siglip2Model": FamilyCase(functools.partial(save_siglip, version=2), hf_siglip2_outputs, (4 * 4 * 3,),
                                "google/siglip2-", aliases=("Siglip2VisionModel",), hf_tower=siglip_vision,
-        compile_grids=([[1, 4, 6], [1, 6, 4], [1, 2, 2]], [[1, 4, 4], [1, 4, 4]])),
+        compile_grids=([[1, 4, 6], [1, 6, 4], [1, 2, 2]], [[1, 4, 4], [1, 4, 4]]),
+        hf_vision=HFVision("siglip2", "Siglip2VisionModel", "Siglip2VisionConfig",
+                           ("Siglip2Model", "Siglip2VisionModel"))),
     "Mistral3ForConditionalGeneration": FamilyCase(save_pixtral, hf_pixtral_outputs, (3, 14, 14),
                                                    "mistralai/Mistral-Small-", hf_tower=None),
     "LlavaForConditionalGeneration": FamilyCase(functools.partial(save_pixtral, llava=True,
