@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
+from mmenc.serving.http import PiecesResponse, read_body, wait_disconnect
 from mmenc.serving.inputs import EncodeRequest, RequestError, parse_form, parse_json
 from mmenc.serving.schema import (EncodeFormRequest, EncodeJsonRequest, EncodeResponse, Health, ModelList, errors,
                                   openapi, request_body)
@@ -131,7 +132,7 @@ def create_app(service: EncodeService, on_load_failure=None) -> FastAPI:
         metrics.request_seconds.observe(time.perf_counter() - start)
         return PiecesResponse(payload)
 
-    from mmenc.serving.embeddings import add_routes  # here: embeddings imports this module's helpers
+    from mmenc.serving.embeddings import add_routes
 
     add_routes(app, service, authorize, error)
     return app
@@ -145,46 +146,6 @@ def shutting_down(message: str) -> RequestError:
 def _set_once(future: asyncio.Future) -> None:
     if not future.done():
         future.set_result(None)
-
-
-class PiecesResponse(Response):
-    """200 application/json whose body is `pieces` (formats.Body), sent one ASGI message each with
-    their total as content-length: no copy of the whole body is made (a "vllm" answer is 2.4 MB of
-    base64 per 448px Qwen2.5-VL-7B image)."""
-
-    media_type = "application/json"
-
-    def __init__(self, pieces: list[bytes]):
-        self.pieces = pieces or [b""]
-        super().__init__(headers={"content-length": str(sum(len(p) for p in self.pieces))})
-
-    async def __call__(self, scope, receive, send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        last = len(self.pieces) - 1
-        for i, piece in enumerate(self.pieces):
-            await send({"type": "http.response.body", "body": piece, "more_body": i < last})
-
-
-async def wait_disconnect(request: Request) -> None:
-    """Returns when the client closes its connection (the body has been read already)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise RequestError(413, "body", f"body of {declared} bytes exceeds max_request_bytes={limit}",
-                           kind="request_too_large")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise RequestError(413, "body", f"body exceeds max_request_bytes={limit}", kind="request_too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 async def read_request(request: Request, limit: int, max_images: int, pool) -> EncodeRequest:

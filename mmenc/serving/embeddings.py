@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mmenc.serving.b64 import b64encode
 from mmenc.serving.formats import Body, dumps
+from mmenc.serving.http import PiecesResponse, read_body, wait_disconnect
 from mmenc.serving.engine_client import EngineInfo
 from mmenc.serving.inputs import EncodeRequest, ImageInput, RequestError, json_image
 from mmenc.serving.schema import errors, request_body
@@ -225,7 +226,6 @@ def render(parsed: Parsed, width: int, info: EngineInfo, metrics, request: Encod
 def add_routes(app: FastAPI, service, authorize, error) -> None:
     """POST /v1/embeddings on `app` (mmenc.serving.app.create_app): authorize(request, route) and
     error(RequestError, route) are the app's own."""
-    from mmenc.serving.app import PiecesResponse, read_body, wait_disconnect
 
     settings, metrics = service.settings, service.metrics
 

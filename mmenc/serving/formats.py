@@ -86,7 +86,7 @@ def render_item(image: EncodedImage, fmt: str, meta: dict, saver: TensorSaver | 
 class Body:
     """A response body as a list of pieces, written in order without joining them: fragments under
     `big` bytes are joined as they come, larger ones (the base64 of embeddings) are kept as they are,
-    so the body's megabytes are never copied into one string (see app.PiecesResponse)."""
+    so the body's megabytes are never copied into one string (see http.PiecesResponse)."""
 
     def __init__(self, big: int = 1 << 16):
         self.pieces: list[bytes] = []
