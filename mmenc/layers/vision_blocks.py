@@ -216,7 +216,8 @@ class VisionBlock(nn.Module):
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None, max_seqlen: int | None,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         attn = self.attn(self.norm1(x), cu_seqlens, max_seqlen, rotary)
-        x = x + attn if self.ls1 is None else torch.addcmul(x, self.ls1, attn)  # one kernel: x + ls1 * attn
+        # attn is the projection's fresh output: x added into it (the same bits as x + attn), no new tensor
+        x = attn.add_(x) if self.ls1 is None else torch.addcmul(x, self.ls1, attn)  # one kernel: x + ls1 * attn
         del attn  # eager: not held through the MLP
         # eager holds the MLP's first output and the activation's at once: 2 x its width per token
         blocks = num_row_blocks(x.shape[:-1].numel(), 2 * self.mlp.intermediate_width * x.element_size(),
@@ -226,7 +227,7 @@ class VisionBlock(nn.Module):
                 self._add_mlp_(rows)
             return x
         mlp = self.mlp(self.norm2(x))
-        return x + mlp if self.ls2 is None else torch.addcmul(x, self.ls2, mlp)
+        return mlp.add_(x) if self.ls2 is None else torch.addcmul(x, self.ls2, mlp)  # mlp: fresh, as attn above
 
     def _add_mlp_(self, x: torch.Tensor) -> None:
         """x [rows, dim] += (ls2 *) mlp(norm2(x)), in place: the same arithmetic as forward's last line."""
