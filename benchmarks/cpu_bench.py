@@ -94,7 +94,9 @@ def build(model: str, dtype: str, impls: list[str], vllm_python: str | None, thr
                                                        linear_backend="native" if impl == "native" else None,
                                                        compile=impl == "compile")
             enc.loaded.tower.load_weights(state.items())
-            calls[f"{impl} ({enc.linear_backend()})"] = timed(lambda enc=enc: enc.encode_pixels(px, grid, pooled=pooled))
+            def encode(enc=enc):
+                return enc.encode_pixels(px, grid, pooled=pooled)
+            calls[f"{impl} ({enc.linear_backend()})"] = timed(encode)
             memory[impl] = linear_states_nbytes(enc.loaded.tower)
         elif impl == "hf":
             calls["transformers"] = timed(_hf_call(hf, pooled, px, grid))
@@ -227,7 +229,8 @@ def _print(row: dict) -> None:
         ratios = "  ".join(f"{wall[o] / v['median_s']:.2f}x/{cpu[o] / v['cpu_median_s']:.2f}x vs {o.split(' ')[0]}"
                            for o in wall if o != k)
         err = f"  rel err vs transformers {v['rel_err_vs_transformers']:.1e}" if "rel_err_vs_transformers" in v else ""
-        print(f"  {k:22s} wall {v['median_s']:7.2f} s ({v['min_s']:.2f}-{v['max_s']:.2f})  cpu {v['cpu_median_s']:7.2f} s "
+        print(f"  {k:22s} wall {v['median_s']:7.2f} s ({v['min_s']:.2f}-{v['max_s']:.2f})  "
+              f"cpu {v['cpu_median_s']:7.2f} s "
               f"({v['cpu_min_s']:.2f}-{v['cpu_max_s']:.2f})  wall/cpu speed-up {ratios}{err}")
         if "ops" in v:
             top = list(v["ops"].items())[:8]
