@@ -10,7 +10,7 @@ torch.set_num_threads(2)
 def rel(a, b): return float((a.double() - b.double()).norm() / b.double().norm())
 grid = torch.tensor([[1, 32, 32], [1, 16, 24]])
 t = time.time()
-enc = Encoder("Qwen/Qwen2.5-VL-7B-Instruct", device="cpu", dtype="bfloat16")
+enc = Encoder("Qwen/Qwen2.5-VL-7B-Instruct", device="cpu", dtype="bfloat16", load_format="dummy")
 hf = build_hf_tower(enc.loaded)              # bf16 HF tower; mmenc takes its weights
 px = torch.randn(int(grid.prod(-1).sum()), 1176)
 with torch.inference_mode():

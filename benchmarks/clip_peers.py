@@ -16,6 +16,7 @@ import argparse
 import copy
 import json
 import pathlib
+import os
 import sys
 import tempfile
 
@@ -25,7 +26,7 @@ from mmenc.bench.flops import count_flops
 from mmenc.bench.hf_reference import build_hf_tower
 from mmenc.bench.measure import format_table, matmul_tflops, measure
 from mmenc.config import MultiModalConfig
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 
 MODEL = "openai/clip-vit-large-patch14-336"
 
@@ -73,8 +74,9 @@ def main() -> int:
         from mmenc.testing import checkpoints as ck
 
         model = str(ck.save_clip(pathlib.Path(tmp.name) / "clip")[0])
-    eager = build_tower(model, dtype=dtype, device=device)
-    fast = eager if args.smoke else build_tower(model, dtype=dtype, device=device,
+    load = "auto" if os.path.isdir(model) else "dummy"  # a built-in name: random weights (shared with transformers)
+    eager = build_tower(model, load_format=load, dtype=dtype, device=device)
+    fast = eager if args.smoke else build_tower(model, load_format=load, dtype=dtype, device=device,
                                                 multimodal_config=MultiModalConfig(compile=True, cuda_graphs=True))
     hf = build_hf_tower(eager)  # dummy weights: the mmenc tower takes transformers' weights
     hf_compiled = None

@@ -29,7 +29,7 @@ def old_record(self, key, static_in, grid_thw):
     return g, out
 
 
-enc = Encoder("Qwen/Qwen2.5-VL-7B-Instruct", dtype="bfloat16", device="cuda", compile=True, cuda_graphs=True)
+enc = Encoder("Qwen/Qwen2.5-VL-7B-Instruct", load_format="dummy", dtype="bfloat16", device="cuda", compile=True, cuda_graphs=True)
 loaded = enc.loaded
 tower = loaded.graphs.tower
 work = {"8x1036px": [[1, 74, 74]] * 8, "32x448px": [[1, 32, 32]] * 32}

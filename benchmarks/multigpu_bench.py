@@ -81,7 +81,7 @@ def main(argv=None):
 
     from mmenc.bench.measure import time_ms
     from mmenc.config import MultiModalConfig
-    from mmenc.engine.runner import TowerRecipe, build_tower, run_tower
+    from mmenc.engine.tower import TowerRecipe, build_tower, run_tower
     from mmenc.parallel import WorkerGroup
 
     t_start = time.monotonic()
@@ -133,7 +133,7 @@ def main(argv=None):
                       f"for workers {split['workers_ms']:.1f} ms, outputs {split['outputs_ms']:.1f} ms", flush=True)
 
     # -- 1 GPU, in process (after the groups: a caller that ran torch.compile itself stages inputs slower) ---
-    loaded = build_tower(**tower_args, device=dev0, tp_size=1)
+    loaded = build_tower(**tower_args, device=dev0)
     with torch.inference_mode():
         for name, (pv, grid) in inputs.items():
             pv_gpu = pv.to(dev0)

@@ -21,7 +21,7 @@ def rel(a, b) -> float:
 
 
 def qwen2_5(compile_: bool) -> dict[str, tuple[float, float]]:
-    enc = Encoder("Qwen/Qwen2.5-VL-7B-Instruct", dtype="bfloat16", compile=compile_)
+    enc = Encoder("Qwen/Qwen2.5-VL-7B-Instruct", load_format="dummy", dtype="bfloat16", compile=compile_)
     hf = build_hf_tower(enc.loaded)  # bf16, transformers' random init, shared with mmenc
     inputs = {}
     for name, grids in WORKLOADS.items():

@@ -4,7 +4,7 @@
 #            (target: 2 replicas >= 1.8x one replica's images/s), and the plain `mmenc serve` beside them
 #   offline: `mmenc encode --ray` job with 1 and 2 encoder actors (target: 2 GPUs >= 1.8x one GPU)
 # Everything listens on 127.0.0.1. Usage, from the repository root:
-#   bash .whl/ray/install_ray.sh /tmp/ray-site   # offline install (wheels from benchmarks/fetch_ray_wheels.sh)
+#   bash .whl/ray/install_ray.sh /tmp/ray-site   # offline install (wheels from benchmarks/hosts/fetch_ray_wheels.sh)
 #   PYTHONPATH=/tmp/ray-site bash benchmarks/ray_h200.sh results/ray-h200
 # Env: MODEL (default: the built-in Qwen2.5-VL-7B tower, random weights), SIZES (448), IMAGES (8192),
 # FLAGS (extra Encoder flags, default "--compile --cuda-graphs" for serve; the offline job uses --compile),

@@ -70,6 +70,7 @@ def main(argv=None) -> int:
 
     out = tempfile.mkdtemp(prefix="mmenc_ray_out_")
     kwargs = {"model": args.model, "dtype": args.dtype, "compile": args.compile,
+              "load_format": "auto" if os.path.isdir(args.model) else "dummy",
               **({"device": "cpu"} if on_cpu else {})}
     settings = OfflineSettings(output=out, shard_size=args.shard_size, encoders=args.gpus, batch_size=args.batch_size,
                                pixel_dtype=args.dtype if args.dtype in ("bfloat16", "float16") else "float32",

@@ -53,8 +53,8 @@ def _families(out: pathlib.Path) -> list[Step]:
     steps = []
     for model in FAMILIES:
         tag = model.replace("/", "_")
-        steps.append(Step([*MMENC, "bench", "--model", model, "--json", str(out / f"bench_{tag}.json")], 150))
-        steps.append(Step([*MMENC, "bench", "--model", model, "--compile", "--no-hf",
+        steps.append(Step([*MMENC, "bench", "--model", model, "--load-format", "dummy", "--json", str(out / f"bench_{tag}.json")], 150))
+        steps.append(Step([*MMENC, "bench", "--model", model, "--load-format", "dummy", "--compile", "--no-hf",
                            "--json", str(out / f"bench_{tag}_compile.json")], 200))
     return steps
 
@@ -97,15 +97,15 @@ STAGES: dict[str, Stage] = {
     "families": Stage("mmenc bench for the other families' largest towers", _families),
     "siglip": Stage("SigLIP so400m/14 at 384 px and SigLIP2 so400m/16 NaFlex (mixed aspect ratios) vs transformers",
                     lambda out: [
-        Step([*MMENC, "bench", "--model", "google/siglip-so400m-patch14-384", "--workload", "siglip-32x384px",
+        Step([*MMENC, "bench", "--model", "google/siglip-so400m-patch14-384", "--load-format", "dummy", "--workload", "siglip-32x384px",
               "--json", str(out / "bench_siglip.json")], 200),
-        Step([*MMENC, "bench", "--model", "google/siglip2-so400m-patch16-naflex", "--workload", "naflex256-mix-32",
+        Step([*MMENC, "bench", "--model", "google/siglip2-so400m-patch16-naflex", "--load-format", "dummy", "--workload", "naflex256-mix-32",
               "--workload", "naflex1024-mix-32", "--json", str(out / "bench_siglip2.json")], 240),
         Step(_script("siglip_e2e.py", "--json", str(out / "siglip_e2e.json")), 300)]),
     "clip": Stage("CLIP ViT-L/14-336 (batches of 32 and 256) vs transformers eager/compiled, timm compiled, open_clip",
                   lambda out: [
         Step(_script("clip_peers.py", "--json", str(out / "clip_peers.json")), 420),
-        Step([*MMENC, "bench", "--model", "openai/clip-vit-large-patch14-336", "--workload", "clip-32x336px",
+        Step([*MMENC, "bench", "--model", "openai/clip-vit-large-patch14-336", "--load-format", "dummy", "--workload", "clip-32x336px",
               "--workload", "clip-256x336px", "--compile", "--cuda-graphs", "--json", str(out / "bench_clip.json")],
              300)]),
     "ocr": Stage("mmenc bench for GLM-OCR, PaddleOCR-VL, ERNIE-4.5-VL, HunyuanOCR vs transformers, eager and "

@@ -13,6 +13,7 @@ aspect ratios written to a temporary folder. Tower-only numbers: `mmenc bench` (
 import argparse
 import importlib.util
 import json
+import os
 import pathlib
 import sys
 import tempfile
@@ -78,7 +79,8 @@ def main() -> int:
         else:
             models = args.model or ["google/siglip-so400m-patch14-384", "google/siglip2-so400m-patch16-naflex"]
         for model in models:
-            enc = Encoder(model, dtype=dtype, device=device, compile=args.compile)
+            enc = Encoder(model, dtype=dtype, device=device, compile=args.compile,
+                          load_format="auto" if os.path.isdir(model) else "dummy")
             hf = build_hf_tower(enc.loaded)  # shares its weights with enc's tower
             proc, naflex = hf_processor(enc), enc.processor.config.naflex
             grids = [tuple(g) for g in enc.preprocess(paths)[1].tolist()]

@@ -17,8 +17,8 @@
 # tests and CUDA-graph capture tests of the new families, the never-run families (InternViT-6B, the slowest to load, last of them), Pixtral,
 # the compiled parity tests, then eager runs of the never-run families. Expected: the first ten steps in
 # ~7 min; what the budget cuts is listed as skipped and can be run with ONLY=... in a second call.
-# Run 8b (after run 8a: the Ovis2 head change, the graph-pool peak, InternViT-6B never measured), ~3 min:
-#   ONLY="ovis2_compiled internvl_compiled" BUDGET_S=210 TARBALL=$OUT/towers8b.tgz bash benchmarks/towers_gpu.sh /tmp/t8b
+# A re-run of some steps, e.g. (~3 min):
+#   ONLY="ovis2_compiled internvl_compiled" BUDGET_S=210 TARBALL=$OUT/towers.tgz bash benchmarks/towers_gpu.sh /tmp/t
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: bash benchmarks/towers_gpu.sh OUTDIR}
@@ -56,7 +56,7 @@ bench() {
   local name=$1 limit=$2 model=$3 mode=$4; shift 4
   local flags=""
   [ "$mode" = compiled ] && flags="--compile --cuda-graphs"
-  step "${name}_$mode" "$limit" $py -m mmenc.cli.main bench --model "$model" --dtype bfloat16 $flags \
+  step "${name}_$mode" "$limit" $py -m mmenc.cli.main bench --model "$model" --load-format dummy --dtype bfloat16 $flags \
     --warmup "$warmup" --iters "$iters" --quiet --json "$out/${name}_$mode.json" "$@"
 }
 
@@ -68,7 +68,7 @@ bench qwen3_omni 75 Qwen/Qwen3-Omni-30B-A3B-Instruct compiled --workload 32x448p
 new="siglip or pixtral or internvl or glm_ocr or paddleocr_vl or ernie4_5_vl or hunyuan_vl or qwen3_omni or llama4 or ovis2"
 step parity_eager 120 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu_tower_parity.py -k "($new) and not compile"
 # ... and every new family's packings captured as CUDA graphs, replays equal to the plain tower
-step graphs 60 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_graphs.py -k new_families
+step graphs 60 $py -m pytest -m gpu -q -p no:cacheprovider tests/test_cuda_graphs.py -k families_capture
 # 3. never run on a GPU, compiled + graphs (largest published sizes), cheapest first
 bench siglip 60 google/siglip-so400m-patch14-384 compiled --workload siglip-32x384px
 bench paddleocr_vl 60 PaddlePaddle/PaddleOCR-VL compiled --workload 8xpage-p14

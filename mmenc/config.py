@@ -44,7 +44,10 @@ class MultiModalConfig:
         sub-packs by backends that can (docs/attention.md, "Batch invariance"). Costs throughput.
     linear_backend: a linear backend name (any case) or LinearBackendEnum member; None lets the platform
         choose (the CPU: ONEDNN, packed weights; docs/linear.md). Stored as the enum member.
-    quantization: None (the checkpoint's weights as loaded) or "fp8" (FP8 linears, where a backend runs them).
+    quantization: None (the checkpoint's weights as loaded), "fp8" (FP8 linears on the last quarter of the
+        blocks, where accuracy holds) or "fp8-all" (every linear; below the accuracy bar: docs/linear.md).
+    fused_kernels: the fused row kernels (residual add + norm, gated activation, FP8 quantization inside
+        them) where the platform has them (docs/kernels.md); False: the reference ops.
     """
 
     mm_encoder_attn_backend: AttentionBackendEnum | str | None = None
@@ -55,6 +58,7 @@ class MultiModalConfig:
     batch_invariant: bool = False
     linear_backend: LinearBackendEnum | str | None = None
     quantization: str | None = None
+    fused_kernels: bool = False
 
     def __post_init__(self):
         if self.linear_backend is not None:
@@ -71,7 +75,7 @@ class MultiModalConfig:
                              f"('weight' is accepted for 'weights')")
         object.__setattr__(self, "mm_encoder_tp_mode", _TP_MODE_ALIASES[mode.lower()])
         object.__setattr__(self, "custom_ops", parse_custom_ops(self.custom_ops))
-        for flag in ("compile", "cuda_graphs", "batch_invariant"):
+        for flag in ("compile", "cuda_graphs", "batch_invariant", "fused_kernels"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValueError(f"{flag}={getattr(self, flag)!r} must be True or False")
 
@@ -82,5 +86,5 @@ class MultiModalConfig:
                   f"compile={self.compile}", f"cuda_graphs={self.cuda_graphs}",
                   f"batch_invariant={self.batch_invariant}",
                   f"linear={self.linear_backend.name if self.linear_backend is not None else 'auto'}",
-                  f"quantization={self.quantization}"]
+                  f"quantization={self.quantization}", f"fused_kernels={self.fused_kernels}"]
         return hashlib.sha256("|".join(fields).encode()).hexdigest()[:16]

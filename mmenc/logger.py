@@ -15,8 +15,9 @@ def init_logger(name: str) -> logging.Logger:
     return logging.getLogger(name)
 
 
-def log_once(logger: logging.Logger, message: str, _seen: set = set()) -> None:
-    """Log `message` at INFO the first time it is seen in this process."""
-    if message not in _seen:
-        _seen.add(message)
-        logger.info(message)
+def log_once(logger: logging.Logger, message: str, _seen: set = set(), *, level: int = logging.INFO,
+             key: str | None = None) -> None:
+    """Log `message` (at INFO unless `level`) the first time it, or its `key` if given, is seen in this process."""
+    if (key or message) not in _seen:
+        _seen.add(key or message)
+        logger.log(level, message)

@@ -1,8 +1,13 @@
-"""Shared fixtures: platform replacement that is always undone, log capture for mmenc's logger, and
+"""Shared fixtures (and HF_HUB_OFFLINE=1 for the whole suite): platform replacement that is always undone, log capture for mmenc's logger, and
 the serve and Ray tests' tiny Qwen2.5-VL checkpoint with its CPU Encoder (one of each per module)."""
 import logging
+import os
 
 import pytest
+
+# No test reaches the Hugging Face Hub: a Hub id resolves from a cache the test lays out on disk
+# (mmenc.testing.hub_cache). Set before huggingface_hub is imported; subprocesses inherit it.
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 import mmenc.platforms as platforms
 from mmenc.logger import log_once

@@ -11,12 +11,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmenc.attention import AttentionBackendEnum as B
-from mmenc.attention import MMEncoderAttention, make_cu_seqlens, pack_info
-from mmenc.attention.backends import get_backend_class, registered_backends
+from mmenc.attention import MMEncoderAttention, make_cu_seqlens
+from mmenc.backends import AttentionBackendEnum as B
+from mmenc.backends import DeviceInfo, get_backend_class, pack_info, registered_backends
 from mmenc.backends.naive import NaiveBackend
 from mmenc.config import MultiModalConfig
-from mmenc.platforms import DeviceInfo, current_platform
+from mmenc.platforms import current_platform
 from mmenc.platforms.cpu import CpuPlatform
 
 TOL = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}
@@ -420,10 +420,11 @@ def test_layer_batched_and_packed_gpu(backend, dtype, layout, many_recompiles):
     check_close(out.reshape(t, hq, d), oracle(q, k, v, cu, m, layer.scale), dtype, f"{backend.name} packed {layout}")
 
 
-# Layers import downwards only: the ground floor (mmenc.backends) imports nothing of mmenc above it,
-# config only the ground floor, platforms neither config nor attention nor custom_op.
-_FLOORS = {"backends": {"backends"}, "config": {"backends"}, "platforms": {"backends", "logger", "platforms"},
-           "custom_op": {"backends", "config", "logger", "platforms"}}
+# Layers import downwards only: the bottom floor (mmenc.utils) imports nothing of mmenc, the backends
+# only the bottom floor, config only those two, platforms neither config nor attention nor custom_op.
+_FLOORS = {"utils": {"utils"}, "backends": {"backends", "utils"}, "config": {"backends", "utils"},
+           "platforms": {"backends", "logger", "platforms", "utils"},
+           "custom_op": {"backends", "config", "logger", "platforms", "utils"}}
 
 
 @pytest.mark.parametrize("floor", sorted(_FLOORS))

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from mmenc.config import MultiModalConfig
-from mmenc.bench.measure import parse_grid_spec
 from mmenc.bench.flops import count_flops
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.bench.measure import parse_grid_spec
+from mmenc.config import MultiModalConfig
+from mmenc.engine.tower import build_tower, run_tower
 from mmenc.testing.checkpoints import random_pixels, save_qwen2_5_vl
 
 

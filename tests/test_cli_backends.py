@@ -4,12 +4,11 @@ import json
 import pytest
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum as B
-from mmenc.attention.backends import registered_backends
+from mmenc.backends import AttentionBackendEnum as B
+from mmenc.backends import DeviceInfo, registered_backends
 from mmenc.cli.main import main
 from mmenc.platforms.cpu import CpuPlatform
 from mmenc.platforms.cuda import CudaPlatform
-from mmenc.platforms.device_info import DeviceInfo
 
 
 def run(capsys, *argv):
@@ -182,4 +181,6 @@ def test_linear_backends_table(capsys, use_platform):
     rc, out, _ = run(capsys, "--json", "--quantization", "fp8")
     linear = json.loads(out)["linear"]
     assert rc == 1 and linear["selected"] is None and "no linear backend can run" in linear["why"]
-    assert all("runs unquantized weights only" in " ".join(r["reasons"]) for r in linear["backends"])
+    rows = {r["name"]: " ".join(r["reasons"]) for r in linear["backends"]}
+    assert all("runs unquantized weights only" in why for name, why in rows.items() if name != "FP8")
+    assert "needs a CUDA GPU" in rows["FP8"] and "not offered by the cpu platform" in rows["FP8"]

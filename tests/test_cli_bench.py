@@ -15,18 +15,31 @@ def _bench(capsys, *argv):
     return rc, out, err
 
 
-def test_cpu_default_is_the_small_workload(folder, tmp_path, capsys):
+def test_cpu_default_is_a_quick_run_that_prints_the_longer_one(folder, tmp_path, capsys):
     out = tmp_path / "b.json"
-    rc, stdout, err = _bench(capsys, "--model", folder, "--device", "cpu", "--warmup", "0", "--iters", "1",
-                             "--json", str(out))
+    rc, stdout, err = _bench(capsys, "--model", folder, "--device", "cpu", "--json", str(out))
     assert rc == 0
-    assert "the device is a CPU: running the small CPU workload cpu-2x224px" in err
-    assert "cpu-2x224px" in stdout and "8x1036px" not in stdout
+    assert "the device is a CPU: a quick run of the small CPU workload cpu-1x112px" in err
+    assert "cpu-1x112px" in stdout and "8x1036px" not in stdout and "cpu-2x224px" not in stdout
     data = json.loads(out.read_text())
-    assert [w["workload"] for w in data["workloads"]] == ["cpu-2x224px"]
+    assert [w["workload"] for w in data["workloads"]] == ["cpu-1x112px"]
     assert data["workloads"][0]["rel_err_vs_transformers"] < 1e-5
-    calls = 2 + 0 + 1 + 1 + 0 + 1  # flop count, first call, timed; transformers: reference, timed
-    assert f"mmenc bench cpu-2x224px: {calls}/{calls} tower calls (100%)" in err
+    calls = 2 + 1 + 3 + 1 + 1 + 3  # flop count, first call, warm-up, timed; transformers: reference, warm-up, timed
+    assert f"mmenc bench cpu-1x112px: {calls}/{calls} tower calls (100%)" in err
+    longer = next(line for line in err.splitlines() if "a longer one:" in line).split("a longer one: ", 1)[1]
+    assert longer == (f"mmenc bench --model {folder} --device cpu --workload cpu-2x224px --warmup 3 --iters 10")
+    rc, _, err = _bench(capsys, *longer.split()[2:], "--no-hf", "--iters", "1", "--warmup", "0")  # it runs
+    assert rc == 0 and "a longer one" not in err and "mmenc bench cpu-2x224px: 3/3 tower calls" in err
+
+
+def test_the_quick_cpu_run_of_the_default_tower_fits_in_about_a_minute():
+    """The default tower (Qwen2.5-VL-7B's, 670 M parameters) in the quick run: its FLOPs (2 x parameters x
+    patches per call, every call) at 0.1 TFLOP/s, a modest 2-core rate, take well under a minute."""
+    grids = bench_cli.CPU_WORKLOADS[next(iter(bench_cli.CPU_WORKLOADS))]
+    warmup, iters = bench_cli.CPU_QUICK
+    calls = 2 + warmup + iters + 1 + warmup + iters
+    seconds = calls * 2 * 670e6 * sum(t * h * w for t, h, w in grids) / 0.1e12
+    assert seconds < 20, seconds
 
 
 def test_long_cpu_workload_is_announced(folder, capsys, monkeypatch):
@@ -35,7 +48,7 @@ def test_long_cpu_workload_is_announced(folder, capsys, monkeypatch):
     assert rc == 0
     warning = next(line for line in err.splitlines() if "warning: workload 1x8x8*2" in line)
     assert "is long on a CPU" in warning and "3 tower calls would take about" in warning
-    assert "--workload cpu-2x224px" in warning
+    assert "--workload cpu-1x112px" in warning
     rc, _, err = _bench(capsys, "--model", folder, "--grid", "1x8x8*2", "--warmup", "0", "--iters", "1", "--no-hf",
                         "--quiet")
     assert "warning: workload" in err and "tower calls (100%)" not in err, "--quiet keeps warnings, drops progress"

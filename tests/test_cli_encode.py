@@ -54,7 +54,7 @@ def test_encode_bad_arguments(folder, images, tmp_path, capsys):
     assert main(["encode", str(tmp_path / "empty"), "--model", folder]) == 2
     assert "holds no image files" in capsys.readouterr().err
     assert main(["encode", str(images[1][0]), "--model", str(tmp_path / "nowhere")]) == 2
-    assert "nowhere' is neither an existing checkpoint folder nor a built-in model name" in capsys.readouterr().err
+    assert "nowhere' is neither an existing checkpoint folder nor a Hugging Face Hub id" in capsys.readouterr().err
     assert main(["encode", str(images[1][0]), "--model", folder, "--batch-size", "0"]) == 2
     assert "--batch-size=0 must be >= 1" in capsys.readouterr().err
 

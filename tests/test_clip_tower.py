@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from mmenc.engine.encoder import Encoder
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 from mmenc.preprocess.clip import clip_from_hf
 from mmenc.testing import checkpoints as ck
 from mmenc.testing.compare import assert_close

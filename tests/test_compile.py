@@ -7,59 +7,33 @@ import torch._dynamo
 
 from mmenc.config import MultiModalConfig
 from mmenc.engine.compile import compile_tower
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 from mmenc.testing import checkpoints as ck
 
-FAMILIES = {  # saver, patch features
-    "qwen2_5_vl": (ck.save_qwen2_5_vl, 1176),
-    "qwen2_vl": (ck.save_qwen2_vl, 1176),
-    "qwen3_vl": (ck.save_qwen3_vl, 1536),
-    "glm4v": (ck.save_glm4v, 1176),
-    "kimi_k25": (ck.save_kimi_k25, 588),
-}
-
-
-@pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_blocks_compile_without_graph_breaks(family, tmp_path):
-    saver, features = FAMILIES[family]
-    try:
-        folder, _ = saver(tmp_path / family)
-    except ImportError as e:
-        pytest.skip(f"transformers lacks {family}: {e}")
-    loaded = build_tower(str(folder), device="cpu")
-    grids = [torch.tensor([[1, 8, 12], [1, 4, 4]]), torch.tensor([[1, 12, 8]])]
-    pixels = [ck.random_pixels(g, features, seed=i) for i, g in enumerate(grids)]
-    want = [run_tower(loaded, p, g).embeddings for p, g in zip(pixels, grids)]
-    torch._dynamo.reset()
-    n = compile_tower(loaded.tower, MultiModalConfig(compile=True), backend="eager", fullgraph=True)
-    depth = sum(1 for name, _ in loaded.tower.named_modules() if name.rsplit(".", 2)[-2:-1] == ["blocks"])
-    assert n == depth > 0, f"{family}: compiled {n} of {depth} blocks"
-    torch._dynamo.utils.counters.clear()
-    for p, g, w in zip(pixels, grids, want):
-        got = run_tower(loaded, p, g).embeddings
-        assert torch.allclose(got, w, rtol=1e-5, atol=1e-6), f"{family}: compiled output differs"
-    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    assert graphs <= 2, f"{family}: {graphs} graphs for one block class over two image sizes (expected <= 2)"
-
-
-@pytest.mark.parametrize("arch", sorted(ck.NEW_FAMILY_GRIDS))
-def test_new_families_compile_fullgraph(arch, tmp_path):
+@pytest.mark.parametrize("arch", sorted(ck.FAMILIES))
+def test_blocks_compile_fullgraph(arch, tmp_path):
+    """Every family of the family table on its (mixed, dense) compile grids (ck.FamilyCase.compile_grids)."""
     case = ck.FAMILIES[arch]
     try:
         folder, _ = case.save(tmp_path / "ckpt")
     except ImportError as e:
         pytest.skip(f"transformers lacks {arch}: {e}")
     loaded = build_tower(str(folder), device="cpu")
-    grids = [torch.tensor(g) for g in ck.NEW_FAMILY_GRIDS[arch]]
+    grids = [torch.tensor(g) for g in case.grids_to_compile]
     pixels = [case.pixels(g, seed=i) for i, g in enumerate(grids)]
     want = [run_tower(loaded, p, g).embeddings for p, g in zip(pixels, grids)]
     torch._dynamo.reset()
-    assert compile_tower(loaded.tower, MultiModalConfig(compile=True), backend="eager", fullgraph=True) > 0, (
-        f"{arch}: no block of {type(loaded.tower).__name__} was compiled (compile_tower finds VisionBlocks and "
-        f"modules named blocks.N)")
+    n = compile_tower(loaded.tower, MultiModalConfig(compile=True), backend="eager", fullgraph=True)
+    depth = sum(1 for name, _ in loaded.tower.named_modules() if name.rsplit(".", 2)[-2:-1] == ["blocks"])
+    assert n > 0, (f"{arch}: no block of {type(loaded.tower).__name__} was compiled (compile_tower finds "
+                   f"VisionBlocks and modules named blocks.N)")
+    assert depth in (0, n), f"{arch}: compiled {n} of {depth} blocks"
+    torch._dynamo.utils.counters.clear()
     for p, g, w in zip(pixels, grids, want):
         got = run_tower(loaded, p, g).embeddings
         assert torch.allclose(got, w, rtol=1e-5, atol=1e-6), f"{arch}: compiled output differs on grid {g.tolist()}"
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert graphs <= 2, f"{arch}: {graphs} graphs for one block class over two image sizes (expected <= 2)"
 
 
 def test_compiling_raises_the_recompile_limit_and_never_lowers_it(monkeypatch):

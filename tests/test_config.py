@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 
-from mmenc.attention.backend_enum import AttentionBackendEnum as B
+from mmenc.backends import AttentionBackendEnum as B
 from mmenc.backends.linear import LinearBackendEnum as L
 from mmenc.config import MultiModalConfig
 
@@ -118,7 +118,8 @@ def test_hash_differs_when_any_field_differs():
         "cuda_graphs": [True],
         "batch_invariant": [True],
         "linear_backend": [L.NATIVE, L.ONEDNN, L.FP8],
-        "quantization": ["fp8"],
+        "quantization": ["fp8", "fp8-all"],
+        "fused_kernels": [True],
     }
     # Every field of the dataclass must be covered here, so a new field cannot be forgotten.
     assert set(variants) == {f.name for f in dataclasses.fields(MultiModalConfig)}

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mmenc.config import MultiModalConfig
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 from mmenc.testing import checkpoints as ck
 
 
@@ -66,9 +66,9 @@ def test_graph_replays_match_plain_tower(tmp_path, compile):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("arch", sorted(ck.NEW_FAMILY_GRIDS))
-def test_new_families_capture_and_replay(tmp_path, arch):
-    """Every packing of every new family is captured (no host sync or allocation in its forward makes
+@pytest.mark.parametrize("arch", sorted(ck.FAMILIES))
+def test_families_capture_and_replay(tmp_path, arch):
+    """Every packing (ck.FamilyCase.compile_grids) of every family is captured (no host sync or allocation in its forward makes
     the capture fail and fall back to eager) and its replays equal the plain tower."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
@@ -80,7 +80,7 @@ def test_new_families_capture_and_replay(tmp_path, arch):
     plain = build_tower(model=str(folder), dtype=torch.bfloat16, device="cuda")
     graphed = build_tower(model=str(folder), dtype=torch.bfloat16, device="cuda",
                           multimodal_config=MultiModalConfig(cuda_graphs=True))
-    grids = [torch.tensor(g) for g in ck.NEW_FAMILY_GRIDS[arch]]
+    grids = [torch.tensor(g) for g in case.grids_to_compile]
     pixels = [case.pixels(g, seed=i).to("cuda", torch.bfloat16) for i, g in enumerate(grids)]
     for call in range(3):
         for g, pv in zip(grids, pixels):

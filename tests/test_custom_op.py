@@ -4,9 +4,9 @@ import torch
 import torch.nn as nn
 
 import mmenc.custom_op as custom_op
-from mmenc.attention.backend_enum import AttentionBackendEnum as B
-from mmenc.attention.backends import get_backend_class
 from mmenc.attention.layer import MMEncoderAttention
+from mmenc.backends import AttentionBackendEnum as B
+from mmenc.backends import get_backend_class
 from mmenc.config import MultiModalConfig
 from mmenc.custom_op import CustomOp, op_enabled
 

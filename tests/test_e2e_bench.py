@@ -81,9 +81,7 @@ def test_encode_skips_an_extreme_aspect_ratio(encoder):
 def test_encode_raise_stops_the_tower_after_a_failure(folder):
     enc = Encoder(folder, device="cpu", preprocess_workers=1, max_batch_patches=16)  # one image per chunk
     calls = []
-    real = enc.runner.run
-    enc.runner.run = lambda pv, g: calls.append(g.shape[0]) or real(pv, g)
-    with pytest.raises(ImageLoadError, match=r"2 of 6 images failed(.|\n)*\[2\](.|\n)*\[5\]"):
+    with enc.tower_call_hook(lambda run, pv, g: calls.append(g.shape[0]) or run(pv, g)), pytest.raises(ImageLoadError, match=r"2 of 6 images failed(.|\n)*\[2\](.|\n)*\[5\]"):
         enc.encode([_image(0), _image(1), np.zeros((0, 4, 3), np.uint8), _image(3), _image(4),
                     np.zeros((4, 0, 3), np.uint8)])
     # one image fills a chunk, so #0 and #1 leave as soon as they are ready; once #2's failure is seen no
@@ -92,10 +90,14 @@ def test_encode_raise_stops_the_tower_after_a_failure(folder):
     enc.close()
 
 
+class _Calls(list):
+    """Images per tower call of an Encoder from now on (its tower_call_hook stays entered while this lives)."""
+
+
 def _spy_calls(enc) -> list:
-    calls = []
-    real = enc.runner.run
-    enc.runner.run = lambda pv, g: calls.append(g.shape[0]) or real(pv, g)
+    calls = _Calls()
+    calls.hook = enc.tower_call_hook(lambda run, pv, g: calls.append(g.shape[0]) or run(pv, g))
+    calls.hook.__enter__()
     return calls
 
 
@@ -148,9 +150,8 @@ def test_repeated_calls_repeat_their_packings(folder):
         with Encoder(folder, device="cpu", preprocess_workers=workers, max_batch_patches=96,
                      first_chunk_patches=8) as enc:
             seen = []
-            real = enc.runner.run
-            enc.runner.run = lambda pv, g: seen.append(g.tolist()) or real(pv, g)
-            enc.encode(images)
+            with enc.tower_call_hook(lambda run, pv, g: seen.append(g.tolist()) or run(pv, g)):
+                enc.encode(images)
             grids.append(seen)
             rows = [t * h * w for g in seen for t, h, w in g]
             assert [len(g) for g in seen] == enc.chunk_schedule.split(rows)
@@ -259,9 +260,10 @@ def test_e2e_eager_rows_and_their_tower_comparison(encoder, tmp_path, monkeypatc
 
     paths = e2e.write_jpegs(tmp_path, [(56, 56), (112, 56)])
     sentinel = object()
-    monkeypatch.setattr(encoder.loaded, "graphs", sentinel)
+    monkeypatch.setattr(encoder.loaded, "graphs", sentinel)  # would fail if called: the eager rows must not
+    pixel_values, grid = encoder.preprocess([_image(0)])
     with e2e.eager(encoder):
-        assert encoder.loaded.graphs is None
+        encoder.encode_pixels(pixel_values, grid)
     assert encoder.loaded.graphs is sentinel and encoder.first_chunk_patches == 4
     with e2e.one_call(encoder):
         assert encoder.first_chunk_patches == encoder.max_batch_patches
@@ -306,9 +308,9 @@ def test_repeated_encode_on_cuda_replays_its_graphs(folder):
         first = enc.encode(images)
         keys = len({tuple(map(tuple, g)) for g in _grids_of(enc, images)})
         enc.encode(images)
-        before = dict(enc.loaded.graphs.stats)
+        before = enc.graph_stats()
         third = enc.encode(images)
-        stats = enc.loaded.graphs.stats
+        stats = enc.graph_stats()
     calls = len(_grids_of(enc, images))
     assert stats["captures"] == keys and stats["replays"] - before.get("replays", 0) == calls, dict(stats)
     for i, (a, b) in enumerate(zip(first, third)):

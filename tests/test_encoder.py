@@ -47,9 +47,8 @@ def test_large_inputs_split_into_several_tower_calls(folder):
     whole = Encoder(folder, device="cpu").encode_pixels(pixels, grid)
     small = Encoder(folder, device="cpu", max_batch_patches=40)  # 64 + 32 + 32 + 32 patches: four calls
     calls = []
-    original = small.runner.run
-    small.runner.run = lambda pv, g: calls.append(g.shape[0]) or original(pv, g)
-    got = small.encode_pixels(pixels, grid)
+    with small.tower_call_hook(lambda run, pv, g: calls.append(g.shape[0]) or run(pv, g)):
+        got = small.encode_pixels(pixels, grid)
     assert calls == [1, 1, 1, 1], f"tower calls per chunk: {calls}"
     assert torch.allclose(got, whole, rtol=1e-5, atol=1e-6)
 
@@ -114,16 +113,15 @@ def test_non_finite_embeddings_warn_or_raise(folder, encoder, mmenc_caplog):
     pixel_values, grid = encoder.preprocess(_images())  # 3 images
     tokens = encoder.output_tokens(grid)
     enc = Encoder(folder, device="cpu")
-    real = enc.runner.run
 
-    def poisoned(pv, g):  # image 1's first row becomes NaN
-        out = real(pv, g)
+    def poisoned(run, pv, g):  # image 1's first row becomes NaN
+        out = run(pv, g)
         emb = out.embeddings.clone()
         emb[tokens[0]] = float("nan")
         return TowerOutput(emb, out.extras)
 
-    enc.runner.run = poisoned
-    out = enc.encode_pixels(pixel_values, grid)
+    with enc.tower_call_hook(poisoned):
+        out = enc.encode_pixels(pixel_values, grid)
     assert out.isnan().any()
     assert "non-finite embeddings (NaN or inf) for 1 of 3 image(s)" in mmenc_caplog.text
     assert "image indices in the call: 1)" in mmenc_caplog.text
@@ -190,7 +188,7 @@ def test_encoder_with_worker_processes_matches_one_process(folder, encoder, mode
     images = _images(2)
     want = encoder.encode(images)
     with Encoder(folder, device="cpu", tensor_parallel_size=2, mm_encoder_tp_mode=mode, worker_timeout_s=120) as enc:
-        assert enc.runner.group.timeout_s == 120 and enc.runner.mode == mode
+        assert enc._executor.group.timeout_s == 120 and enc._executor.mode == mode
         got = enc.encode(images)
         assert enc.attention_backends() == encoder.attention_backends()
         assert enc.encode([]) == []
@@ -223,3 +221,18 @@ def test_all_finite_flag_needs_no_tensor_of_the_embeddings_size():
     huge = torch.full((4, 8), 3e38)
     assert not bool(all_finite(huge))  # the sum overflows: a false alarm, settled by check_finite
     check_finite(huge, [2, 2], strict=True)  # no NonFiniteOutputError: every value is finite
+
+
+def test_encode_after_close_raises_a_clear_error(q25):
+    """Issue 28 item 13: an Encoder used after close() (or its `with` block) worked silently."""
+    from mmenc.engine.encoder import EncoderClosedError
+
+    with Encoder(q25, device="cpu") as enc:
+        pixel_values, grid = enc.preprocess(_images()[:1])
+        enc.encode(_images()[:1])
+    assert enc.closed
+    for call in (lambda: enc.encode(_images()[:1]), lambda: list(enc.encode_iter(_images()[:1])),
+                 lambda: enc.encode_pixels(pixel_values, grid)):
+        with pytest.raises(EncoderClosedError, match=r"encoder is closed .*create a new Encoder"):
+            call()
+    enc.close()  # still idempotent

@@ -8,7 +8,7 @@ bias), errors, built-ins and parallel modes are in test_towers_generic.py.
 import pytest
 import torch
 
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.models.glm4v import Glm4vVisionConfig
 from mmenc.models.registry import get_builtin_config

@@ -9,9 +9,9 @@ import functools
 import pytest
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum
+from mmenc.backends import AttentionBackendEnum
 from mmenc.config import MultiModalConfig
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 from mmenc.testing import checkpoints as ck
 from mmenc.testing import version_before
 

@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 from PIL import Image
 
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 from mmenc.models.registry import get_builtin_config
 from mmenc.preprocess.internvl import InternVLProcessor, InternVLProcessorConfig, internvl_from_hf, tile_grid
 from mmenc.testing import checkpoints as ck

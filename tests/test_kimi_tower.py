@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 from mmenc.loader import iter_tower_tensors
 from mmenc.models.kimi_vit import (KIMI_K25_WEIGHT_MAP, KIMI_VL_WEIGHT_MAP, KimiVisionConfig, KimiVLVisionConfig,
                                    KimiVLVisionTower, frame_sincos)

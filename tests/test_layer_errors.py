@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum as B
 from mmenc.attention.layer import MMEncoderAttention
-from mmenc.attention.packing import make_cu_seqlens
+from mmenc.backends import AttentionBackendEnum as B
+from mmenc.backends.packing import make_cu_seqlens
 from mmenc.config import MultiModalConfig
 from mmenc.platforms.cpu import CpuPlatform
 

@@ -96,7 +96,7 @@ def test_dense_blocks_compile_without_graph_breaks(tmp_path):
 
     from mmenc.config import MultiModalConfig
     from mmenc.engine.compile import compile_tower
-    from mmenc.engine.runner import build_tower, run_tower
+    from mmenc.engine.tower import build_tower, run_tower
     from mmenc.testing import checkpoints as ck
 
     pytest.importorskip("transformers")

@@ -12,7 +12,7 @@ from PIL import Image
 
 from mmenc.anyres import select_best_resolution, unpadded_region
 from mmenc.engine.encoder import Encoder
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 from mmenc.preprocess.anyres import llava_next_from_hf, llava_onevision_from_hf
 from mmenc.testing import checkpoints as ck
 from mmenc.testing.compare import assert_close
@@ -58,7 +58,7 @@ def test_published_names(tmp_path):
 def test_grid_rows_must_fit_the_image(tmp_path):
     folder, _ = ck.save_llava_anyres(tmp_path)
     loaded = build_tower(str(folder), device="meta")
-    with pytest.raises(ValueError, match=r"grid_thw\[0\] = \(2, 6, 6, 100, 100\): an anyres image of 100x100 px is "
+    with pytest.raises(ValueError, match=r"grid_thw\[0\] = \(2, 6, 6, 100, 100\): an anyres image of width=100 height=100 is "
                                          r"\(5, 6, 6, 100, 100\)"):
         loaded.output_tokens(torch.tensor([[2, 6, 6, 100, 100]]))
     with pytest.raises(ValueError, match=r"grid_thw\[0\] = \(5, 4, 4, 100, 100\)"):

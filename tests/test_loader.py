@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import mmenc.loader.checkpoint as checkpoint
-from mmenc.engine.runner import build_tower, init_dummy_weights, resolve_dtype, run_tower
+from mmenc.engine.tower import build_tower, init_dummy_weights, resolve_dtype, run_tower
 from mmenc.layers.weights import load_named_weights
 from mmenc.loader import iter_tower_tensors, read_config, tensor_files
 from mmenc.testing.checkpoints import (hf_tower_output, random_pixels, relative_error, rewrite_checkpoint,
@@ -94,7 +94,7 @@ def test_qwen2_vl_sharded(tmp_path):
 # -- errors -----------------------------------------------------------------------------------
 
 def test_missing_folder(tmp_path):
-    with pytest.raises(ValueError, match="nope.*neither an existing checkpoint folder nor a built-in"):
+    with pytest.raises(ValueError, match="nope.*neither an existing checkpoint folder nor a Hugging Face Hub id"):
         build_tower(str(tmp_path / "nope"))
     with pytest.raises(ValueError, match="checkpoint folder .*nope.* does not exist"):
         read_config(tmp_path / "nope")
@@ -166,7 +166,7 @@ def test_index_naming_a_missing_shard(sharded, tmp_path):
     folder = sharded[0]
     (tmp_path / "config.json").write_text((folder / "config.json").read_text())
     (tmp_path / "model.safetensors.index.json").write_text((folder / "model.safetensors.index.json").read_text())
-    with pytest.raises(ValueError, match=r"lists shard file\(s\) model-00001-of-\d+\.safetensors"):
+    with pytest.raises(ValueError, match=r"lists shard file\(s\) model-\d+-of-\d+\.safetensors"):
         list(iter_tower_tensors(tmp_path, ("visual.",)))
 
 

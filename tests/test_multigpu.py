@@ -5,7 +5,7 @@ images than ranks, Qwen3-VL's deepstack extras (a list of tensors) travelling ba
 import pytest
 import torch
 
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 from mmenc.models.base import TowerOutput
 from mmenc.testing import checkpoints as ck
 
@@ -36,7 +36,7 @@ def tiny(request, tmp_path_factory):
     saver, features = {"qwen2_5_vl": (ck.save_qwen2_5_vl, 1176), "qwen3_vl": (ck.save_qwen3_vl, 1536)}[request.param]
     folder, _ = saver(tmp_path_factory.mktemp(request.param))
     pixels = ck.random_pixels(GRID, features, seed=3)
-    loaded = build_tower(model=str(folder), dtype=torch.float32, device="cuda:0", tp_size=1)
+    loaded = build_tower(model=str(folder), dtype=torch.float32, device="cuda:0")
     want = run_tower(loaded, pixels, GRID)
     del loaded
     return request.param, str(folder), pixels, want
@@ -45,7 +45,7 @@ def tiny(request, tmp_path_factory):
 @pytest.mark.parametrize("mode,staging", [("data", "pinned"), ("weights", "pinned"), ("data", "device"),
                                           ("data", "auto")])
 def test_group_matches_one_gpu(tiny, mode, staging):
-    from mmenc.engine.runner import TowerRecipe
+    from mmenc.engine.tower import TowerRecipe
     from mmenc.parallel import WorkerGroup
 
     name, folder, pixels, want = tiny

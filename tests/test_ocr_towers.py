@@ -11,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 from PIL import Image
 
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 from mmenc.preprocess import get_processor
 from mmenc.testing import checkpoints as ck
 from mmenc.testing.spmd import check_modes_match, free_port

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmenc.attention.layer import MMEncoderAttention
-from mmenc.attention.packing import make_cu_seqlens, pack_info
+from mmenc.backends.packing import make_cu_seqlens, pack_info
 from mmenc.platforms.cpu import CpuPlatform
 
 

@@ -12,10 +12,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from mmenc.engine.runner import TowerRecipe
+from mmenc.engine.tower import TowerRecipe
+from mmenc.models.base import TowerOutput
 from mmenc.parallel import (assign_images, gather_outputs, merge_outputs, pack_for_rank, patch_counts, resolve_tp_mode,
                             run_data_parallel, split_pack)
-from mmenc.models.base import TowerOutput
 from mmenc.testing.compare import assert_same_output
 
 TOL = 1e-5
@@ -135,11 +135,11 @@ GRID = torch.tensor([[1, 8, 8], [2, 4, 8], [1, 4, 4], [1, 12, 8]])  # several si
 def tiny_model(tmp_path_factory):
     """(checkpoint folder, pixel_values, grid_thw, single-process TowerOutput)."""
     from mmenc.testing.checkpoints import random_pixels, save_qwen2_5_vl
-    from mmenc.engine.runner import build_tower, run_tower
+    from mmenc.engine.tower import build_tower, run_tower
 
     folder, _ = save_qwen2_5_vl(tmp_path_factory.mktemp("qwen2_5_vl"))
     pixel_values = random_pixels(GRID)
-    loaded = build_tower(model=str(folder), load_format="auto", dtype=torch.float32, device="cpu", tp_size=1)
+    loaded = build_tower(model=str(folder), load_format="auto", dtype=torch.float32, device="cpu")
     with torch.inference_mode():
         want = run_tower(loaded, pixel_values, GRID)
     return str(folder), pixel_values, GRID, want
@@ -289,7 +289,7 @@ def test_interpreter_exit_stops_workers(tiny_model):
     script = textwrap.dedent(f"""
         import torch
         from mmenc.parallel import WorkerGroup
-        from mmenc.engine.runner import TowerRecipe
+        from mmenc.engine.tower import TowerRecipe
         if __name__ == "__main__":
             g = WorkerGroup(2, TowerRecipe(dict(model={tiny_model[0]!r}, load_format="auto", dtype=torch.float32)),
                             mode="data", device_type="cpu", timeout_s=120)

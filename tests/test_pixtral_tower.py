@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mmenc.engine.runner import build_tower
+from mmenc.engine.tower import build_tower
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.models.pixtral import MergingLayer, PixtralVisionConfig
 from mmenc.models.registry import get_builtin_config
@@ -156,7 +156,7 @@ def test_processor_per_image_path_equals_batch_call():
 def test_bench_reference_equals_the_tower(arch, tmp_path):
     """`mmenc bench`'s transformers side (tower + projector on padded images) on a tiny checkpoint."""
     from mmenc.bench.hf_reference import build_hf_tower, hf_tower_available
-    from mmenc.engine.runner import run_tower
+    from mmenc.engine.tower import run_tower
     from mmenc.testing import checkpoints as ck
 
     case = ck.FAMILIES[arch]

@@ -10,12 +10,13 @@ import pytest
 import torch
 
 import mmenc.platforms as platforms
-from mmenc.attention.backend_enum import AttentionBackendEnum as B
 from mmenc.attention.layer import MMEncoderAttention
+from mmenc.backends import AttentionBackendEnum as B
 
 PLATFORM_MODULE = '''
-from mmenc.attention.backend_enum import AttentionBackendEnum as B
-from mmenc.platforms import DeviceInfo, Platform
+from mmenc.backends import AttentionBackendEnum as B
+from mmenc.backends import DeviceInfo
+from mmenc.platforms import Platform
 
 
 class {cls}(Platform):
@@ -122,7 +123,7 @@ def test_plugin_backend_in_a_top_level_module(tmp_path, monkeypatch):
     import mmenc.backends.registry as backends
 
     (tmp_path / "mmenc_test_acme_attn.py").write_text(textwrap.dedent("""\
-        from mmenc.attention.backend_enum import AttentionBackendEnum
+        from mmenc.backends import AttentionBackendEnum
         from mmenc.backends.naive import NaiveBackend
 
         class AcmeBackend(NaiveBackend):

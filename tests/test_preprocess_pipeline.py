@@ -238,14 +238,14 @@ def test_raise_lists_every_failure(tmp_path):
 
 def test_plan_names_the_image():
     proc = get_processor("qwen2_vl")
-    with pytest.raises(ImagePreprocessError, match=r"^'x.png': image 1x300: aspect ratio") as e:
+    with pytest.raises(ImagePreprocessError, match=r"^'x.png': image width=300 height=1: aspect ratio") as e:
         proc.plan(1, 300, index=4, name="'x.png'")
     assert (e.value.index, e.value.name) == (4, "'x.png'") and e.value.failure().index == 4
     p = proc.plan(100, 50)
     assert p.resize == (112, 56) and p.grid == (1, 8, 4) and p.rows == 32
-    with pytest.raises(ImagePreprocessError, match=r"image #2: size 30x30 is not a multiple of patch_size\*merge"):
+    with pytest.raises(ImagePreprocessError, match=r"image #2: size width=30 height=30 is not a multiple of patch_size\*merge"):
         get_processor("qwen2_vl", {"do_resize": False}).plan(30, 30, index=2)
-    with pytest.raises(ImagePreprocessError, match="size 30x30 is not a multiple of patch_size=14"):
+    with pytest.raises(ImagePreprocessError, match="size width=30 height=30 is not a multiple of patch_size=14"):
         get_processor("kimi_k25", {"do_resize": False}).plan(30, 30)
     k = get_processor("kimi_k25").plan(30, 50)
     assert k.resize == (30, 50) and k.padded == (56, 56) and k.grid == (1, 4, 4) and k.rows == 16

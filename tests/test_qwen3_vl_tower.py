@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 from mmenc.layers.pos_embed import axis_taps
 from mmenc.models.qwen3_vl import Qwen3VisionConfig
 from mmenc.models.registry import get_builtin_config

@@ -5,7 +5,7 @@ are in test_towers_generic.py."""
 import pytest
 import torch
 
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 from mmenc.layers.grid import frame_lengths
 from mmenc.models.qwen2_5_vl import Qwen2_5_VisionConfig, window_order
 from mmenc.models.registry import get_builtin_config

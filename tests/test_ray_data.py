@@ -134,9 +134,9 @@ def test_uri_inputs_are_listed_and_read(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         _list([f"file://{tmp_path}/missing"])
 
-    from mmenc.engine.runner import build_tower
+    from mmenc.engine.tower import build_tower
 
-    processor = build_tower("Qwen/Qwen2.5-VL-7B-Instruct", device="meta").processor
+    processor = build_tower("Qwen/Qwen2.5-VL-7B-Instruct", load_format="dummy", device="meta").processor
     import numpy as np
 
     gone = f"file://{tmp_path}/gone.png"

@@ -5,7 +5,7 @@ token count. Also the block count rule and its errors."""
 import pytest
 import torch
 
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 from mmenc.layers.row_blocks import LOW_INTERMEDIATE_BYTES, MAX_INTERMEDIATE_BYTES, map_rows, num_row_blocks, set_max_intermediate_bytes
 from mmenc.layers.vision_blocks import VisionBlock
 from mmenc.testing import checkpoints as ck

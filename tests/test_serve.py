@@ -151,7 +151,7 @@ def test_bad_images_fail_alone(server, reference):
     kinds = [d.get("error", {}).get("type") for d in data]
     assert kinds == [None, "invalid_base64", "invalid_image", "unsupported_input", "image_too_large",
                      "invalid_data_url"], kinds
-    assert "300x300" in data[4]["error"]["message"] and "max_image_pixels" in data[4]["error"]["message"]
+    assert "width=300 height=300" in data[4]["error"]["message"] and "max_image_pixels" in data[4]["error"]["message"]
     assert all(d["index"] == i for i, d in enumerate(data))
     assert rel_err(decode_item(data[0], "base64"), reference.encode([good])[0]) < 1e-5
     assert reply.json()["usage"]["images"] == 1

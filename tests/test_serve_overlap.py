@@ -292,16 +292,17 @@ def test_cuda_call_is_queued_while_the_previous_one_runs():
 
 
 def test_asynchronous_tower_call_equals_encode_pixels(tmp_path):
-    """The call the batcher uses on CUDA towers (the runner's run, finiteness checked later), here on
-    the CPU: the same embeddings as Encoder.encode_pixels; a call over the Encoder's max_batch_patches
-    still splits."""
+    """The call the batcher uses on accelerator towers (Encoder.launch, finiteness checked later) gives the
+    same embeddings as Encoder.encode_pixels, here on the CPU; a call over the Encoder's max_batch_patches
+    still splits. On the CPU the batcher itself takes encode_pixels (asynchronous_tower_call is None)."""
     from mmenc.engine.encoder import Encoder
     from mmenc.serving.launch import asynchronous_tower_call, use_buckets
     from mmenc.serving.settings import ServeSettings
     from mmenc.testing.checkpoints import save_qwen2_5_vl
 
     enc = Encoder(str(save_qwen2_5_vl(tmp_path)[0]), device="cpu", max_batch_patches=32)
-    encode, finite = asynchronous_tower_call(enc)
+    assert asynchronous_tower_call(enc) is None  # the CPU: launch would return done anyway
+    encode, finite = enc.launch, enc.check_finite
     for images in ([png(56, 56, seed=1)], [png(56, 56, seed=1), png(84, 112, seed=2)]):  # 16 patches, then 16 + 48 > 32
         pixel_values, grid = enc.preprocess(images)
         want = enc.encode_pixels(pixel_values, grid, return_extras=True)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from mmenc.engine.encoder import Encoder
-from mmenc.engine.runner import build_tower, run_tower
+from mmenc.engine.tower import build_tower, run_tower
 from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.preprocess.siglip import naflex_size, siglip2_from_hf, siglip_from_hf
 from mmenc.testing import checkpoints as ck

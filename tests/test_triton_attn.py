@@ -12,11 +12,10 @@ import os
 import pytest
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum
-from mmenc.attention.backends import get_backend_class
+from mmenc.backends import AttentionBackendEnum
+from mmenc.backends import DeviceInfo, get_backend_class
 from mmenc.backends.naive import NaiveBackend
-from mmenc.attention.packing import PackInfo, make_cu_seqlens
-from mmenc.platforms.device_info import DeviceInfo
+from mmenc.backends.packing import PackInfo, make_cu_seqlens
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 HAS_CUDA = torch.cuda.is_available()
@@ -69,7 +68,7 @@ def test_tile_table_covers_each_row_once(lengths, block_m, block_n):
 
 def test_tile_table_cached_per_pack():
     cu, _ = make_cu_seqlens([64] * 6)
-    from mmenc.attention.packing import pack_info
+    from mmenc.backends.packing import pack_info
     info = pack_info(cu, 384)
     a = tva.tile_table(info, 128, 64, torch.device("cpu"))
     assert tva.tile_table(info, 128, 64, torch.device("cpu"))[0] is a[0]
@@ -204,7 +203,7 @@ def test_interpreter_windows_kernel(d, hq, hkv):
     q, k, v, cu, mx = _pack([16, 16, 5, 0, 16, 1, 9, 16], hq, hkv, d, torch.float16, "cpu", seed=d + hq)
     config = tva.KernelConfig(16, 16, windows=3)
     _check(tva.launch(q, k, v, cu, d ** -0.5, config), q, k, v, cu, mx, f"d={d} {config}")
-    from mmenc.attention.packing import pack_info
+    from mmenc.backends.packing import pack_info
     assert ("triton_attn_windows", torch.device("cpu")) in pack_info(cu, q.shape[0]).cache  # the windows path ran
 
 
@@ -213,7 +212,7 @@ def test_interpreter_windows_config_falls_back_to_tiles():
     q, k, v, cu, mx = _pack([16, 40, 3], 2, 1, 72, torch.float16, "cpu")  # 40 > block_m: tile kernel
     config = tva.KernelConfig(32, 16, windows=2)
     _check(tva.launch(q, k, v, cu, 72 ** -0.5, config), q, k, v, cu, mx, f"{config} on a 40-token segment")
-    from mmenc.attention.packing import pack_info
+    from mmenc.backends.packing import pack_info
     assert ("triton_attn_windows", torch.device("cpu")) not in pack_info(cu, q.shape[0]).cache
 
 

@@ -1,6 +1,8 @@
 """Encoder attention: one layer (MMEncoderAttention) over the kernel backends of mmenc.backends,
-chosen by the platform of the device it runs on."""
+chosen by the platform of the device it runs on. Towers import from here only: the layer, and
+`make_cu_seqlens` (the packed layout the layer takes, built once per forward); backend names,
+the registry and the pack's host view are mmenc.backends'."""
 from mmenc.attention.layer import MMEncoderAttention
-from mmenc.backends import AttentionBackendEnum, BackendChoice, PackInfo, make_cu_seqlens, pack_info
+from mmenc.backends.packing import make_cu_seqlens
 
-__all__ = ["AttentionBackendEnum", "BackendChoice", "MMEncoderAttention", "PackInfo", "make_cu_seqlens", "pack_info"]
+__all__ = ["MMEncoderAttention", "make_cu_seqlens"]

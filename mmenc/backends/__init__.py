@@ -1,5 +1,5 @@
 """The ground floor of encoder attention: kernel backends and everything they need, importing
-nothing of mmenc from outside this folder.
+nothing of mmenc from outside this folder but the bottom floor's helpers (mmenc.utils).
 
     backend_enum.py   AttentionBackendEnum (+ from_name)
     packing.py        make_cu_seqlens / pack_info: the host view of a pack, computed once per forward;

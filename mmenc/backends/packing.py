@@ -26,7 +26,7 @@ from collections.abc import Sequence
 import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from mmenc.backends.device import to_device
+from mmenc.utils.device_copy import to_device
 
 _PACKS = WeakTensorKeyDictionary()
 

@@ -96,13 +96,8 @@ def wall_ms(fn: Callable[[], object], device: torch.device, warmup: int, iters: 
 @contextlib.contextmanager
 def eager(encoder):
     """The encoder's tower without torch.compile and CUDA graphs for a while (the eager rows)."""
-    loaded = encoder.loaded
-    graphs, loaded.graphs = loaded.graphs, None
-    try:
-        with torch.compiler.set_stance("force_eager"):
-            yield
-    finally:
-        loaded.graphs = graphs
+    with encoder.graphs_off(), torch.compiler.set_stance("force_eager"):
+        yield
 
 
 @contextlib.contextmanager

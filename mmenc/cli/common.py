@@ -9,16 +9,20 @@ from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
-from mmenc.attention.backend_enum import AttentionBackendEnum
+from mmenc.backends import AttentionBackendEnum
 from mmenc.backends.linear import QUANTIZATIONS, LinearBackendEnum
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
 def add_encoder_args(parser: argparse.ArgumentParser, default_model_help: str) -> None:
-    parser.add_argument("--model", default=None, help=f"checkpoint folder or built-in name ({default_model_help})")
+    parser.add_argument("--model", default=None,
+                        help=f"checkpoint folder or Hugging Face Hub id, e.g. Qwen/Qwen2.5-VL-7B-Instruct (read from "
+                             f"the huggingface_hub cache, else downloaded: config, processor configs and the tower's "
+                             f"shards only; HF_HUB_OFFLINE=1 never downloads) ({default_model_help})")
     parser.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
-                        help="dummy: random weights, no files (implied for built-in names)")
+                        help="auto: the checkpoint's weights; dummy: RANDOM weights, no weight files (a built-in name "
+                             "needs no files at all: mmenc.models.registry.builtin_model_names()); outputs say so")
     parser.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, float32 on CPU), bfloat16, float16, float32")
     parser.add_argument("--device", default=None, help="torch device: cpu, cuda, cuda:N (default: the platform's)")
     parser.add_argument("--mm-encoder-attn-backend", default=None, metavar="BACKEND",
@@ -27,7 +31,12 @@ def add_encoder_args(parser: argparse.ArgumentParser, default_model_help: str) -
                         help="force one linear (matmul) backend: " + ", ".join(b.name for b in LinearBackendEnum)
                              + " (default: the platform's; `mmenc backends` shows it)")
     parser.add_argument("--quantization", default=None, choices=list(QUANTIZATIONS),
-                        help="quantize the tower's linears at load (fp8: FP8 weights and activations, CUDA)")
+                        help="quantize the tower's linears at load (fp8: FP8 weights and activations on the last "
+                             "quarter of the blocks, where accuracy holds; fp8-all: every linear, below the accuracy "
+                             "bar; CUDA sm89+; docs/linear.md)")
+    parser.add_argument("--fused-kernels", action="store_true",
+                        help="CUDA: fused Triton row kernels (residual add + norm, SiLU-gate; with FP8 the "
+                             "quantization inside them); off: the reference ops (docs/kernels.md)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N",
                         help="number of devices (worker processes) for the tower")
     parser.add_argument("--mm-encoder-tp-mode", choices=["weights", "data"], default="weights",
@@ -61,14 +70,16 @@ def apply_log_level(args: argparse.Namespace) -> None:
 
 
 def encoder_kwargs(args: argparse.Namespace, default_model: str) -> dict:
-    """Encoder(...) keyword arguments from the flags; --device is validated first (ValueError)."""
+    """Encoder(...) keyword arguments from the flags; --device is validated first (ValueError). Without
+    --model: `default_model` (a built-in name) with random weights (load_format "dummy"), offline."""
     check_device(args.device)
+    load_format = args.load_format if args.model else "dummy"  # no --model: the built-in default, random weights
     return dict(model=args.model or default_model, dtype=args.dtype, device=args.device,
-                mm_encoder_attn_backend=args.mm_encoder_attn_backend, load_format=args.load_format,
+                mm_encoder_attn_backend=args.mm_encoder_attn_backend, load_format=load_format,
                 tensor_parallel_size=args.tensor_parallel_size, mm_encoder_tp_mode=args.mm_encoder_tp_mode,
                 compile=args.compile, cuda_graphs=args.cuda_graphs, worker_timeout_s=args.worker_timeout,
                 batch_invariant=args.batch_invariant, linear_backend=args.linear_backend,
-                quantization=args.quantization)
+                quantization=args.quantization, fused_kernels=args.fused_kernels)
 
 
 def check_device(name: str | None) -> None:
@@ -113,6 +124,10 @@ def add_image_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-image-pixels", type=int, default=None, metavar="N",
                         help="refuse images with more than N pixels as decompression bombs (default: PIL's "
                              f"limit, {_pil_default_limit()}); raise it for trusted large images; 0: no limit")
+    parser.add_argument("--high-bit-depth", choices=["clip", "scale"], default="clip",
+                        help="16-bit images (16-bit grayscale PNGs): 'clip' converts them as transformers does (values "
+                             "over 255 clip, so they come out almost white; a warning says so), for parity; 'scale' "
+                             "maps 0..65535 onto 0..255 (default: %(default)s)")
 
 
 def add_preprocess_args(parser: argparse.ArgumentParser, scope: str = "") -> None:
@@ -179,12 +194,9 @@ def check_output_path(path: str, flag: str, inputs: Sequence[str] = ()) -> pathl
 
 
 def write_atomically(path: pathlib.Path, write: Callable[[str], None]) -> None:
-    """`write(tmp)` to a temporary file beside `path`, then rename it onto `path`: a reader never sees
-    a half-written file, and an interruption leaves any earlier `path` as it was."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        write(str(tmp))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    """`write(tmp)` to a temporary file beside `path`, then rename it onto `path` with the umask's
+    permissions (mmenc.files.write_atomically): a reader never sees a half-written file, and an
+    interruption leaves any earlier `path` as it was."""
+    from mmenc.files import write_atomically as write_whole
+
+    write_whole(path, write)

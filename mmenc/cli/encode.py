@@ -3,7 +3,7 @@
 Nothing is lost: the output path is checked before any work (its folder exists and is writable, it is
 not a folder, it is not an input); an image that cannot be loaded or preprocessed fails alone (named
 on stderr) and the others are encoded; the file is written atomically (a temporary file renamed onto
-it) with whatever was encoded, also after Ctrl-C (exit 130) or a fatal error. When nothing was
+it) with whatever was encoded, also after Ctrl-C (exit 130), SIGTERM (143), SIGHUP (129) or a fatal error. When nothing was
 encoded nothing is written, and an existing file of that name is left unchanged (and said so).
 """
 import argparse
@@ -20,11 +20,11 @@ from mmenc.cli.common import (add_encoder_args, add_image_args, add_preprocess_a
                               encoder_kwargs, image_pixel_limit, write_atomically)
 from mmenc.cli.encode_video import VIDEO_EXTENSIONS, add_video_args, encode_videos, planned_frames, video_options
 from mmenc.cli.progress import Progress
+from mmenc.cli.signals import describe, exit_code, stop_on_signals
 from mmenc.engine.encoder import DEFAULT_MODEL
 
 IMAGE_EXTENSIONS = {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff"}
 CALL_SECONDS = 2.0  # a tower call is made smaller than --batch-size when it would take longer than this
-EXIT_INTERRUPTED = 130
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
@@ -107,6 +107,11 @@ class CallSizer:
 
 
 def run(args) -> int:
+    with stop_on_signals():  # SIGTERM / SIGHUP stop the command as Ctrl-C does (mmenc.cli.signals)
+        return _run(args)
+
+
+def _run(args) -> int:
     if args.ray:  # the offline job on Ray Data: its own module, its own output (a folder of shards)
         from mmenc.cli.encode_ray import run_encode
 
@@ -122,7 +127,7 @@ def run(args) -> int:
     paths = collect_images(args.inputs)
     output = check_output_path(args.output, "--output", paths)
     kwargs = dict(encoder_kwargs(args, DEFAULT_MODEL), preprocess_worker_kind=args.preprocess_worker_kind,
-                  preprocess_resize=args.preprocess_resize)
+                  preprocess_resize=args.preprocess_resize, high_bit_depth=args.high_bit_depth)
     if args.model is None:
         print(f"mmenc encode: no --model given: running the built-in {DEFAULT_MODEL} vision tower with RANDOM "
               f"weights (a demo of the pipeline; pass a checkpoint folder for real embeddings)", file=sys.stderr)
@@ -132,33 +137,33 @@ def run(args) -> int:
     with image_pixel_limit(args.max_image_pixels):  # PIL's limit, which the encoder's Preprocessor follows
         try:
             encoder = Encoder(**kwargs)
-        except KeyboardInterrupt:
-            print("\nmmenc encode: interrupted while loading the model; nothing was written", file=sys.stderr)
-            return EXIT_INTERRUPTED
+        except KeyboardInterrupt as e:
+            print(f"\nmmenc encode: {describe(e)} while loading the model; nothing was written", file=sys.stderr)
+            return exit_code(e)
         if not args.quiet:
             print(f"mmenc encode: linears {encoder.linear_backend()}; {encoder.threads()}", file=sys.stderr)
         with encoder:
             if texts:
                 embed_texts(encoder, texts, results)
             written, interrupted, seconds = _encode_and_save(encoder, paths, args, output, results)
-    print(f"model={encoder.model_name} backend={encoder.attention_backends()} images={results.images} "
+    print(f"model={encoder.model_name} weights={encoder.weights} backend={encoder.attention_backends()} images={results.images} "
           + (f"(videos={results.videos} frames={int(encoder.tally.snapshot().get('video_frames', 0))}) "
              if results.videos else "")
           + f"tokens={results.tokens} seconds={seconds:.2f} images/s={results.images / max(seconds, 1e-9):.2f} "
           f"output={output if written else '(none)'}")
     if results.failed:
         print(f"mmenc encode: {len(results.failed)} of {len(paths)} inputs failed (named above)", file=sys.stderr)
-    if interrupted:
-        return EXIT_INTERRUPTED
+    if interrupted is not None:
+        return exit_code(interrupted)
     return 1 if results.failed or not written else 0
 
 
 def _encode_and_save(encoder, paths: list[str], args, output: pathlib.Path,
-                     results: Results) -> tuple[bool, bool, float]:
-    """Encode, then write: (written, interrupted by Ctrl-C, seconds). After a fatal error the encoded
-    part is written and the error raised again."""
+                     results: Results) -> tuple[bool, KeyboardInterrupt | None, float]:
+    """Encode, then write: (written, the Ctrl-C / SIGTERM / SIGHUP that stopped it or None, seconds).
+    After a fatal error the encoded part is written and the error raised again."""
     start = time.perf_counter()
-    interrupted = False
+    interrupted = None
     videos = [p for p in paths if os.path.splitext(p)[1].lower() in VIDEO_EXTENSIONS]
     images = [p for p in paths if p not in set(videos)]
     options = video_options(args)
@@ -169,16 +174,16 @@ def _encode_and_save(encoder, paths: list[str], args, output: pathlib.Path,
             encode_all(encoder, images, args.batch_size, results, progress, pooled=args.pooled)
             if videos:
                 encode_videos(encoder, videos, options, results, progress)
-    except KeyboardInterrupt:
-        print(f"\nmmenc encode: interrupted after {results.images} of {len(paths)} images", file=sys.stderr)
-        interrupted = True
+    except KeyboardInterrupt as e:
+        print(f"\nmmenc encode: {describe(e)} after {results.images} of {len(paths)} images", file=sys.stderr)
+        interrupted = e
     except BaseException:
         print(f"mmenc encode: stopped by an error after {results.images} of {len(paths)} images", file=sys.stderr)
         save(encoder, output, results, complete=False, partial=True)
         raise
     seconds = time.perf_counter() - start
-    complete = not interrupted and results.images == len(paths)
-    written = save(encoder, output, results, complete=complete, partial=interrupted)
+    complete = interrupted is None and results.images == len(paths)
+    written = save(encoder, output, results, complete=complete, partial=interrupted is not None)
     return written, interrupted, seconds
 
 
@@ -245,7 +250,7 @@ def save(encoder, output: pathlib.Path, results: Results, complete: bool, partia
         return False
     from safetensors.torch import save_file
 
-    metadata = {"model": encoder.model_name, "backend": encoder.attention_backends(),
+    metadata = {"model": encoder.model_name, "weights": encoder.weights, "backend": encoder.attention_backends(),
                 "images": str(results.images), "complete": str(complete).lower(), **results.metadata}
     if results.videos:
         metadata["videos"] = str(results.videos)

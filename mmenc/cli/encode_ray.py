@@ -4,7 +4,6 @@ import os
 import sys
 from collections.abc import Callable, Collection
 
-EXIT_INTERRUPTED = 130
 
 
 def add_ray_encode_args(parser: argparse.ArgumentParser) -> None:
@@ -12,7 +11,9 @@ def add_ray_encode_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ray", action="store_true",
                    help="run on Ray Data: CPU workers preprocess, one encoder actor per GPU, --output is a FOLDER of "
                         "shards that a rerun resumes; inputs may also be URIs pyarrow reads (s3://, gs://, ...)")
-    g.add_argument("--shard-size", type=int, default=1024, metavar="N", help="with --ray: images per shard file")
+    g.add_argument("--shard-size", type=int, default=None, metavar="N",
+                   help="with --ray: images per shard file, the unit written as soon as it is done and skipped by a "
+                        "rerun (default: about 1/32 of the job, 1..1024; a resumed folder keeps its own)")
     g.add_argument("--encoders", type=int, default=None, metavar="N",
                    help="with --ray: encoder actors (default: one per GPU of the cluster, 1 without GPUs)")
     g.add_argument("--ray-address", default=None, metavar="ADDR",
@@ -50,6 +51,7 @@ def run_encode(args, collect_images: Callable[[list[str]], list[str]], extension
     module does not import encode.py, which imports it)."""
     from mmenc.cli.common import apply_log_level, encoder_kwargs
     from mmenc.cli.progress import Progress
+    from mmenc.cli.signals import describe, exit_code, stop_on_signals  # again: ray.init set its own
     from mmenc.engine.encoder import DEFAULT_MODEL
     from mmenc.ray.cluster import connect, import_ray
     from mmenc.ray.data import OfflineSettings, run_job
@@ -67,12 +69,17 @@ def run_encode(args, collect_images: Callable[[list[str]], list[str]], extension
                                pixel_dtype=pixel_dtype, video=video_options(args).as_dict())
     started = connect(args.ray_address)
     try:
-        with Progress(len(keys), unit="images", label="mmenc encode --ray", enabled=not args.quiet) as progress:
-            report = run_job(keys, kwargs, settings, progress=progress)
-    except KeyboardInterrupt:
-        print(f"\nmmenc encode --ray: interrupted; the finished shards are in {args.output} and a rerun with the "
-              f"same inputs resumes after them", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        with stop_on_signals(), Progress(len(keys), unit="images", label="mmenc encode --ray", enabled=not args.quiet) as progress:
+            shards = [0]
+            progress.note = lambda: f"{shards[0]} shard(s) written"
+
+            def on_shard(index, report) -> None:
+                shards[0] = report.shards_written
+            report = run_job(keys, kwargs, settings, on_shard=on_shard, progress=progress)
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP (mmenc encode's run handles the last two alike)
+        print(f"\nmmenc encode --ray: {describe(e)}; the finished shards are in {args.output} and a rerun with "
+              f"the same inputs resumes after them", file=sys.stderr)
+        return exit_code(e)
     finally:
         if started:
             import_ray().shutdown()

@@ -31,9 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"mmenc {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # `encode` saves its partial results itself; the others have nothing to keep
-        print(f"mmenc {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # `encode` saves its partial results itself; the others have nothing to keep
+        from mmenc.cli.signals import describe, exit_code
+
+        print(f"mmenc {args.command}: {describe(e)}", file=sys.stderr)
+        return exit_code(e)
 
 
 if __name__ == "__main__":

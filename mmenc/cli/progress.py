@@ -24,6 +24,7 @@ class Progress:
         self.stream = stream if stream is not None else sys.stderr
         self.done = 0
         self.count: Callable[[], int] | None = None  # where `done` is read from, if not advance()'s count
+        self.note: Callable[[], str] | None = None  # appended to each line, e.g. "3 shard(s) written"
         self._start = time.perf_counter()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -47,6 +48,8 @@ class Progress:
                 text += f", ETA {_duration((self.total - done) / rate)}"
         elif self.total:
             text += ", ETA after the first one"
+        if self.note is not None:
+            text += f"; {self.note()}"
         return text
 
     def print(self) -> None:

@@ -2,7 +2,7 @@
 import argparse
 import sys
 
-from mmenc.cli.common import add_encoder_args, encoder_kwargs
+from mmenc.cli.common import add_encoder_args, apply_log_level, encoder_kwargs
 from mmenc.engine.encoder import DEFAULT_MODEL
 from mmenc.serving.settings import ServeSettings, parse_size
 
@@ -15,6 +15,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                                    "image_embeds, raw base64 or JSON; GET /health, /v1/models, /metrics. "
                                    "See docs/serving.md.")
     add_encoder_args(p, f"default: {DEFAULT_MODEL} with random weights")
+    p.add_argument("--served-model-name", default=None, metavar="NAME",
+                   help="the model's name in /v1/models and in every answer (default: the Hub id given, or the "
+                        "checkpoint folder's name; never its path)")
     p.add_argument("--host", default=_D.host, help="address to listen on (default: %(default)s)")
     p.add_argument("--port", type=int, default=_D.port, help="port (default: %(default)s)")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1/* routes")
@@ -91,10 +94,12 @@ def settings_from_args(args) -> ServeSettings:
                          max_images_per_request=args.max_images_per_request,
                          max_image_pixels=args.max_image_pixels, max_queue_images=args.max_queue_images,
                          shutdown_timeout_s=args.shutdown_timeout, max_in_flight=args.max_in_flight,
-                         bucket_batches=args.bucket_batches, frontends=args.frontends, **extra)
+                         bucket_batches=args.bucket_batches, frontends=args.frontends,
+                         served_model_name=args.served_model_name, **extra)
 
 
 def run(args) -> int:
+    apply_log_level(args)  # -q / --log-level: mmenc's logger, and uvicorn's (mmenc.serving.server)
     if not args.ray and (args.autoscale is not None or args.replicas != 1 or args.ray_address is not None
                          or args.ray_ingress != "proxy" or args.ray_cache != "shared"):
         raise ValueError("--replicas, --autoscale, --ray-address, --ray-ingress and --ray-cache need --ray (one "
@@ -124,6 +129,10 @@ def _run_ray(args) -> int:
     settings = settings_from_args(args)  # flags checked before Ray starts
     kwargs = encoder_kwargs(args, DEFAULT_MODEL)
     ray_settings_from_args(args, cluster_gpus=0)
+    if args.ray_address is None:  # a local Ray: its proxy (or the replicas) will listen here
+        from mmenc.serving.frontends.engine import bind
+
+        bind(settings.host, settings.port, reuse_port=args.ray_ingress == "direct").close()
     started = connect(args.ray_address)
     try:
         return run_ray_serve(settings, ray_settings_from_args(args, cluster_gpus()), kwargs, args.ray_address)

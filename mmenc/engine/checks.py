@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from mmenc.engine.runner import DTYPE_NAMES
+from mmenc.engine.tower import DTYPE_NAMES
 from mmenc.logger import init_logger
 
 logger = init_logger(__name__)
@@ -15,7 +15,7 @@ class NonFiniteOutputError(RuntimeError):
 
 
 def check_dtype(dtype) -> None:
-    """"auto", a floating dtype's name (see runner.resolve_dtype) or a floating torch.dtype."""
+    """"auto", a floating dtype's name (see tower.resolve_dtype) or a floating torch.dtype."""
     if isinstance(dtype, torch.dtype):
         if not dtype.is_floating_point:
             raise ValueError(f"dtype={dtype} is not a floating dtype; use torch.bfloat16, torch.float16, "
@@ -104,3 +104,18 @@ def check_finite(embeddings: torch.Tensor, tokens: list[int], strict: bool, *, f
     if strict:
         raise NonFiniteOutputError(message)
     logger.warning("%s", message)
+
+
+def check_grid(pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+    """grid_thw as int64 on the CPU, checked against pixel_values [P, F] (ValueError naming the shapes)."""
+    grid_thw = torch.as_tensor(grid_thw, dtype=torch.int64, device="cpu")
+    if grid_thw.dim() != 2 or grid_thw.shape[1] < 3:
+        raise ValueError(f"grid_thw must be [N, 3] (t, h, w per image; anyres families add the image size: "
+                         f"[N, 5]), got shape {tuple(grid_thw.shape)}")
+    if (grid_thw <= 0).any():
+        raise ValueError(f"grid_thw entries must be positive, got {grid_thw.tolist()}")
+    total = int(grid_thw[:, :3].prod(-1).sum())
+    if pixel_values.dim() != 2 or pixel_values.shape[0] != total:
+        raise ValueError(f"pixel_values has shape {tuple(pixel_values.shape)}; grid_thw {grid_thw.tolist()} "
+                         f"needs [{total}, C*temporal_patch*patch*patch]")
+    return grid_thw

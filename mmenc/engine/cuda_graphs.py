@@ -38,9 +38,9 @@ from collections.abc import Hashable
 import torch
 import torch.nn as nn
 
-from mmenc.layers.grid import LRUCache
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
+from mmenc.utils.lru import LRUCache
 
 logger = init_logger(__name__)
 

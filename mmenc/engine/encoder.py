@@ -1,6 +1,7 @@
 """Encoder: images in, the embeddings a VLM consumes out.
 
-    enc = Encoder("path/to/Qwen2.5-VL-7B-Instruct")          # or a built-in name, load_format="dummy"
+    enc = Encoder("path/to/Qwen2.5-VL-7B-Instruct")          # a folder, or a Hub id (huggingface_hub's cache)
+    enc = Encoder("Qwen/Qwen2.5-VL-7B-Instruct", load_format="dummy")  # random weights, no files
     embeddings = enc.encode(["a.jpg", "b.png"])              # list of [tokens_i, out_hidden]
     for i, emb in enc.encode_iter(paths):                    # a stream, input order, bounded memory
     pixel_values, grid_thw = enc.preprocess(images)          # exactly the HF image processor's output
@@ -18,29 +19,32 @@ processes ("weights": the tower sharded over them; "data": one replica each, ima
 results still come back on `device` (cuda:0 by default), as with one GPU.
 Under torchrun (RANK/WORLD_SIZE set) each process is one rank instead: every rank builds the
 Encoder and calls it with the same inputs, and every rank receives the full result.
-Which of these runs the tower is one runner object (mmenc.engine.runners), chosen here once.
+Which of these runs the tower is one executor object (mmenc.engine.executors), chosen here once.
+Tools and the service use only the Encoder's public surface (docs/engine.md, "For tools and the
+service"): `launch` (the service's tower call), `graph_stats` / `configure_graphs` / `clear_graphs` /
+`graphs_off` (CUDA graphs), `tower_call_hook` (tracing), `tally`, `input_device`.
 `encode` and `encode_iter` are pipelined: the Preprocessor's threads decode and resize the next
 chunk while the tower runs this one, and the host reads no device value between chunks
 (docs/engine.md, Pipelining).
 """
-import dataclasses
+import contextlib
 import threading
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 import torch
 
 from mmenc.config import MultiModalConfig
-from mmenc.engine.checks import check_dtype, check_finite, check_positive_int, check_timeout, finite_flag
-from mmenc.engine.inflight import ChunkWindow, Launched
-from mmenc.engine.runner import TowerRecipe, empty_output
-from mmenc.engine.runners import make_runner
-from mmenc.engine.videos import VideoAssembler, VideoEmbedding, entry_tokens
+from mmenc.engine.checks import check_dtype, check_finite, check_grid, check_positive_int, check_timeout
+from mmenc.engine.executors import make_executor
+from mmenc.engine.outputs import ImageEmbedding, concat_outputs, whole_image_runs
+from mmenc.engine.stream import stream
+from mmenc.engine.tower import LOAD_FORMATS, TowerRecipe, empty_output, resolve_checkpoint
+from mmenc.engine.videos import VideoEmbedding
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
 from mmenc.preprocess.images import ImageLoadError, LoadFailure
-from mmenc.preprocess.pipeline import Chunk, Preprocessor, default_workers, usable_cores
+from mmenc.preprocess.pipeline import Preprocessor, default_workers, usable_cores
 from mmenc.preprocess.schedule import ChunkSchedule
 from mmenc.tally import Tally
 
@@ -49,16 +53,12 @@ logger = init_logger(__name__)
 DEFAULT_MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
 
 
-@dataclasses.dataclass
-class ImageEmbedding:
-    """One image's embeddings [tokens, out_hidden] and its share of the tower's extra outputs."""
-
-    embeddings: torch.Tensor
-    extras: dict[str, Any]
+class EncoderClosedError(RuntimeError):
+    """An Encoder was asked to encode after close()."""
 
 
 class Encoder:
-    def __init__(self, model: str = DEFAULT_MODEL, dtype: str | torch.dtype = "auto",
+    def __init__(self, model: str | None = None, dtype: str | torch.dtype = "auto",
                  device: str | torch.device | None = None, mm_encoder_attn_backend: str | None = None,
                  load_format: Literal["auto", "dummy"] = "auto", tensor_parallel_size: int = 1,
                  mm_encoder_tp_mode: str = "weights", max_batch_patches: int = 1 << 16, compile: bool = False,
@@ -66,9 +66,14 @@ class Encoder:
                  preprocess_workers: int | None = None, preprocess_worker_kind: str = "auto",
                  preprocess_resize: str = "auto",
                  batch_invariant: bool = False, linear_backend: str | None = None, quantization: str | None = None,
-                 first_chunk_patches: int | None = None, chunk_growth: float = 2.0):
-        """model: a local Hugging Face checkpoint folder, or a built-in name (then
-        load_format="dummy" is implied: random weights, no files). max_batch_patches bounds one
+                 fused_kernels: bool = False, first_chunk_patches: int | None = None, chunk_growth: float = 2.0,
+                 high_bit_depth: Literal["clip", "scale"] = "clip"):
+        """model: a local Hugging Face checkpoint folder, or a Hub id ("org/name") resolved through
+        huggingface_hub (the local cache first, HF_HUB_OFFLINE honoured; a download fetches only
+        config.json, the processor configs and the shards holding the tower's tensors). load_format:
+        "auto" reads the checkpoint's weights; "dummy" gives random weights (a built-in name then needs
+        no files; `random_weights` says so). None: the built-in DEFAULT_MODEL with random weights (a
+        demo that runs offline). max_batch_patches bounds one
         tower call; `encode` splits larger inputs into several calls (whole images only).
         compile=True runs the tower's blocks through torch.compile (the first call compiles).
         cuda_graphs=True (CUDA only) replays one CUDA graph per packing seen before (the second
@@ -87,7 +92,10 @@ class Encoder:
         batch_invariant: each image's embedding is bitwise identical whatever else is in the call
         (order, chunking), at some throughput cost (MultiModalConfig.batch_invariant).
         linear_backend: the linears' kernel backend by name ("native", "onednn", "fp8"; None: the
-        platform's choice, see `linear_backend()` and docs/linear.md); quantization: None or "fp8".
+        platform's choice, see `linear_backend()` and docs/linear.md); quantization: None, "fp8" (FP8 on the
+        last quarter of the blocks) or "fp8-all" (every linear, below the accuracy bar; docs/linear.md).
+        fused_kernels: fused row kernels (residual add + norm, gated activation, FP8 quantization inside
+        them) where the platform has them; an error naming why where it has none (docs/kernels.md).
         first_chunk_patches: the first tower call of each `encode`/`encode_iter` takes at most this
         many patches (at least one image), so the tower starts while the rest is still decoded
         (None: max_batch_patches // 16, 4096 by default; max_batch_patches or more: no smaller
@@ -95,6 +103,9 @@ class Encoder:
         call's rows, up to max_batch_patches (math.inf: straight to max_batch_patches); the cut
         depends only on the images' sizes, so repeated calls repeat their packings
         (mmenc.preprocess.schedule.ChunkSchedule). See docs/engine.md, Pipelining.
+        high_bit_depth: 16-bit images (16-bit grayscale PNGs) in encode/encode_iter: "clip" converts them
+        as transformers does (values over 255 clip, the image comes out almost white; warned once), for
+        parity; "scale" maps 0..65535 onto 0..255, the image as it looks.
         Safe to call from many threads: calls run one at a time (docs/engine.md, Threads)."""
         check_dtype(dtype)
         check_positive_int("tensor_parallel_size", tensor_parallel_size, "the number of devices, e.g. 2")
@@ -103,11 +114,14 @@ class Encoder:
         self.mm_config = MultiModalConfig(mm_encoder_attn_backend=mm_encoder_attn_backend,
                                           mm_encoder_tp_mode=mm_encoder_tp_mode, compile=compile,
                                           cuda_graphs=cuda_graphs, batch_invariant=batch_invariant,
-                                          linear_backend=linear_backend, quantization=quantization)
+                                          linear_backend=linear_backend, quantization=quantization,
+                                          fused_kernels=fused_kernels)
         if first_chunk_patches is not None:
             check_positive_int("first_chunk_patches", first_chunk_patches,
                                "the most patches of the first tower call of a call, e.g. 4096")
-        self.max_batch_patches, self.strict, self.model_name = max_batch_patches, bool(strict), model
+        if model is None:
+            model, load_format = DEFAULT_MODEL, "dummy"
+        self.max_batch_patches, self.strict, self.model_name = max_batch_patches, bool(strict), str(model)
         self.first_chunk_patches = min(max_batch_patches, first_chunk_patches if first_chunk_patches is not None
                                        else max(1, max_batch_patches // 16))
         if isinstance(chunk_growth, bool) or not isinstance(chunk_growth, (int, float)) or not chunk_growth >= 1:
@@ -116,27 +130,34 @@ class Encoder:
         self.chunk_growth = chunk_growth
         self.chunks_in_flight = 2  # tower calls the host may queue before reading the oldest's result
         self.tally = Tally()  # seconds of encode/encode_iter: chunk_wait_s, launch_s, device_wait_s, consumer_s
-        self._recipe = TowerRecipe(dict(model=model, load_format=load_format, dtype=dtype,
+        if load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format={load_format!r} is not valid; expected one of {LOAD_FORMATS}")
+        checkpoint = resolve_checkpoint(self.model_name, load_format)  # a Hub id: once, here, not per worker
+        self._recipe = TowerRecipe(dict(model=checkpoint, load_format=load_format, dtype=dtype,
                                         multimodal_config=self.mm_config))
-        self.runner = make_runner(self._recipe, torch.device(device) if device is not None else None,
-                                  tensor_parallel_size, self.mm_config.mm_encoder_tp_mode, worker_timeout_s)
-        self.device, self.tensor_parallel_size = self.runner.device, self.runner.tensor_parallel_size
-        self.loaded = self.runner.loaded
+        self._executor = make_executor(self._recipe, torch.device(device) if device is not None else None,
+                                       tensor_parallel_size, self.mm_config.mm_encoder_tp_mode, worker_timeout_s)
+        self.device, self.tensor_parallel_size = self._executor.device, self._executor.tensor_parallel_size
+        self.loaded = self._executor.loaded
         self.processor = self.loaded.processor
         workers = default_workers(self.device) if preprocess_workers is None else preprocess_workers
-        self.preprocessor = Preprocessor(self.processor, device=self.runner.input_device, workers=workers,
+        self.preprocessor = Preprocessor(self.processor, device=self.input_device, workers=workers,
                                          worker_kind=preprocess_worker_kind, resize=preprocess_resize,
-                                         video_processor=self.video_processor)
+                                         video_processor=self.video_processor, high_bit_depth=high_bit_depth)
         logger.info("threads: %s", self.threads())
         self._lock = threading.Lock()  # one call at a time: results can never cross between threads
+        self._closed = False  # close() was called: encoding raises EncoderClosedError
         self._empty: TowerOutput | None = None
         self._text = None  # the TextEncoder, built by the first embed_text
+        self._hooks: list = []  # tower_call_hook's, innermost last
+        self._graphs_off = 0  # graphs_off() depth: > 0 runs the tower without its CUDA graphs
 
     # -- the three steps --------------------------------------------------------------------
     def preprocess(self, images: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """pixel_values float32 [patches, C*tp*p*p] and grid_thw int64 [N, 3], as the model's HF
-        image processor gives them. Inputs: paths, PIL images, numpy arrays (see mmenc.preprocess)."""
-        return self.processor(list(images))
+        image processor gives them. Inputs: paths, PIL images, numpy arrays (see mmenc.preprocess); one
+        image alone (a path, bytes, a PIL image, an [H, W(, C)] array) counts as a list of one."""
+        return self.processor(list(as_items(images)))
 
     @property
     def video_processor(self) -> Any:
@@ -157,19 +178,19 @@ class Encoder:
         images (grid_thw [0, 3], pixel_values [0, F]) give an empty result [0, out_hidden].
         pooled=True: the tower's pooled image embeddings [N, hidden] instead (see `pool`); with
         return_extras, the TowerOutput carries them as extras["pooled"]."""
+        self._check_open("encode_pixels")
         if pooled:
             out = self.encode_pixels(pixel_values, grid_thw, return_extras=True)
             vectors = self.pool(out.embeddings, grid_thw)
             return TowerOutput(out.embeddings, {**out.extras, "pooled": vectors}) if return_extras else vectors
         if pixel_values.dim() > 2:  # [P, C, p, p] (Kimi's processor) -> one row per patch
             pixel_values = pixel_values.reshape(pixel_values.shape[0], -1)
-        grid_thw = _check_grid(pixel_values, grid_thw)
+        grid_thw = check_grid(pixel_values, grid_thw)
         with self._lock:
             if grid_thw.shape[0] == 0:
                 out = self._empty_output()
             else:
-                outputs = [self.runner.run(pv, g) for pv, g in self._chunks(pixel_values, grid_thw)]
-                out = outputs[0] if len(outputs) == 1 else _concat_outputs(outputs)
+                out = self._run_chunks(pixel_values, grid_thw)
         check_finite(out.embeddings, self.output_tokens(grid_thw), self.strict)
         return out if return_extras else out.embeddings
 
@@ -186,6 +207,21 @@ class Encoder:
                              f"{self.tensor_parallel_size} the weights live in worker processes; use "
                              f"tensor_parallel_size=1 (or torchrun) for pooled embeddings")
         return tower.pool(embeddings, torch.as_tensor(grid_thw, dtype=torch.int64).cpu())
+
+    @property
+    def random_weights(self) -> bool:
+        """True when the tower runs random weights (load_format="dummy"): its embeddings mean nothing."""
+        return self.loaded.load_format == "dummy"
+
+    @property
+    def weights(self) -> str:
+        """Where the weights come from, as outputs state it: "checkpoint", or "random" (load_format="dummy")."""
+        return "random" if self.random_weights else "checkpoint"
+
+    @property
+    def checkpoint_folder(self):
+        """The checkpoint folder read (a Hub id's snapshot in the huggingface_hub cache), or None (built-in)."""
+        return self.loaded.folder
 
     @property
     def pooled_dim(self) -> int | None:
@@ -207,6 +243,7 @@ class Encoder:
         """Text embeddings [len(texts), dim] in the space of `encode(images, pooled=True)`: transformers'
         get_text_features on the checkpoint's own tokenizer output (mmenc.engine.text), on `device` in the
         tower's dtype. The text tower is built on first use. ValueError for a checkpoint without one."""
+        self._check_open("embed_text")
         if self._text is None:
             if self.loaded.load_format != "auto":
                 raise ValueError(f"embed_text: {self.model_name!r} has random weights and no tokenizer files "
@@ -214,14 +251,15 @@ class Encoder:
                                  f"folder")
             from mmenc.engine.text import TextEncoder
 
-            self._text = TextEncoder.from_checkpoint(self.model_name, self.device, self.loaded.dtype)
+            self._text = TextEncoder.from_checkpoint(self.loaded.folder, self.device, self.loaded.dtype)
         with self._lock:
             return self._text.encode(list(texts) if not isinstance(texts, str) else texts)
 
     def encode(self, images: Sequence[Any], return_extras: bool = False,
                errors: Literal["raise", "skip"] = "raise", pooled: bool = False) -> list:
         """One [tokens_i, out_hidden] tensor per image (ImageEmbedding with return_extras), on the
-        tower's device. Inputs: paths, bytes, PIL images, numpy arrays (see mmenc.preprocess); videos
+        tower's device. Inputs: a sequence of paths, bytes, PIL images, numpy arrays (see mmenc.preprocess);
+        one input alone (`encode("cat.jpg")`) is a list of one, and so is its result; videos
         (a path with a video extension, a video file's bytes, or mmenc.preprocess.video.Video(path,
         fps=...)) give a VideoEmbedding (embeddings, extras, video: VideoInfo) whatever return_extras.
         pooled=True: one [hidden] pooled embedding per image instead (the tower's pooling head, see
@@ -233,10 +271,11 @@ class Encoder:
         Pipelined in chunks of at most max_batch_patches patches (see encode_iter)."""
         if errors not in ("raise", "skip"):
             raise ValueError(f"errors={errors!r} not supported; expected 'raise' or 'skip'")
-        items = list(images)
+        self._check_open("encode")
+        items = list(as_items(images))
         results: list = [None] * len(items)
         failures: list[LoadFailure] = []
-        for index, value in self._pipeline(items, stop_on_failure=errors == "raise", pooled=pooled):
+        for index, value in stream(self, items, stop_on_failure=errors == "raise", pooled=pooled):
             if isinstance(value, LoadFailure):
                 failures.append(value)
                 if errors == "skip":
@@ -265,7 +304,8 @@ class Encoder:
         strict=True, before the chunk's results are handed out (NonFiniteOutputError ends the stream).
         Results are device tensors whose tower call may still be running (stream-ordered, as any
         torch op's output)."""
-        for index, value in self._pipeline(images, stop_on_failure=False):
+        self._check_open("encode_iter")
+        for index, value in stream(self, as_items(images), stop_on_failure=False):
             if isinstance(value, LoadFailure):
                 logger.warning("skipped: %s", value.message)
                 yield index, value
@@ -284,7 +324,7 @@ class Encoder:
 
     def attention_backends(self) -> str:
         """The attention backend(s) the tower's layers chose, e.g. "TORCH_SDPA"."""
-        return self.runner.attention_backends()
+        return self._executor.attention_backends()
 
     def threads(self) -> str:
         """How this process's cores are shared, e.g. "2 usable cores; tower: 2 intra-op threads (torch);
@@ -302,9 +342,15 @@ class Encoder:
         return backend.name if backend is not None else "unknown"
 
     def close(self) -> None:
-        """Stop the preprocessing threads and the worker processes, if any (also on `with` exit). Idempotent."""
+        """Stop the preprocessing threads and the worker processes, if any (also on `with` exit). Idempotent;
+        afterwards every encode / encode_iter / encode_pixels / embed_text call raises EncoderClosedError."""
+        self._closed = True
         self.preprocessor.close()
-        self.runner.close()
+        self._executor.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def __enter__(self):
         return self
@@ -312,7 +358,120 @@ class Encoder:
     def __exit__(self, *exc):
         self.close()
 
+    # -- for tools and the service ---------------------------------------------------------------
+    @property
+    def input_device(self) -> torch.device:
+        """Where `launch`'s pixel_values should be (the tower's device; the CPU with worker processes,
+        which stage host pixels to their GPUs themselves)."""
+        return self._executor.input_device
+
+    @property
+    def launches_asynchronously(self) -> bool:
+        """Whether `launch` returns as soon as the tower's kernels are queued (a tower on an accelerator in
+        this process); False with worker processes, torchrun ranks and on the CPU, where it returns done."""
+        return self._executor.launches_asynchronously and self.device.type != "cpu"
+
+    @torch.inference_mode()
+    def launch(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
+        """The tower call(s) for pixel_values [P, F] (on `input_device`) and grid_thw int64 [N >= 1, 3] (CPU),
+        under the Encoder's lock, returned without reading the result on the host: on CUDA the kernels are
+        queued and the TowerOutput's tensors are filled in stream order. No finite check (that reads the
+        result): call `check_finite(out.embeddings, enc.output_tokens(grid_thw))` once it is read back.
+        More than max_batch_patches patches run as several calls over whole images. The service's
+        batcher calls this; everyone else wants `encode_pixels`."""
+        with self._lock:
+            return self._run_chunks(pixel_values, grid_thw)
+
+    def check_finite(self, embeddings: torch.Tensor, tokens: Sequence[int]) -> None:
+        """Warn (or under strict=True raise NonFiniteOutputError) naming the images whose embeddings
+        [sum tokens, hidden] hold NaN or inf; reads them on the host."""
+        check_finite(embeddings, tokens, self.strict)
+
+    def graph_stats(self) -> dict[str, int] | None:
+        """The CUDA-graph cache's tower calls so far by outcome (replays, captures, eager; and stale,
+        replanned, dropped_unreplayed, ...: mmenc.engine.cuda_graphs), or None without CUDA graphs
+        (cuda_graphs=False, worker processes)."""
+        graphs = self._graphs()
+        return None if graphs is None else dict(graphs.stats)
+
+    def unreplayed_graphs(self) -> int:
+        """CUDA graphs captured so far and never replayed (kept or dropped); 0 without CUDA graphs."""
+        graphs = self._graphs()
+        return 0 if graphs is None else graphs.unreplayed()
+
+    def configure_graphs(self, recent_calls: int | None) -> None:
+        """Capture a packing only when it was seen again within `recent_calls` tower calls (None: whenever
+        seen twice; see mmenc.engine.cuda_graphs). ValueError without CUDA graphs or for recent_calls < 1."""
+        graphs = self._graphs()
+        if graphs is None:
+            raise ValueError(f"configure_graphs(recent_calls={recent_calls}): this Encoder has no CUDA graphs "
+                             f"(cuda_graphs=True, a CUDA device and tensor_parallel_size=1 give them)")
+        if recent_calls is not None and recent_calls < 1:
+            raise ValueError(f"recent_calls={recent_calls} must be >= 1 (or None: capture whenever a packing "
+                             f"comes again)")
+        graphs.recent_calls = recent_calls
+
+    def clear_graphs(self) -> None:
+        """Drop every captured CUDA graph (and its memory pool) and the sightings; no-op without graphs."""
+        graphs = self._graphs()
+        if graphs is not None:
+            graphs.clear()
+
+    @contextlib.contextmanager
+    def graphs_off(self):
+        """Inside the block the tower runs without its CUDA graphs (eager, or compiled); captured graphs
+        stay for after it."""
+        self._graphs_off += 1
+        try:
+            yield
+        finally:
+            self._graphs_off -= 1
+
+    @contextlib.contextmanager
+    def tower_call_hook(self, hook):
+        """Inside the block every tower call (of encode, encode_iter, encode_pixels, launch) goes through
+        `hook(run, pixel_values, grid_thw) -> TowerOutput`, which must call `run(pixel_values, grid_thw)`
+        and return its result (tracing: time it, count it). Hooks nest: the one entered first runs
+        closest to the tower. Called under the Encoder's lock, in the thread making the call."""
+        self._hooks.append(hook)
+        try:
+            yield
+        finally:
+            self._hooks.remove(hook)
+
     # -- internals ----------------------------------------------------------------------------
+    def _check_open(self, method: str) -> None:
+        if self._closed:
+            raise EncoderClosedError(f"Encoder({self.model_name!r}).{method}: the encoder is closed (close() was "
+                                     f"called, or its `with` block ended); create a new Encoder to encode again")
+
+    def _graphs(self):
+        """The tower's CudaGraphCache, or None (no CUDA graphs; worker processes keep theirs)."""
+        return getattr(self.loaded, "graphs", None)
+
+    def _run(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
+        """One tower call through the hooks (under the lock)."""
+        run = self._executor.run
+        if self._graphs_off:
+            run = self._without_graphs(run)
+        for hook in self._hooks:
+            run = (lambda inner, h: lambda pv, g: h(inner, pv, g))(run, hook)
+        return run(pixel_values, grid_thw)
+
+    def _without_graphs(self, run):
+        def call(pixel_values, grid_thw):
+            graphs, self.loaded.graphs = self.loaded.graphs, None
+            try:
+                return run(pixel_values, grid_thw)
+            finally:
+                self.loaded.graphs = graphs
+        return call
+
+    def _run_chunks(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
+        """The tower over runs of whole images of at most max_batch_patches patches (under the lock)."""
+        outputs = [self._run(pv, g) for pv, g in whole_image_runs(pixel_values, grid_thw, self.max_batch_patches)]
+        return outputs[0] if len(outputs) == 1 else concat_outputs(outputs)
+
     def _empty_output(self) -> TowerOutput:
         """The result of a call with zero images (computed once from a meta-device tower)."""
         if self._empty is None:
@@ -320,133 +479,23 @@ class Encoder:
             self._empty = empty_output(meta, self.device)
         return self._empty
 
-    def _pipeline(self, images: Iterable[Any], *, stop_on_failure: bool, pooled: bool = False
-                  ) -> Iterator[tuple[int, ImageEmbedding | LoadFailure]]:
-        """(index, ImageEmbedding | LoadFailure) in input order. Chunks follow `chunk_schedule`; chunk
-        k's results are handed out after chunk k+1's tower call is queued, and the host reads no
-        device value on the way except through a ChunkWindow (mmenc.engine.inflight): on CUDA the
-        device never waits for the host between chunks while the workers keep up. stop_on_failure:
-        no tower call after the first failure (encode with errors="raise" only collects the failures
-        then). pooled: each ImageEmbedding also carries extras["pooled"] [hidden] (see `pool`).
-        Seconds spent land in self.tally (chunk_wait_s, launch_s, device_wait_s, consumer_s)."""
-        chunks = self.preprocessor.iter_chunks(images, schedule=self.chunk_schedule, errors="skip")
-        window = ChunkWindow(depth=self.chunks_in_flight, strict=self.strict, tally=self.tally)
-        videos = VideoAssembler()  # a long video's pieces, until its last
-        failed = False
-        try:
-            while True:
-                with self.tally.time("chunk_wait_s"):  # blocked on the workers, or staging the chunk
-                    chunk = next(chunks, None)
-                if chunk is None:
-                    break
-                failed = failed or bool(chunk.failures)
-                launched = Launched(chunk)
-                if chunk.indices and not (failed and stop_on_failure):
-                    with self.tally.time("launch_s"):
-                        launched = self._launch(chunk, pooled)
-                for done in window.push(launched):
-                    yield from self._hand_out(done, videos)
-            for done in window.drain():
-                yield from self._hand_out(done, videos)
-        finally:
-            chunks.close()
 
-    def _launch(self, chunk: Chunk, pooled: bool) -> Launched:
-        """Queue one chunk's tower call (and its finite flag); nothing here waits for the device."""
-        pixel_values = chunk.pixel_values
-        if pixel_values.dim() > 2:  # [P, C, p, p] (Kimi's processor) -> one row per patch
-            pixel_values = pixel_values.reshape(pixel_values.shape[0], -1)
-        with self._lock:  # per tower call: other threads' calls interleave between chunks
-            out = self.runner.run(pixel_values, chunk.grid_thw)
-            if pooled:  # [N, hidden], one row per image: not token-aligned, handed out by _deliver
-                out = TowerOutput(out.embeddings, {**out.extras, "pooled": self.pool(out.embeddings, chunk.grid_thw)})
-            flag = finite_flag(out.embeddings)  # CUDA calls (a pinned buffer, an event): never beside a capture
-        self.tally.add(tower_calls=1, images=len(chunk.indices))
-        return Launched(chunk, out, flag, self.output_tokens(chunk.grid_thw))
+def as_items(images: Any) -> Iterable[Any]:
+    """`images` as an iterable of inputs: one input alone (a str or os.PathLike path, bytes, a PIL image,
+    an [H, W] or [H, W, C] numpy array, a Video) becomes a list of one, so "cat.jpg" is not read as the
+    characters c, a, t; any other iterable as it is. TypeError for what is neither."""
+    import os
 
-    def _hand_out(self, launched: Launched, videos: VideoAssembler):
-        """_deliver's items, the caller's time between them counted as consumer_s."""
-        for item in self._deliver(launched, videos):
-            begin = time.perf_counter()
-            yield item
-            self.tally.add(consumer_s=time.perf_counter() - begin)
+    import numpy as np
+    from PIL import Image
 
-    def _deliver(self, launched: Launched, videos: VideoAssembler):
-        """One chunk's failures and (if it ran) per-image results, merged in input order (the finite
-        check is the ChunkWindow's); a video's pieces go to `videos`, which gives its VideoEmbedding
-        after its last piece."""
-        chunk, out = launched.chunk, launched.out
-        items: list[tuple[int, Any]] = [(f.index, f) for f in chunk.failures]
-        for f in chunk.failures:
-            videos.fail(f.index)  # nothing for an image; a video's earlier pieces are dropped
-        if out is not None:
-            extras = dict(out.extras)
-            vectors = extras.pop("pooled", None)
-            tokens = entry_tokens(chunk.videos, len(chunk.grid_thw), launched.tokens)
-            pieces = split_per_image(TowerOutput(out.embeddings, extras), tokens)
-            if vectors is not None:
-                for piece, vector in zip(pieces, vectors):
-                    piece.extras["pooled"] = vector
-            for index, piece, video in zip(chunk.indices, pieces, chunk.videos or [None] * len(pieces)):
-                if video is not None:
-                    self.tally.add(video_frames=len(video.frames))  # progress of long videos (mmenc encode)
-                value = piece if video is None else videos.take(index, video, piece)
-                if value is not None:
-                    items.append((index, value))
-        yield from sorted(items, key=lambda pair: pair[0])
+    from mmenc.preprocess.video import Video
 
-    def _chunks(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor):
-        """Split into runs of whole images of at most max_batch_patches patches (one image may exceed it)."""
-        sizes = grid_thw[:, :3].prod(-1).tolist()  # t*h*w (LLaVA-NeXT rows add columns after them)
-        start_img, start_patch, count = 0, 0, 0
-        for i, n in enumerate(sizes):
-            if count and count + n > self.max_batch_patches:
-                yield pixel_values[start_patch:start_patch + count], grid_thw[start_img:i]
-                start_img, start_patch, count = i, start_patch + count, 0
-            count += n
-        yield pixel_values[start_patch:start_patch + count], grid_thw[start_img:]
-
-
-def split_per_image(out: TowerOutput, tokens: list[int]) -> list[ImageEmbedding]:
-    """Cut a batch's TowerOutput into one ImageEmbedding per image (tensor extras are cut alike)."""
-    embeddings = out.embeddings.split(tokens)
-    pieces = [ImageEmbedding(e, {}) for e in embeddings]
-    for key, value in out.extras.items():
-        if isinstance(value, torch.Tensor):
-            for p, v in zip(pieces, value.split(tokens)):
-                p.extras[key] = v
-        elif isinstance(value, (list, tuple)) and all(isinstance(v, torch.Tensor) for v in value):
-            per_level = [v.split(tokens) for v in value]
-            for i, p in enumerate(pieces):
-                p.extras[key] = [level[i] for level in per_level]
-        else:
-            for p in pieces:
-                p.extras[key] = value
-    return pieces
-
-
-def _concat_outputs(outputs: list[TowerOutput]) -> TowerOutput:
-    extras = {}
-    for key, value in outputs[0].extras.items():
-        if isinstance(value, torch.Tensor):
-            extras[key] = torch.cat([o.extras[key] for o in outputs])
-        elif isinstance(value, (list, tuple)):
-            extras[key] = [torch.cat([o.extras[key][i] for o in outputs]) for i in range(len(value))]
-        else:
-            extras[key] = value
-    return TowerOutput(torch.cat([o.embeddings for o in outputs]), extras)
-
-
-def _check_grid(pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
-    grid_thw = torch.as_tensor(grid_thw, dtype=torch.int64, device="cpu")
-    if grid_thw.dim() != 2 or grid_thw.shape[1] < 3:
-        raise ValueError(f"grid_thw must be [N, 3] (t, h, w per image; anyres families add the image size: "
-                         f"[N, 5]), got shape {tuple(grid_thw.shape)}")
-    if (grid_thw <= 0).any():
-        raise ValueError(f"grid_thw entries must be positive, got {grid_thw.tolist()}")
-    total = int(grid_thw[:, :3].prod(-1).sum())
-    if pixel_values.dim() != 2 or pixel_values.shape[0] != total:
-        raise ValueError(f"pixel_values has shape {tuple(pixel_values.shape)}; grid_thw {grid_thw.tolist()} "
-                         f"needs [{total}, C*temporal_patch*patch*patch]")
-    return grid_thw
-
+    if isinstance(images, (str, bytes, bytearray, memoryview, os.PathLike, Image.Image, Video)):
+        return [images]
+    if isinstance(images, np.ndarray) and images.ndim in (2, 3):
+        return [images]
+    if isinstance(images, dict) or not isinstance(images, Iterable):
+        raise TypeError(f"images must be one input (a path, bytes, a PIL image, a numpy array, a Video) or an "
+                        f"iterable of them, got {type(images).__name__}")
+    return images

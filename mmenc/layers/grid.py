@@ -1,12 +1,8 @@
-"""Host-side helpers for towers that take `grid_thw`: reading the grid once, and small LRU caches.
+"""Host-side helpers for towers that take `grid_thw`: reading the grid once (caches: mmenc.utils.lru).
 
 Everything a tower derives from the grid (rotary tables, window permutations, cu_seqlens) is computed
 on the host from the CPU `grid_thw`, once per forward, and cached per (t, h, w) or per whole grid.
 """
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
-from typing import Any
-
 import torch
 
 Grid = tuple[tuple[int, int, int], ...]
@@ -37,30 +33,3 @@ def num_patches(grid: Grid) -> int:
 def frame_lengths(grid: Grid) -> list[int]:
     """Patches per frame, frame by frame: each frame attends to itself (h*w tokens, t times)."""
     return [h * w for t, h, w in grid for _ in range(t)]
-
-
-class LRUCache:
-    """A small least-recently-used map: `get(key, make)` returns the cached value or `make()`'s."""
-
-    def __init__(self, capacity: int = 64):
-        self.capacity = capacity
-        self._data: OrderedDict[Hashable, Any] = OrderedDict()
-
-    def get(self, key: Hashable, make: Callable[[], Any]) -> Any:
-        if key in self._data:
-            self._data.move_to_end(key)
-            return self._data[key]
-        value = make()
-        self._data[key] = value
-        if len(self._data) > self.capacity:
-            self._data.popitem(last=False)
-        return value
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._data
-
-    def clear(self) -> None:
-        self._data.clear()
-
-    def __len__(self) -> int:
-        return len(self._data)

@@ -27,13 +27,14 @@ patch embedding, merger) run its matmul over fixed-size token tiles (mmenc.layer
 token's output does not depend on how many other tokens share the call. The engine applies it when
 MultiModalConfig(batch_invariant=True); towers need no code of their own for it.
 """
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from mmenc.backends.linear import LinearBackend, LinearBackendEnum, LinearState, get_linear_backend_class
+from mmenc.backends.linear.fp8 import QuantizedRows
 from mmenc.distributed.parallel_state import get_tp_rank, get_tp_size, tp_all_gather, tp_all_reduce
 from mmenc.layers.activation import activation_kind
 from mmenc.layers.token_tiles import NARROW_OUT_FEATURES, NARROW_TOKEN_TILE, TOKEN_TILE, TRITON_GEMM, tiled_linear
@@ -55,12 +56,6 @@ def _current_tp() -> tuple[int, int]:
     """(tp_size, tp_rank) of the tensor-parallel group set now; (1, 0) without one."""
     tp = get_tp_size()
     return tp, (get_tp_rank() if tp > 1 else 0)
-
-
-def default_weight_loader(param: torch.Tensor, loaded: torch.Tensor, shard_id=None) -> None:
-    """Copy a full (unsharded) tensor into `param`."""
-    _check_shape(param, loaded)
-    param.data.copy_(loaded)
 
 
 class _LinearBase(nn.Module):
@@ -103,12 +98,35 @@ class _LinearBase(nn.Module):
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [..., in] -> x W^T (+ kernel_bias) [..., out]: the backend's kernel, or over fixed token tiles
-        when token_tile is set."""
+        when token_tile is set. x may be QuantizedRows (a fused kernel's FP8 output, mmenc.layers.fused)
+        where the backend takes them (`quantized_input_width`)."""
+        if isinstance(x, QuantizedRows):
+            return self.linear_backend.apply_quantized(self.linear_state, x)
         if self.token_tile is not None:
             return tiled_linear(x, self.weight, self.kernel_bias, self.token_tile)
         if self.linear_state is not None:
             return self.linear_backend.apply(self.linear_state, x)
         return F.linear(x, self.weight, self.kernel_bias)
+
+    def unbiased_matmul(self, x) -> torch.Tensor | None:
+        """x W^T without kernel_bias, for a fused kernel after it to add (mmenc.layers.fused.act), or None
+        where the linear cannot leave it out (no bias, token tiles, a backend that cannot)."""
+        if self.kernel_bias is None or self.token_tile is not None or getattr(self, "gather_output", False):
+            return None
+        if self.linear_state is None:
+            return F.linear(x, self.weight)
+        if not self.linear_backend.defers_bias:
+            return None
+        return self.linear_backend.apply_unbiased(self.linear_state, x)
+
+    @property
+    def quantized_input_width(self) -> int | None:
+        """Columns of the QuantizedRows this linear takes as input (its backend's padded K), or None where it
+        takes plain tensors only."""
+        backend = self.linear_backend
+        if backend is None or not backend.takes_quantized_input or self.token_tile is not None:
+            return None
+        return backend.input_width(self.linear_state)
 
     def forward_activated(self, x: torch.Tensor, act: nn.Module) -> torch.Tensor:
         """act(self(x)): the activation fused into the matmul where the backend can (a standard GELU on
@@ -313,14 +331,18 @@ def tp_sharded_sizes(module: nn.Module) -> dict[str, int]:
     return sizes
 
 
-def prepare_linears(module: nn.Module, backend: LinearBackendEnum | type[LinearBackend]) -> int:
-    """Hand every linear of `module` to `backend` once, after its weights are loaded: the backend's
-    LinearState replaces the loaded weight (no second copy is kept; `weight.shape` stays [out, in]),
-    and forward calls the backend. Linears on the meta device are left alone. Returns how many it set."""
+def prepare_linears(module: nn.Module, backend: LinearBackendEnum | type[LinearBackend],
+                    include: Callable[[str], bool] | None = None) -> int:
+    """Hand every linear of `module` (those whose name `include` accepts; all by default) to `backend` once,
+    after its weights are loaded: the backend's LinearState replaces the loaded weight (no second copy is
+    kept; `weight.shape` stays [out, in]), and forward calls the backend. Linears on the meta device are
+    left alone. Returns how many it set."""
     cls = get_linear_backend_class(backend) if isinstance(backend, LinearBackendEnum) else backend
     count = 0
-    for m in module.modules():
+    for name, m in module.named_modules():
         if not isinstance(m, _LinearBase) or m.weight.device.type == "meta":
+            continue
+        if include is not None and not include(name):
             continue
         if m.linear_state is not None:
             _restore(m)
@@ -344,6 +366,24 @@ def restore_linears(module: nn.Module) -> type[LinearBackend] | None:
             backend = m.linear_backend
             _restore(m)
     return backend
+
+
+def linear_names(module: nn.Module) -> list[str]:
+    """Names of the parallel linears of `module`, in module order."""
+    return [name for name, m in module.named_modules() if isinstance(m, _LinearBase)]
+
+
+def linear_plan(module: nn.Module) -> dict[str, type[LinearBackend]]:
+    """{linear name: the backend it is prepared for} over the prepared linears of `module` (several
+    backends may share a tower: FP8 on some blocks, NATIVE elsewhere); `prepare_plan` applies one again."""
+    return {name: m.linear_backend for name, m in module.named_modules()
+            if isinstance(m, _LinearBase) and m.linear_state is not None}
+
+
+def prepare_plan(module: nn.Module, plan: dict[str, type[LinearBackend]]) -> int:
+    """Prepare each linear named in `plan` for its backend (after `restore_linears` and a load)."""
+    backends = {b for b in plan.values()}
+    return sum(prepare_linears(module, b, include=lambda n, b=b: plan.get(n) is b) for b in backends)
 
 
 def _restore(m: _LinearBase) -> None:

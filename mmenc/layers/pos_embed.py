@@ -18,9 +18,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmenc.backends.device import to_device
-from mmenc.layers.grid import Grid, LRUCache
+from mmenc.layers.grid import Grid
 from mmenc.layers.rotary import grid_positions
+from mmenc.utils.device_copy import to_device
+from mmenc.utils.lru import LRUCache
 
 _MODES = {"bilinear": (0, 2), "bicubic": (-1, 4), "bilinear_antialias": (0, 0)}  # -> (first tap offset, taps/axis)
 

@@ -16,8 +16,9 @@ row axis and the odd ones to the column axis.
 """
 import torch
 
-from mmenc.backends.device import to_device
-from mmenc.layers.grid import Grid, LRUCache
+from mmenc.layers.grid import Grid
+from mmenc.utils.device_copy import to_device
+from mmenc.utils.lru import LRUCache
 
 
 def vision_inv_freq(head_dim: int, theta: float = 10000.0) -> torch.Tensor:

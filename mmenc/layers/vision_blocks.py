@@ -21,8 +21,10 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import MMEncoderAttention
+from mmenc.backends.linear.fp8 import QuantizedRows
 from mmenc.config import MultiModalConfig
-from mmenc.layers.activation import ActAndMul, get_act_fn
+from mmenc.layers import fused
+from mmenc.layers.activation import ActAndMul, activation_kind, get_act_fn
 from mmenc.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
                                  ReplicatedLinear, RowParallelLinear)
 from mmenc.layers.norm import RMSNorm, ShardedRMSNorm, make_norm
@@ -106,7 +108,7 @@ class VisionAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None, max_seqlen: int | None,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        lead = x.shape[:-1]  # (T,) packed or (B, S) dense
+        lead = (x.data if isinstance(x, QuantizedRows) else x).shape[:-1]  # (T,) packed or (B, S) dense
         qkv = self.qkv(x).view(*lead, 3, self.local_heads, self.head_dim)  # [..., 3, H, D]
         v = qkv[..., 2, :, :]  # [..., H, D]
         if self.qk_norm is not None and rotary is None:  # q, k normalised into two tensors of their own (no
@@ -134,7 +136,10 @@ class VisionAttention(nn.Module):
 
 
 class VisionMLP(nn.Module):
-    """fc1 -> act -> fc2; x [T, dim] -> [T, dim]."""
+    """fc1 -> act -> fc2; x [T, dim] -> [T, dim]. fused_kernels (mmenc.layers.fused.use_fused_kernels): the
+    activation as a fused kernel, quantizing fc2's input where fc2 runs FP8."""
+
+    fused_kernels = False
 
     def __init__(self, dim: int, hidden: int, act: str = "gelu", bias: bool = True, prefix: str = "",
                  device=None, dtype=None):
@@ -149,13 +154,23 @@ class VisionMLP(nn.Module):
         """Features of the widest intermediate per token (fc1's output on this rank)."""
         return self.fc1.weight.shape[0]
 
+    @property
+    def input_linear(self) -> nn.Module:
+        return self.fc1
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fuses = self.fc1.linear_backend is not None and activation_kind(self.act) in self.fc1.linear_backend.fused_activations
+        if self.fused_kernels and not fuses:
+            return self.fc2(fused.linear_then_act(self.fc1, self.act, x, gated=False, consumer=self.fc2))
         return self.fc2(self.fc1.forward_activated(x, self.act))
 
 
 class GatedVisionMLP(nn.Module):
     """down_proj(act(gate_proj(x)) * up_proj(x)) with gate and up in one merged matmul (gate_up_proj,
-    shards 0 and 1); x [T, dim] -> [T, dim]."""
+    shards 0 and 1); x [T, dim] -> [T, dim]. fused_kernels: act(gate) * up as one kernel reading the merged
+    output once, quantizing down_proj's input where down_proj runs FP8."""
+
+    fused_kernels = False
 
     def __init__(self, dim: int, hidden: int, act: str = "silu", bias: bool = True, prefix: str = "",
                  device=None, dtype=None):
@@ -172,7 +187,14 @@ class GatedVisionMLP(nn.Module):
         """Features of the widest intermediate per token (gate_up_proj's output on this rank)."""
         return self.gate_up_proj.weight.shape[0]
 
+    @property
+    def input_linear(self) -> nn.Module:
+        return self.gate_up_proj
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused_kernels:
+            return self.down_proj(fused.linear_then_act(self.gate_up_proj, self.act_and_mul.act, x, gated=True,
+                                                        consumer=self.down_proj))
         return self.down_proj(self.act_and_mul(self.gate_up_proj(x)))
 
 
@@ -186,7 +208,11 @@ class VisionBlock(nn.Module):
     max_intermediate_bytes: when the MLP's hidden activations (2 x [tokens, mlp width]) would take more bytes,
     the MLP branch (norm2 -> MLP -> residual add) runs over row blocks, each added into its rows of the
     residual in place (mmenc.layers.row_blocks; None: never split).
+    fused_kernels (mmenc.layers.fused.use_fused_kernels): the residual add and norm2 in one kernel, and
+    each norm quantizing its output where the linear reading it runs FP8; off: the reference ops.
     """
+
+    fused_kernels = False
 
     def __init__(self, dim: int, num_heads: int, mlp_hidden: int, *, norm: str = "rms", norm_eps: float = 1e-6,
                  mlp: str = "gated", act: str = "silu", qkv_bias: bool = True, mlp_bias: bool = True,
@@ -215,10 +241,28 @@ class VisionBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None, max_seqlen: int | None,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        if self.fused_kernels:
+            return self._fused_forward(x, cu_seqlens, max_seqlen, rotary)
         attn = self.attn(self.norm1(x), cu_seqlens, max_seqlen, rotary)
         # attn is the projection's fresh output: x added into it (the same bits as x + attn), no new tensor
         x = attn.add_(x) if self.ls1 is None else torch.addcmul(x, self.ls1, attn)  # one kernel: x + ls1 * attn
         del attn  # eager: not held through the MLP
+        return self._mlp_branch(x)
+
+    def _fused_forward(self, x, cu_seqlens, max_seqlen, rotary) -> torch.Tensor:
+        """forward with the fused row kernels (mmenc.layers.fused): the same arithmetic, fewer passes."""
+        attn = self.attn(fused.norm(self.norm1, x, self.attn.qkv), cu_seqlens, max_seqlen, rotary)
+        blocks = num_row_blocks(x.shape[:-1].numel(), 2 * self.mlp.intermediate_width * x.element_size(),
+                                self.max_intermediate_bytes)
+        if self.ls1 is not None or blocks > 1:
+            return self._mlp_branch(x + attn if self.ls1 is None else torch.addcmul(x, self.ls1, attn))
+        h, x = fused.add_norm(self.norm2, x, attn, self.mlp.input_linear)
+        del attn
+        mlp = self.mlp(h)
+        return x + mlp if self.ls2 is None else torch.addcmul(x, self.ls2, mlp)
+
+    def _mlp_branch(self, x: torch.Tensor) -> torch.Tensor:
+        """x + (ls2 *) mlp(norm2(x)), over row blocks in place when the MLP's intermediates are large."""
         # eager holds the MLP's first output and the activation's at once: 2 x its width per token
         blocks = num_row_blocks(x.shape[:-1].numel(), 2 * self.mlp.intermediate_width * x.element_size(),
                                 self.max_intermediate_bytes)

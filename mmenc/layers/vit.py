@@ -27,13 +27,13 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid, frame_lengths, num_patches
 from mmenc.layers.norm import LayerNorm
 from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.layers.vision_blocks import PatchEmbed, VisionBlock
 from mmenc.layers.weights import SIGLIP_ENCODER_RULES, Rule
+from mmenc.utils.device_copy import to_device
 
 
 def vit_weight_rules(prefix: str) -> tuple[Rule, ...]:

@@ -49,6 +49,16 @@ def check_tensor_dtype(name: str, tensor: torch.Tensor, file: pathlib.Path) -> t
     return tensor
 
 
+def check_not_fp8(name: str, tensor: torch.Tensor, file: pathlib.Path) -> torch.Tensor:
+    """`tensor`, or ValueError for an FP8 tensor in a checkpoint without a quantization_config (its scales
+    would be unknown, and a plain copy would load wrong values)."""
+    if tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+        raise ValueError(f"tensor {name!r} in {str(file)!r} is FP8 but config.json has no quantization_config; "
+                         f"FP8 checkpoints (compressed-tensors, block-scaled FP8) name their layout there: restore "
+                         f"the checkpoint's config.json")
+    return tensor
+
+
 def checkpoint_folder(path: str | pathlib.Path) -> pathlib.Path:
     """The folder as a Path; ValueError when it does not exist or is not a folder."""
     folder = pathlib.Path(path).expanduser()
@@ -86,7 +96,8 @@ def read_json_if_present(path: str | pathlib.Path, name: str) -> dict[str, Any]:
 
 def tensor_files(path: str | pathlib.Path) -> dict[str, pathlib.Path]:
     """{tensor name: safetensors file holding it}, from the index when there is one (no file is
-    opened), else from each file's header."""
+    opened; a shard need not be present unless its tensors are read: a Hub download fetches the
+    tower's shards only), else from each file's header."""
     folder = checkpoint_folder(path)
     index = folder / INDEX_FILE
     if index.is_file():
@@ -94,12 +105,7 @@ def tensor_files(path: str | pathlib.Path) -> dict[str, pathlib.Path]:
         weight_map = content.get("weight_map") if isinstance(content, dict) else None
         if not isinstance(weight_map, dict):
             raise ValueError(f"{index} has no 'weight_map' mapping tensor names to shard files")
-        files = {name: folder / file for name, file in weight_map.items()}
-        missing = sorted({str(f.name) for f in files.values() if not f.is_file()})
-        if missing:
-            raise ValueError(f"{index} lists shard file(s) {', '.join(missing)} that are not in {str(folder)!r} "
-                             f"({_listing(folder)})")
-        return files
+        return {name: folder / file for name, file in weight_map.items()}  # shards checked when read
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
         raise ValueError(f"checkpoint folder {str(folder)!r} has no *.safetensors files ({_listing(folder)}); "
@@ -144,10 +150,29 @@ def iter_tower_tensors(path: str | pathlib.Path, prefixes: Sequence[str],
     for name, file in files.items():
         if name.startswith(group):
             by_file.setdefault(file, []).append(name)
+    missing = sorted({file.name for file in by_file if not file.is_file()})
+    if missing:
+        folder = checkpoint_folder(path)
+        raise ValueError(f"{folder / INDEX_FILE} lists shard file(s) {', '.join(missing)} that are not in "
+                         f"{str(folder)!r} ({_listing(folder)})")
+    config = pathlib.Path(path) / "config.json"
+    quantization = (_read_json(config).get("quantization_config") if config.is_file() else None) or None
+    tensors = _read(by_file, group, fp8=quantization is not None)
+    if quantization is not None:  # FP8 weights are dequantized as they are read (mmenc.loader.fp8)
+        from mmenc.loader.fp8 import dequantized_tensors
+
+        tensors = dequantized_tensors(tensors, quantization)
+    yield from tensors
+
+
+def _read(by_file: dict[pathlib.Path, list[str]], group: tuple[str, ...],
+          fp8: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name without the prefix, tensor), file by file; FP8 tensors only where `fp8` (a quantized checkpoint)."""
     for file, names in sorted(by_file.items()):
         with open_safetensors(file) as f:
             for name in sorted(names):
-                yield _strip(name, group), check_tensor_dtype(name, f.get_tensor(name), file)
+                tensor = check_tensor_dtype(name, f.get_tensor(name), file)
+                yield _strip(name, group), tensor if fp8 else check_not_fp8(name, tensor, file)
 
 
 def load_tower_weights(tower: torch.nn.Module, path: str | pathlib.Path, prefixes: Sequence[str]) -> set[str]:

@@ -16,7 +16,6 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ReplicatedLinear
@@ -24,8 +23,9 @@ from mmenc.layers.merge import merge_block_order
 from mmenc.layers.norm import LayerNorm
 from mmenc.layers.vit import ViTPlan, check_vit_config, feature_index, tower_tensors, vit_encoder, vit_weight_rules
 from mmenc.layers.weights import WeightMap
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, processor_for
 from mmenc.models.registry import register_model
+from mmenc.utils.device_copy import to_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +145,7 @@ AYA_VISION_SPEC = register_model(ModelSpec(
     config_from_hf=AyaVisionConfig.from_hf,
     weight_prefixes=(("model.vision_tower.", "model.multi_modal_projector."),
                      ("vision_tower.", "multi_modal_projector.")),
-    processor_from_hf=lazy_processor("mmenc.preprocess.internvl:internvl_from_hf"),  # GotOcr2ImageProcessor
+    processor_from_hf=processor_for("internvl"),  # GotOcr2ImageProcessor
     builtin_configs={
         "CohereLabs/aya-vision-8b": builtin_config(
             "AyaVisionForConditionalGeneration", "aya_vision", _SO400M_364, text_config={"hidden_size": 4096},

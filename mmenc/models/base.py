@@ -23,9 +23,10 @@ import torch
 import torch.nn as nn
 
 from mmenc.config import MultiModalConfig
-from mmenc.layers.grid import Grid, LRUCache, read_grid
-from mmenc.layers.linear import prepare_linears, restore_linears
+from mmenc.layers.grid import Grid, read_grid
+from mmenc.layers.linear import linear_plan, prepare_plan, restore_linears
 from mmenc.layers.weights import WeightMap, load_named_weights
+from mmenc.utils.lru import LRUCache
 
 
 def vlm_config_dict(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -221,12 +222,12 @@ class VisionTower(nn.Module):
         """Copy checkpoint tensors in (names as the checkpoint's, tower prefix removed); returns the names
         of the parameters filled. Linears already prepared for a kernel backend get their plain weights
         back for the load and are prepared again after it."""
-        backend = restore_linears(self)
+        plan = linear_plan(self)
+        restore_linears(self)
         try:
             return load_named_weights(self, weights, self.weight_map)
         finally:
-            if backend is not None:
-                prepare_linears(self, backend)
+            prepare_plan(self, plan)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,11 +239,15 @@ class ModelSpec:
     config_from_hf: full config.json dict -> the tower's typed config.
     weight_prefixes: checkpoint name prefixes of the tower's tensors, tried in order
         (e.g. "model.visual.", "visual."); stripped before load_weights.
-    processor_from_hf: preprocessor_config.json dict (or {} for defaults) -> image processor.
+    processor_from_hf: preprocessor_config.json dict (or {} for defaults) -> image processor
+        (`processor_for(kind)`: mmenc.preprocess.PROCESSORS[kind]).
     builtin_configs: name -> full config.json dict, for load_format="dummy" with no files.
     vision_model_types: the vision_config.model_type values this family serves under its architectures
         (empty: any); several families may share an architecture with different towers
         (LlavaForConditionalGeneration: Pixtral, CLIP or SigLIP), see `vision_model_type`.
+    vision_architectures: transformers' vision-only model classes holding exactly this tower (e.g.
+        "Qwen2_5_VisionTransformerPretrainedModel"): a checkpoint of one has the vision config itself as
+        config.json and the tower's tensors without a prefix; it is read as a full checkpoint is.
     """
 
     architectures: tuple[str, ...]
@@ -252,6 +257,7 @@ class ModelSpec:
     processor_from_hf: Callable[[Mapping[str, Any]], Any]
     builtin_configs: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
     vision_model_types: tuple[str, ...] = ()
+    vision_architectures: tuple[str, ...] = ()
 
     def serves(self, vision_type: str | None) -> bool:
         """Whether this family takes a checkpoint whose vision_config.model_type is `vision_type`."""
@@ -265,15 +271,15 @@ def vision_model_type(config: Mapping[str, Any]) -> str | None:
     return vision.get("model_type") if isinstance(vision, Mapping) else None
 
 
-def _import_and_call(target: str, preprocessor_config: Mapping[str, Any]):
-    module, name = target.split(":")
-    return getattr(importlib.import_module(module), name)(preprocessor_config)
+def _processor_of_kind(kind: str, preprocessor_config: Mapping[str, Any]):
+    return importlib.import_module("mmenc.preprocess").get_processor(kind, preprocessor_config)
 
 
-def lazy_processor(target: str) -> Callable[[Mapping[str, Any]], Any]:
-    """"module:function" -> a `processor_from_hf` that imports the module when first called (importing
-    a tower does not import the image stack)."""
-    return functools.partial(_import_and_call, target)
+def processor_for(kind: str) -> Callable[[Mapping[str, Any]], Any]:
+    """A `processor_from_hf` building the processor registered under `kind` in mmenc.preprocess.PROCESSORS
+    (the one table of image processors, which tests and benchmarks read too), imported when first called
+    (importing a tower does not import the image stack)."""
+    return functools.partial(_processor_of_kind, kind)
 
 
 def builtin_config(architecture: str, model_type: str, vision: Mapping[str, Any], **top: Any) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from mmenc.layers.linear import ReplicatedLinear
 from mmenc.layers.norm import LayerNorm
 from mmenc.layers.vit import ViTEncoder, ViTPlan, check_vit_config, vit_weight_rules
 from mmenc.layers.weights import WeightMap
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, processor_for
 from mmenc.models.registry import register_model
 
 @dataclasses.dataclass(frozen=True)
@@ -146,7 +146,7 @@ CLIP_SPEC = register_model(ModelSpec(
     # CLIPModel / ...WithProjection: the tower and visual_projection side by side; CLIPVisionModel saved by
     # transformers < 5: vision_model.*; by transformers 5: the tower's names at the top level
     weight_prefixes=(("vision_model.", "visual_"), "vision_model.", ""),
-    processor_from_hf=lazy_processor("mmenc.preprocess.clip:clip_from_hf"),
+    processor_from_hf=processor_for("clip"),
     builtin_configs={
         "openai/clip-vit-base-patch16": _clip(_B16, 512, 512),
         "openai/clip-vit-large-patch14": _clip(_L14, 768, 768),

@@ -21,7 +21,6 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
@@ -31,8 +30,9 @@ from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, VisionBlock
 from mmenc.layers.weights import WeightMap
 from mmenc.models.base import (ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config,
-                               language_width, lazy_processor)
+                               language_width, processor_for)
 from mmenc.models.registry import register_model
+from mmenc.utils.device_copy import to_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,7 +176,7 @@ ERNIE4_5_VL_SPEC = register_model(ModelSpec(
     # (model.vision_model.*, resampler MLPs as spatial_linear.0/2/3), transformers' modules use vision_tower
     weight_prefixes=(("model.vision_model.", "model.resampler_model."),
                      ("model.vision_tower.", "model.resampler_model.")),
-    processor_from_hf=lazy_processor("mmenc.preprocess.ocr:ernie4_5_vl_from_hf"),
+    processor_from_hf=processor_for("ernie4_5_vl_moe"),
     builtin_configs={
         "baidu/ERNIE-4.5-VL-28B-A3B-PT": _builtin(2560),
         "baidu/ERNIE-4.5-VL-424B-A47B-PT": _builtin(8192),

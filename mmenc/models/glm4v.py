@@ -30,7 +30,7 @@ from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import GatedVisionMLP, PatchEmbed, VisionAttention
 from mmenc.layers.weights import WeightMap
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, processor_for
 from mmenc.models.registry import register_model
 
 
@@ -145,10 +145,11 @@ def _builtin(arch: str, model_type: str, intermediate: int) -> dict:
 
 GLM4V_SPEC = register_model(ModelSpec(
     architectures=("Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration"),
+    vision_architectures=("Glm4vVisionModel", "Glm4vMoeVisionModel"),
     tower_cls=Glm4vVisionTower,
     config_from_hf=Glm4vVisionConfig.from_hf,
     weight_prefixes=("model.visual.", "visual."),
-    processor_from_hf=lazy_processor("mmenc.preprocess.qwen_vl:glm4v_from_hf"),
+    processor_from_hf=processor_for("glm4v"),
     builtin_configs={
         "zai-org/GLM-4.1V-9B-Thinking": _builtin("Glm4vForConditionalGeneration", "glm4v", 13696),
         "zai-org/GLM-4.5V": _builtin("Glm4vMoeForConditionalGeneration", "glm4v_moe", 10944),

@@ -22,7 +22,7 @@ from mmenc.layers.plan import PackPlan, frame_plan
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, VisionBlock
 from mmenc.layers.weights import WeightMap
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, processor_for
 from mmenc.models.registry import register_model
 
 
@@ -100,10 +100,11 @@ _GLM_OCR_VISION = {"depth": 24, "hidden_size": 1024, "num_heads": 16, "intermedi
 
 GLM_OCR_SPEC = register_model(ModelSpec(
     architectures=("GlmOcrForConditionalGeneration",),
+    vision_architectures=("GlmOcrVisionModel",),
     tower_cls=GlmOcrVisionTower,
     config_from_hf=GlmOcrVisionConfig.from_hf,
     weight_prefixes=("model.visual.", "visual."),
-    processor_from_hf=lazy_processor("mmenc.preprocess.qwen_vl:glm4v_from_hf"),
+    processor_from_hf=processor_for("glm4v"),
     builtin_configs={"zai-org/GLM-OCR": builtin_config("GlmOcrForConditionalGeneration", "glm_ocr", _GLM_OCR_VISION,
                                                        text_config={"hidden_size": 1536})},
 ))

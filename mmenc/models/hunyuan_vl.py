@@ -22,7 +22,6 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.activation import get_act_fn
 from mmenc.layers.grid import Grid, frame_lengths, num_patches
@@ -34,8 +33,9 @@ from mmenc.layers.row_blocks import LOW_INTERMEDIATE_BYTES
 from mmenc.layers.vision_blocks import PatchEmbed, VisionBlock
 from mmenc.layers.weights import WeightMap
 from mmenc.models.base import (ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config,
-                               language_width, lazy_processor)
+                               language_width, processor_for)
 from mmenc.models.registry import register_model
+from mmenc.utils.device_copy import to_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +207,7 @@ HUNYUAN_VL_SPEC = register_model(ModelSpec(
     tower_cls=HunyuanVisionTower,
     config_from_hf=HunyuanVisionConfig.from_hf,
     weight_prefixes=("vit.", "model.vision_tower."),
-    processor_from_hf=lazy_processor("mmenc.preprocess.ocr:hunyuan_vl_from_hf"),
+    processor_from_hf=processor_for("hunyuan_vl"),
     builtin_configs={"tencent/HunyuanOCR": builtin_config("HunYuanVLForConditionalGeneration", "hunyuan_vl",
                                                           _HUNYUAN_OCR_VISION, text_config={"hidden_size": 1024})},
 ))

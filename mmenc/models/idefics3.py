@@ -19,7 +19,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ReplicatedLinear
@@ -27,8 +26,9 @@ from mmenc.layers.merge import merge_block_order
 from mmenc.layers.norm import LayerNorm
 from mmenc.layers.vit import ViTEncoder, ViTPlan, check_vit_config, vit_weight_rules
 from mmenc.layers.weights import WeightMap
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, processor_for
 from mmenc.models.registry import register_model
+from mmenc.utils.device_copy import to_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +139,7 @@ IDEFICS3_SPEC = register_model(ModelSpec(
     config_from_hf=Idefics3VisionConfig.from_hf,
     # one group: the vision model and the connector side by side
     weight_prefixes=(("model.vision_model.", "model.connector."), ("vision_model.", "connector.")),
-    processor_from_hf=lazy_processor("mmenc.preprocess.idefics3:idefics3_from_hf"),
+    processor_from_hf=processor_for("idefics3"),
     builtin_configs={
         "HuggingFaceM4/Idefics3-8B-Llama3": _builtin(False, _SO400M, 2, 4096),
         "HuggingFaceTB/SmolVLM-256M-Instruct": _builtin(False, _BASE_512, 4, 576),

@@ -26,7 +26,6 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid, frame_lengths, num_patches
 from mmenc.layers.norm import LayerNorm
@@ -34,8 +33,9 @@ from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.layers.rotary import grid_positions
 from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock
 from mmenc.layers.weights import WeightMap
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, processor_for
 from mmenc.models.registry import register_model
+from mmenc.utils.device_copy import to_device
 
 _NORMS = {"layer_norm": "layer", "rms_norm": "rms"}
 
@@ -288,7 +288,7 @@ INTERNVL_SPEC = register_model(ModelSpec(
     # one group: tower and projector side by side (transformers >= 5 writes them under model.)
     weight_prefixes=(("model.vision_tower.", "model.multi_modal_projector."),
                      ("vision_tower.", "multi_modal_projector.")),
-    processor_from_hf=lazy_processor("mmenc.preprocess.internvl:internvl_from_hf"),
+    processor_from_hf=processor_for("internvl"),
     builtin_configs={
         "OpenGVLab/InternVL3-1B-hf": _internvl(_VIT_300M, 896),
         "OpenGVLab/InternVL3-8B-hf": _internvl(_VIT_300M, 3584),

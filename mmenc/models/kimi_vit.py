@@ -30,7 +30,6 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid, num_patches
 from mmenc.layers.merge import merge_block_order
@@ -39,8 +38,9 @@ from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock
 from mmenc.layers.weights import WeightMap
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, processor_for
 from mmenc.models.registry import register_model
+from mmenc.utils.device_copy import to_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,7 +330,7 @@ KIMI_K25_SPEC = register_model(ModelSpec(
     # one group: the tower and its projector sit side by side; transformers' save_pretrained writes the
     # projector's norm as model.mm_projector.pre_norm
     weight_prefixes=(("vision_tower.", "mm_projector.", "model.mm_projector."),),
-    processor_from_hf=lazy_processor("mmenc.preprocess.kimi:kimi_k25_from_hf"),
+    processor_from_hf=processor_for("kimi_k25"),
     builtin_configs={"moonshotai/Kimi-K2.5": _builtin("KimiK25ForConditionalGeneration", "kimi_k25", _K25_VISION,
                                                       7168)},
 ))

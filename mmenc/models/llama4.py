@@ -25,7 +25,6 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.activation import get_act_fn
 from mmenc.layers.grid import Grid
@@ -34,9 +33,10 @@ from mmenc.layers.norm import LayerNorm
 from mmenc.layers.rotary import vision_inv_freq
 from mmenc.layers.vision_blocks import PatchEmbed, VisionBlock
 from mmenc.layers.weights import WeightMap
-from mmenc.models.base import (ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor,
+from mmenc.models.base import (ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, processor_for,
                                vlm_config_dict)
 from mmenc.models.registry import register_model
+from mmenc.utils.device_copy import to_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,7 +208,7 @@ LLAMA4_SPEC = register_model(ModelSpec(
     config_from_hf=Llama4VisionConfig.from_hf,
     weight_prefixes=(("vision_model.", "multi_modal_projector."),
                      ("model.vision_model.", "model.multi_modal_projector.")),
-    processor_from_hf=lazy_processor("mmenc.preprocess.llama4:llama4_from_hf"),
+    processor_from_hf=processor_for("llama4"),
     builtin_configs={name: builtin_config(_ARCH, "llama4", _VISION, text_config={"hidden_size": 5120})
                      for name in ("meta-llama/Llama-4-Scout-17B-16E-Instruct",
                                   "meta-llama/Llama-4-Maverick-17B-128E-Instruct")},

@@ -31,8 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
+from mmenc.utils.device_copy import to_device
 
 from mmenc.layers.activation import get_act_fn
 from mmenc.layers.anyres import AnyresGeometry, pack_taps, packed_tokens
@@ -42,7 +42,7 @@ from mmenc.layers.norm import LayerNorm
 from mmenc.layers.row_blocks import MAX_INTERMEDIATE_BYTES, map_rows
 from mmenc.layers.vit import ViTPlan, check_vit_config, feature_index, tower_tensors, vit_encoder, vit_weight_rules
 from mmenc.layers.weights import WeightMap
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, processor_for
 from mmenc.models.registry import register_model
 
 # vision_config.model_type -> (tower kind, transformers' defaults for the keys a config.json may leave out)
@@ -244,7 +244,7 @@ class LlavaTower(VisionTower):
         for i, (t, gh, gw, h, w) in enumerate(rows):
             expected = (1 + math.prod(geometry.canvas_tiles(h, w)), s, s, h, w) if min(h, w) > 0 else None
             if (t, gh, gw, h, w) != expected:
-                raise ValueError(f"grid_thw[{i}] = {(t, gh, gw, h, w)}: an anyres image of {h}x{w} px is "
+                raise ValueError(f"grid_thw[{i}] = {(t, gh, gw, h, w)}: an anyres image of width={w} height={h} is "
                                  f"{expected or '(tiles, s, s, H, W) with a positive H, W'} here (the base tile and "
                                  f"its canvas's tiles); pass the grid_thw the processor gave")
         return rows
@@ -315,15 +315,15 @@ LLAVA_WEIGHT_PREFIXES = (("model.vision_tower.", "model.multi_modal_projector.")
                          ("vision_tower.", "multi_modal_projector."))
 
 def register_llava(architecture: str, processor: str, weight_prefixes: tuple, builtins: dict, **spec) -> ModelSpec:
-    """A family of this file: LlavaTower under `architecture`, its processor "module:function" in mmenc.preprocess."""
+    """A family of this file: LlavaTower under `architecture`, its processor a kind of mmenc.preprocess.PROCESSORS."""
     return register_model(ModelSpec(architectures=(architecture,), tower_cls=LlavaTower,
                                     config_from_hf=LlavaVisionConfig.from_hf, weight_prefixes=weight_prefixes,
-                                    processor_from_hf=lazy_processor(f"mmenc.preprocess.{processor}"),
+                                    processor_from_hf=processor_for(processor),
                                     builtin_configs=builtins, **spec))
 
 
 LLAVA_SPEC = register_llava(  # LLaVA-1.5
-    "LlavaForConditionalGeneration", "clip:clip_from_hf", LLAVA_WEIGHT_PREFIXES, {
+    "LlavaForConditionalGeneration", "clip", LLAVA_WEIGHT_PREFIXES, {
         "llava-hf/llava-1.5-7b-hf": llava_builtin(_CLIP_L14_336, 4096, -2, "default"),
         "llava-hf/llava-1.5-13b-hf": llava_builtin(_CLIP_L14_336, 5120, -2, "default"),
         "llava-hf/llava-interleave-qwen-0.5b-hf": llava_builtin(_SIGLIP_SO400M_26, 896, -1, "full"),
@@ -331,7 +331,7 @@ LLAVA_SPEC = register_llava(  # LLaVA-1.5
     }, vision_model_types=tuple(VISION_TOWERS))
 
 # VipLlava (llava-hf/vip-llava-{7b,13b}-hf): LLaVA-1.5's tower, five layers concatenated, a normed projector.
-VIPLLAVA_SPEC = register_llava("VipLlavaForConditionalGeneration", "clip:clip_from_hf", LLAVA_WEIGHT_PREFIXES, {
+VIPLLAVA_SPEC = register_llava("VipLlavaForConditionalGeneration", "clip", LLAVA_WEIGHT_PREFIXES, {
     f"llava-hf/vip-llava-{size}-hf": builtin_config(
         "VipLlavaForConditionalGeneration", "vipllava", _CLIP_L14_336, text_config={"hidden_size": width},
         projector_hidden_act="gelu", projector_layernorm_eps=1e-5, vision_feature_layer=[-2, -5, -8, -11, 6])
@@ -362,8 +362,8 @@ def _onevision(text_hidden: int) -> dict:
 _NEXT_SIZES = (("mistral-7b", 4096), ("vicuna-13b", 5120), ("34b", 7168))
 _ONEVISION_SIZES = (("0.5b", 896), ("7b", 3584), ("72b", 8192))
 LLAVA_NEXT_SPEC = register_llava(
-    "LlavaNextForConditionalGeneration", "anyres:llava_next_from_hf", ANYRES_WEIGHT_PREFIXES,
+    "LlavaNextForConditionalGeneration", "llava_next", ANYRES_WEIGHT_PREFIXES,
     {f"llava-hf/llava-v1.6-{name}-hf": _next(width) for name, width in _NEXT_SIZES})
 LLAVA_ONEVISION_SPEC = register_llava(
-    "LlavaOnevisionForConditionalGeneration", "anyres:llava_onevision_from_hf", ANYRES_WEIGHT_PREFIXES,
+    "LlavaOnevisionForConditionalGeneration", "llava_onevision", ANYRES_WEIGHT_PREFIXES,
     {f"llava-hf/llava-onevision-qwen2-{name}-ov-hf": _onevision(width) for name, width in _ONEVISION_SIZES})

@@ -35,7 +35,7 @@ from mmenc.layers.norm import LayerNorm, RMSNorm
 from mmenc.layers.row_blocks import MAX_INTERMEDIATE_BYTES, num_row_blocks, split_rows
 from mmenc.layers.vision_blocks import PatchEmbed, VisionBlock
 from mmenc.layers.weights import WeightMap
-from mmenc.models.base import (ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor,
+from mmenc.models.base import (ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, processor_for,
                                vlm_config_dict)
 from mmenc.models.registry import register_model
 
@@ -229,7 +229,7 @@ OVIS2_SPEC = register_model(ModelSpec(
     tower_cls=Ovis2VisionTower,
     config_from_hf=Ovis2VisionConfig.from_hf,
     weight_prefixes=(("model.vision_tower.", "model.visual_"), ("vision_tower.", "visual_")),
-    processor_from_hf=lazy_processor("mmenc.preprocess.ovis2:ovis2_from_hf"),
+    processor_from_hf=processor_for("ovis2"),
     builtin_configs={f"thisisiron/Ovis2-{size}-hf": _builtin(hidden)
                      for size, hidden in (("1B", 896), ("2B", 1536), ("4B", 2048), ("8B", 3584))},
 ))

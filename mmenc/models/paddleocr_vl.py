@@ -19,7 +19,6 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid, frame_lengths, num_patches
 from mmenc.layers.merge import merge_block_order
@@ -30,8 +29,9 @@ from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock
 from mmenc.layers.weights import SIGLIP_ENCODER_RULES, WeightMap
 from mmenc.models.base import (ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config,
-                               language_width, lazy_processor)
+                               language_width, processor_for)
 from mmenc.models.registry import register_model
+from mmenc.utils.device_copy import to_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +135,7 @@ PADDLEOCR_VL_SPEC = register_model(ModelSpec(
     config_from_hf=PaddleOCRVisionConfig.from_hf,
     # one group: the tower and its projector sit side by side
     weight_prefixes=(("model.visual.", "model.projector."), ("visual.", "mlp_AR.")),
-    processor_from_hf=lazy_processor("mmenc.preprocess.ocr:paddleocr_vl_from_hf"),
+    processor_from_hf=processor_for("paddleocr_vl"),
     builtin_configs={"PaddlePaddle/PaddleOCR-VL": builtin_config(
         "PaddleOCRVLForConditionalGeneration", "paddleocr_vl", _PADDLEOCR_VISION, text_config={"hidden_size": 1024})},
 ))

@@ -25,20 +25,20 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.activation import get_act_fn
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from mmenc.layers.merge import merge_block_order
 from mmenc.layers.norm import RMSNorm
 from mmenc.layers.plan import PackPlan, frame_plan
-from mmenc.layers.merge import merge_block_order
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.row_blocks import MAX_INTERMEDIATE_BYTES, map_rows
 from mmenc.layers.vision_blocks import PatchEmbed, VisionBlock
 from mmenc.layers.weights import WeightMap
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, processor_for
 from mmenc.models.registry import register_model
+from mmenc.utils.device_copy import to_device
 
 PROJECTORS = ("mistral3", "llava")
 
@@ -237,7 +237,7 @@ MISTRAL3_SPEC = register_model(ModelSpec(
     config_from_hf=PixtralVisionConfig.from_hf,
     # one group: tower and projector side by side (transformers >= 5 writes them under model.)
     weight_prefixes=_WEIGHT_PREFIXES,
-    processor_from_hf=lazy_processor("mmenc.preprocess.pixtral:mistral3_from_hf"),
+    processor_from_hf=processor_for("mistral3"),
     builtin_configs={
         "mistralai/Mistral-Small-3.1-24B-Instruct-2503": _mistral3(_MISTRAL_SMALL_31, 5120),
         "mistralai/Mistral-Small-3.2-24B-Instruct-2506": _mistral3(_MISTRAL_SMALL_31, 5120),
@@ -250,7 +250,7 @@ LLAVA_PIXTRAL_SPEC = register_model(ModelSpec(
     tower_cls=PixtralVisionTower,
     config_from_hf=PixtralVisionConfig.from_hf,
     weight_prefixes=_WEIGHT_PREFIXES,
-    processor_from_hf=lazy_processor("mmenc.preprocess.pixtral:pixtral_from_hf"),
+    processor_from_hf=processor_for("pixtral"),
     builtin_configs={
         "mistralai/Pixtral-12B-2409": _llava(_PIXTRAL_12B, 5120),
         "mistralai/Pixtral-Large-Instruct-2411": _llava(_PIXTRAL_LARGE, 12288),

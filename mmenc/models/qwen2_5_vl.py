@@ -15,15 +15,16 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
-from mmenc.layers.grid import Grid, LRUCache, frame_lengths
+from mmenc.layers.grid import Grid, frame_lengths
 from mmenc.layers.plan import PackPlan
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock
 from mmenc.layers.weights import WeightMap
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, processor_for
 from mmenc.models.registry import register_model
+from mmenc.utils.device_copy import to_device
+from mmenc.utils.lru import LRUCache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,10 +170,11 @@ def _qwen2_5_vl_builtin(out_hidden: int) -> dict:
 
 QWEN2_5_VL_SPEC = register_model(ModelSpec(
     architectures=("Qwen2_5_VLForConditionalGeneration",),
+    vision_architectures=("Qwen2_5_VisionTransformerPretrainedModel",),
     tower_cls=Qwen2_5_VisionTower,
     config_from_hf=Qwen2_5_VisionConfig.from_hf,
     weight_prefixes=("model.visual.", "visual."),
-    processor_from_hf=lazy_processor("mmenc.preprocess.qwen_vl:qwen2_vl_from_hf"),
+    processor_from_hf=processor_for("qwen2_vl"),
     builtin_configs={
         "Qwen/Qwen2.5-VL-3B-Instruct": _qwen2_5_vl_builtin(2048),
         "Qwen/Qwen2.5-VL-7B-Instruct": _qwen2_5_vl_builtin(3584),

@@ -16,7 +16,7 @@ from mmenc.layers.plan import PackPlan, frame_plan
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock
 from mmenc.layers.weights import WeightMap
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, processor_for
 from mmenc.models.registry import register_model
 
 
@@ -86,10 +86,11 @@ def _qwen2_vl_builtin(text_hidden: int) -> dict:
 
 QWEN2_VL_SPEC = register_model(ModelSpec(
     architectures=("Qwen2VLForConditionalGeneration",),
+    vision_architectures=("Qwen2VisionTransformerPretrainedModel",),
     tower_cls=Qwen2VisionTower,
     config_from_hf=Qwen2VisionConfig.from_hf,
     weight_prefixes=("model.visual.", "visual."),
-    processor_from_hf=lazy_processor("mmenc.preprocess.qwen_vl:qwen2_vl_from_hf"),
+    processor_from_hf=processor_for("qwen2_vl"),
     builtin_configs={
         "Qwen/Qwen2-VL-2B-Instruct": _qwen2_vl_builtin(1536),
         "Qwen/Qwen2-VL-7B-Instruct": _qwen2_vl_builtin(3584),

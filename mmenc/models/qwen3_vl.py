@@ -33,7 +33,7 @@ from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.layers.rotary import VisionRotary2D
 from mmenc.layers.vision_blocks import PatchEmbed, PatchMerger, VisionBlock
 from mmenc.layers.weights import WeightMap
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, processor_for
 from mmenc.models.registry import register_model
 
 
@@ -149,10 +149,11 @@ QWEN3_VL_BUILTINS = {
 
 QWEN3_VL_SPEC = register_model(ModelSpec(
     architectures=(_DENSE[0], _MOE[0]),
+    vision_architectures=("Qwen3VLVisionModel", "Qwen3VLMoeVisionModel"),
     tower_cls=Qwen3VisionTower,
     config_from_hf=Qwen3VisionConfig.from_hf,
     weight_prefixes=("model.visual.", "visual."),
-    processor_from_hf=lazy_processor("mmenc.preprocess.qwen_vl:qwen3_vl_from_hf"),
+    processor_from_hf=processor_for("qwen3_vl"),
     builtin_configs=QWEN3_VL_BUILTINS,
 ))
 
@@ -184,12 +185,13 @@ QWEN3_OMNI_BUILTINS = {f"Qwen/Qwen3-Omni-30B-A3B-{kind}": _omni_builtin(2048)
 
 QWEN3_OMNI_SPEC = register_model(ModelSpec(
     architectures=(_OMNI,),
+    vision_architectures=("Qwen3OmniMoeVisionEncoder",),
     tower_cls=Qwen3OmniVisionTower,
     config_from_hf=Qwen3VisionConfig.from_hf,
     weight_prefixes=("thinker.visual.", "thinker.model.visual."),
     # transformers maps qwen3_omni_moe to Qwen2VLImageProcessor (Qwen3-VL's class); without a
     # preprocessor_config.json the Qwen3-VL preset (patch 16 as the tower needs, mean/std 0.5) applies,
     # and a checkpoint's own file overrides every key it sets.
-    processor_from_hf=lazy_processor("mmenc.preprocess.qwen_vl:qwen3_vl_from_hf"),
+    processor_from_hf=processor_for("qwen3_vl"),
     builtin_configs=QWEN3_OMNI_BUILTINS,
 ))

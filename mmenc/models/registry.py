@@ -19,8 +19,9 @@ _discovered = False  # every module of the package imported
 
 def register_model(spec: ModelSpec) -> ModelSpec:
     """Serve `spec.architectures` with this family. Families of one architecture are told apart by
-    their vision_model_types; a later registration replaces an earlier one serving the same types."""
-    for arch in spec.architectures:
+    their vision_model_types; a later registration replaces an earlier one serving the same types.
+    Its vision_architectures (vision-only checkpoints) are served alike."""
+    for arch in (*spec.architectures, *spec.vision_architectures):
         kept = [s for s in _SPECS.get(arch, []) if s.vision_model_types and
                 not set(s.vision_model_types) & set(spec.vision_model_types or s.vision_model_types)]
         _SPECS[arch] = [*kept, spec]

@@ -25,7 +25,6 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.backends.device import to_device
 from mmenc.config import MultiModalConfig
 from mmenc.layers.activation import get_act_fn
 from mmenc.layers.grid import Grid, frame_lengths, num_patches
@@ -34,8 +33,9 @@ from mmenc.layers.norm import LayerNorm
 from mmenc.layers.pos_embed import InterpolatedPosEmbed
 from mmenc.layers.vision_blocks import PatchEmbed, VisionBlock
 from mmenc.layers.weights import SIGLIP_ENCODER_RULES, WeightMap
-from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, lazy_processor
+from mmenc.models.base import ModelSpec, TowerConfigBase, TowerOutput, VisionTower, builtin_config, processor_for
 from mmenc.models.registry import register_model
+from mmenc.utils.device_copy import to_device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,7 +269,7 @@ SIGLIP_SPEC = register_model(ModelSpec(
     tower_cls=SiglipVisionTower,
     config_from_hf=SiglipVisionConfig.from_hf,
     weight_prefixes=("vision_model.",),
-    processor_from_hf=lazy_processor("mmenc.preprocess.siglip:siglip_from_hf"),
+    processor_from_hf=processor_for("siglip"),
     builtin_configs={
         "google/siglip-base-patch16-224": _standalone("SiglipModel", "siglip", {**_BASE, "patch_size": 16,
                                                                                 "image_size": 224}),
@@ -286,7 +286,7 @@ SIGLIP_VLM_SPEC = register_model(ModelSpec(
     config_from_hf=SiglipVLMVisionConfig.from_hf,
     # published checkpoints: vision_tower.vision_model.*; transformers 5 writes vision_tower.* (tried last)
     weight_prefixes=("model.vision_tower.vision_model.", "vision_tower.vision_model.", "vision_tower."),
-    processor_from_hf=lazy_processor("mmenc.preprocess.siglip:siglip_from_hf"),
+    processor_from_hf=processor_for("siglip"),
 ))
 
 SIGLIP2_SPEC = register_model(ModelSpec(
@@ -294,7 +294,7 @@ SIGLIP2_SPEC = register_model(ModelSpec(
     tower_cls=SiglipVisionTower,
     config_from_hf=Siglip2VisionConfig.from_hf,
     weight_prefixes=("vision_model.",),
-    processor_from_hf=lazy_processor("mmenc.preprocess.siglip:siglip2_from_hf"),
+    processor_from_hf=processor_for("siglip2"),
     builtin_configs={
         "google/siglip2-base-patch16-naflex": _standalone("Siglip2Model", "siglip2", {**_BASE, "patch_size": 16}),
         "google/siglip2-so400m-patch16-naflex": _standalone("Siglip2Model", "siglip2", {**_SO400M,

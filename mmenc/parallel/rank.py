@@ -1,7 +1,7 @@
 """One rank of a process group (a torchrun process, or a worker mmenc spawned): build its tower, run.
 
 The parallel layer knows the tower only through a `TowerRecipe` that the caller supplies (the
-engine's is `mmenc.engine.runner.TowerRecipe`): nothing here imports the engine, and a spawned
+engine's is `mmenc.engine.tower.TowerRecipe`): nothing here imports the engine, and a spawned
 worker receives the recipe pickled.
 
 Torchrun (SPMD): every rank calls `run_rank_tower` with the same full pack. Weights mode: each rank

@@ -1,6 +1,6 @@
 """WorkerGroup: N processes that hold the tower (sharded: "weights", or one replica each: "data").
 
-    recipe = TowerRecipe(dict(model=path, load_format="auto", dtype="bfloat16"))  # mmenc.engine.runner
+    recipe = TowerRecipe(dict(model=path, load_format="auto", dtype="bfloat16"))  # mmenc.engine.tower
     with WorkerGroup(2, recipe, mode="data") as group:
         out = group.run(pixel_values, grid_thw)        # TowerOutput in input image order
 
@@ -55,7 +55,7 @@ class WorkerError(RuntimeError):
 
 class WorkerGroup:
     """Start `world_size` workers, each building its tower with `recipe.build(device)` (a TowerRecipe:
-    see mmenc/parallel/rank.py; the engine's is mmenc.engine.runner.TowerRecipe).
+    see mmenc/parallel/rank.py; the engine's is mmenc.engine.tower.TowerRecipe).
 
     mode: "weights" (tower sharded over all ranks; tp_size=world_size) or "data" (full replica per
         rank, tp_size=1; images split with `assign_images`). Weights mode falls back to data mode

@@ -38,5 +38,16 @@ class CudaPlatform(Platform):
             return []
         return [B.TRITON_ATTN, B.TORCH_SDPA]
 
+    def fused_kernel_reasons(self, dtype: torch.dtype) -> list[str]:
+        from mmenc.backends.kernels.fused_rows import available
+
+        reasons = [why] if (why := available()) else []
+        if not self._ampere_or_later():
+            reasons.append(f"the fused Triton row kernels are offered on Ampere (sm80) or later; this is "
+                           f"{self.device_info().describe()}")
+        if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            reasons.append(f"dtype {dtype} is not supported (bfloat16, float16, float32)")
+        return reasons
+
     def linear_priority(self, dtype: torch.dtype, quantization: str | None = None) -> list[L]:
-        return [L.FP8] if quantization == "fp8" else [L.NATIVE]
+        return [L.FP8] if quantization in ("fp8", "fp8-all") else [L.NATIVE]

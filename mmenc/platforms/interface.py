@@ -151,6 +151,13 @@ class Platform:
                                       backend in offered))
         return rows
 
+    # -- fused row kernels (mmenc.layers.fused) ---------------------------------------------------
+
+    def fused_kernel_reasons(self, dtype: torch.dtype) -> list[str]:
+        """Why the fused row kernels (residual add + norm, gated activation, FP8 quantization inside them)
+        cannot run `dtype` towers here; empty: they can. A platform with kernels of its own overrides it."""
+        return [f"the {self.name} platform has no fused row kernels"]
+
     # -- linear backends: the same selection loop ------------------------------------------------
 
     def linear_priority(self, dtype: torch.dtype, quantization: str | None = None) -> list[LinearBackendEnum]:

@@ -7,7 +7,8 @@ A processor is built from a preprocessor_config.json dict ({} or None for transf
 Many images, in parallel, per image (a bad one fails alone), finished on the tower's device:
     pre = Preprocessor(proc, device="cuda")              # mmenc.preprocess.pipeline
     pixel_values, grid_thw, failures = pre.run(images, errors="skip")
-Each family's `*_from_hf` is a `dict -> processor` callable for ModelSpec.processor_from_hf.
+PROCESSORS is the one table of processors: tower families name their kind in it
+(ModelSpec.processor_from_hf = mmenc.models.base.processor_for(kind)), tests and benchmarks read it.
 """
 from collections.abc import Callable, Mapping
 from typing import Any

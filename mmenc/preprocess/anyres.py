@@ -23,6 +23,7 @@ from mmenc.preprocess.base import PatchProcessor, patchify_tiles, resize_exact
 from mmenc.preprocess.clip import ClipProcessorConfig, center_crop, resized_size
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
 from mmenc.preprocess import ops
+from mmenc.preprocess.images import size_text
 
 # transformers' class defaults (LlavaNextImageProcessor, LlavaOnevisionImageProcessor)
 NEXT_PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))
@@ -81,14 +82,14 @@ class AnyresProcessor(PatchProcessor):
 
     def plan(self, height: int, width: int, *, index: int | None = None, name: str | None = None) -> ImagePlan:
         if height < 1 or width < 1:
-            raise ImagePreprocessError(f"size {height}x{width} is empty", index=index, name=name)
+            raise ImagePreprocessError(f"size {size_text(width, height)} is empty", index=index, name=name)
         a, p = self.anyres, self.config.patch_size
         canvas = select_best_resolution(height, width, a.pinpoints)
         tiles = 1 + (canvas[0] // a.side) * (canvas[1] // a.side)
         final = self.tile_size(a.side, a.side)
         if final != self.tile_size(*a.base_size) or final[0] != final[1] or final[0] < p:
             base = self.tile_size(*a.base_size)
-            raise ImagePreprocessError(f"tiles come out {final[0]}x{final[1]} px (base {base[0]}x{base[1]}); "
+            raise ImagePreprocessError(f"tiles come out {size_text(final[1], final[0])} (base {size_text(base[1], base[0])}); "
                                        f"the tower needs square tiles of at least its {p} px patch: check size / "
                                        f"crop_size", index=index, name=name)
         s = final[0] // p

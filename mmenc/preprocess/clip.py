@@ -24,6 +24,7 @@ from mmenc.preprocess.base import (PatchProcessor, check_positive_ints, hf_keys,
                                    resize_exact)
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
 from mmenc.preprocess.qwen_vl import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+from mmenc.preprocess.images import size_text
 
 
 
@@ -140,12 +141,12 @@ class ClipProcessor(PatchProcessor):
     def plan(self, height: int, width: int, *, index: int | None = None, name: str | None = None) -> ImagePlan:
         c, p = self.config, self.config.patch_size
         if height < 1 or width < 1:
-            raise ImagePreprocessError(f"size {height}x{width} is empty", index=index, name=name)
+            raise ImagePreprocessError(f"size {size_text(width, height)} is empty", index=index, name=name)
         side = max(height, width)
         h, w = resized_size(side, side, c) if c.pad_to_square else resized_size(height, width, c)
         final = (c.crop_height, c.crop_width) if c.crop else (h, w)
         if final[0] < p or final[1] < p:
-            raise ImagePreprocessError(f"size {final[0]}x{final[1]} after resizing is smaller than one {p}x{p} "
+            raise ImagePreprocessError(f"size {size_text(final[1], final[0])} after resizing is smaller than one {p}x{p} "
                                        f"patch; keep do_resize=True or use a larger image", index=index, name=name)
         gh, gw = final[0] // p, final[1] // p
         return ImagePlan(size=(height, width), resize=(h, w), padded=final, grid=(1, gh, gw), rows=gh * gw)

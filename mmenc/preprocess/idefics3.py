@@ -23,6 +23,7 @@ from mmenc.preprocess import ops
 from mmenc.preprocess.base import (PatchProcessor, check_positive_ints, hf_keys, hf_resample, hf_rescale_normalize,
                                    patchify_tiles, resize_exact)
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
+from mmenc.preprocess.images import size_text
 
 MAX_IMAGE_SIZE = 4096  # transformers' absolute bound on a side after the first resize
 
@@ -109,7 +110,7 @@ class Idefics3Processor(PatchProcessor):
 
     def plan(self, height: int, width: int, *, index: int | None = None, name: str | None = None) -> ImagePlan:
         if height < 1 or width < 1:
-            raise ImagePreprocessError(f"size {height}x{width} is empty", index=index, name=name)
+            raise ImagePreprocessError(f"size {size_text(width, height)} is empty", index=index, name=name)
         c = self.config
         h, w = longest_edge_size(height, width, c.longest_edge) if c.do_resize else (height, width)
         canvas = tile_multiple_size(h, w, c.tile) if c.split else (c.tile, c.tile)

@@ -21,8 +21,10 @@ with a warning naming it; pass its frames to `preprocess_video` to use all of th
 """
 import dataclasses
 import io
+import logging
 import os
 import pathlib
+import re
 import warnings
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -51,6 +53,20 @@ class LoadFailure:
     message: str  # why it failed
 
 
+def size_text(width: int, height: int) -> str:
+    """An image size as every mmenc message writes it: named values, width first ("width=640 height=480")."""
+    return f"width={width} height={height}"
+
+
+def without_reprs(error: BaseException | str) -> str:
+    """An error's text without Python object reprs ("<_io.BytesIO object at 0x7f...>" -> "the image data"):
+    what PIL puts in some messages means nothing to the person who sent the image."""
+    return _REPR.sub("the image data", str(error))
+
+
+_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
+
+
 def _default_max_pixels() -> int | None:
     return Image.MAX_IMAGE_PIXELS
 
@@ -61,7 +77,22 @@ def _name(item: Any, index: int | None) -> str:
     return "image" if index is None else f"image #{index}"
 
 
-def _pil_to_rgb(img: Image.Image) -> np.ndarray:
+HIGH_BIT_DEPTH = ("clip", "scale")
+_SIXTEEN_BIT_MODES = frozenset({"I;16", "I;16B", "I;16L", "I;16N", "I"})
+
+
+def _pil_to_rgb(img: Image.Image, name: str = "image", high_bit_depth: str = "clip") -> np.ndarray:
+    if img.mode in _SIXTEEN_BIT_MODES:  # 16-bit (or 32-bit integer) grayscale, e.g. a 16-bit PNG
+        if high_bit_depth == "scale":
+            values = np.asarray(img, dtype=np.float64)  # 0..65535
+            gray = np.clip(np.rint(values * (255.0 / 65535.0)), 0, 255).astype(np.uint8)
+            return np.ascontiguousarray(np.repeat(gray[:, :, None], 3, axis=2))
+        from mmenc.logger import log_once
+
+        log_once(logger, f"{name} is a 16-bit image (PIL mode {img.mode}): converted as transformers converts it "
+                         f"(values over 255 clip, so it comes out almost white), for parity; "
+                         f"high_bit_depth='scale' (mmenc encode --high-bit-depth scale) maps 0..65535 onto 0..255 "
+                         f"instead (said once per process)", level=logging.WARNING, key="16-bit images")
     has_alpha = "A" in img.getbands() or img.info.get("transparency") is not None
     if has_alpha:
         rgba = img.convert("RGBA")
@@ -93,10 +124,10 @@ def _open_encoded(src: Any, name: str, max_pixels: int | None) -> Image.Image:
             raise ImageLoadError(f"{name}: not an image (PIL cannot identify the format)") from e
         w, h = img.size
         if w == 0 or h == 0:
-            raise ImageLoadError(f"{name}: zero-size image ({w}x{h})")
+            raise ImageLoadError(f"{name}: zero-size image ({size_text(w, h)})")
         if max_pixels is not None and w * h > max_pixels:
             raise ImageLoadError(
-                f"{name}: decompression bomb: {w}x{h} = {w * h} pixels exceeds max_pixels={max_pixels}; "
+                f"{name}: decompression bomb: {size_text(w, h)} = {w * h} pixels exceeds max_pixels={max_pixels}; "
                 f"raise max_pixels if the image is trusted (mmenc encode --max-image-pixels)")
         _note_frames(img, name)
         try:
@@ -104,7 +135,7 @@ def _open_encoded(src: Any, name: str, max_pixels: int | None) -> Image.Image:
             if img.getexif().get(_ORIENTATION, 1) in _ROTATED:  # else exif_transpose would only copy the image
                 img = ImageOps.exif_transpose(img)
         except (OSError, SyntaxError, ValueError) as e:
-            raise ImageLoadError(f"{name}: corrupt or truncated image data ({e})") from e
+            raise ImageLoadError(f"{name}: corrupt or truncated image data ({without_reprs(e)})") from e
     return img
 
 
@@ -151,27 +182,33 @@ def _array_to_rgb(a: np.ndarray, name: str) -> np.ndarray:
     return np.ascontiguousarray(a)
 
 
-def load_image(item: Any, *, index: int | None = None, max_pixels: int | None = -1) -> np.ndarray:
+def load_image(item: Any, *, index: int | None = None, max_pixels: int | None = -1,
+               high_bit_depth: str = "clip") -> np.ndarray:
     """One input -> RGB uint8 array [H, W, 3] (C-contiguous).
 
     max_pixels: refuse encoded images (paths, bytes) with more pixels than this; -1 means PIL's
     `Image.MAX_IMAGE_PIXELS` read at call time, None means no limit of ours (PIL still refuses
-    images over twice its own limit). Raises ImageLoadError.
+    images over twice its own limit). high_bit_depth: 16-bit grayscale images (16-bit PNGs):
+    "clip" converts them as transformers does (values over 255 clip: almost white; a warning, once),
+    "scale" maps 0..65535 onto 0..255. Raises ImageLoadError.
     """
+    if high_bit_depth not in HIGH_BIT_DEPTH:
+        raise ValueError(f"high_bit_depth={high_bit_depth!r} is not valid; expected 'clip' (transformers' "
+                         f"conversion) or 'scale' (0..65535 onto 0..255)")
     name = _name(item, index)
     limit = _default_max_pixels() if max_pixels == -1 else max_pixels
     if isinstance(item, (str, pathlib.Path)):
-        return _pil_to_rgb(_load_path(item, name, limit))
+        return _pil_to_rgb(_load_path(item, name, limit), name, high_bit_depth)
     if isinstance(item, (bytes, bytearray, memoryview)):
         if len(item) == 0:
             raise ImageLoadError(f"{name}: empty bytes (0 bytes)")
-        return _pil_to_rgb(_open_encoded(io.BytesIO(bytes(item)), name, limit))
+        return _pil_to_rgb(_open_encoded(io.BytesIO(bytes(item)), name, limit), name, high_bit_depth)
     if isinstance(item, Image.Image):
         if item.width == 0 or item.height == 0:
-            raise ImageLoadError(f"{name}: zero-size image ({item.width}x{item.height})")
+            raise ImageLoadError(f"{name}: zero-size image ({size_text(item.width, item.height)})")
         _note_frames(item, name)
         try:
-            return _pil_to_rgb(item)
+            return _pil_to_rgb(item, name, high_bit_depth)
         except (OSError, ValueError) as e:
             raise ImageLoadError(f"{name}: cannot convert PIL image of mode {item.mode} ({e})") from e
     if isinstance(item, np.ndarray):

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from mmenc.preprocess import ops
 from mmenc.preprocess.base import PatchProcessor, check_positive_ints, resize_exact
-from mmenc.preprocess.images import load_image, process_by_size
+from mmenc.preprocess.images import load_image, process_by_size, size_text
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
 
 
@@ -108,7 +108,7 @@ class KimiProcessor(PatchProcessor):
                                   do_rescale=c.do_rescale, do_normalize=c.do_normalize, backend=c.backend)
         b, ch, h, w = x.shape
         if h % p or w % p:
-            raise ValueError(f"size {h}x{w} is not a multiple of patch_size={p}; keep do_resize=True")
+            raise ValueError(f"size {size_text(w, h)} is not a multiple of patch_size={p}; keep do_resize=True")
         gh, gw = h // p, w // p
         x = x.view(b, ch, gh, p, gw, p).permute(0, 2, 4, 1, 3, 5)  # b, gh, gw, C, p, p
         return x.reshape(b, gh * gw, ch, p, p), gh, gw
@@ -122,7 +122,7 @@ class KimiProcessor(PatchProcessor):
         else:
             (h, w), (ph, pw) = (height, width), (height, width)
             if h % p or w % p:
-                raise ImagePreprocessError(f"size {h}x{w} is not a multiple of patch_size={p}; keep "
+                raise ImagePreprocessError(f"size {size_text(w, h)} is not a multiple of patch_size={p}; keep "
                                            f"do_resize=True", index=index, name=name)
         return ImagePlan(size=(height, width), resize=(h, w), padded=(ph, pw), grid=(1, ph // p, pw // p),
                          rows=(ph // p) * (pw // p))

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from mmenc.preprocess.base import PatchProcessor, check_positive_ints, hf_rescale_normalize, patchify_tiles
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
+from mmenc.preprocess.images import size_text
 
 
 @functools.lru_cache(maxsize=8)
@@ -123,7 +124,7 @@ class Llama4Processor(PatchProcessor):
     def plan(self, height: int, width: int, *, index: int | None = None, name: str | None = None) -> ImagePlan:
         c = self.config
         if height < 1 or width < 1:
-            raise ImagePreprocessError(f"size {height}x{width} is empty", index=index, name=name)
+            raise ImagePreprocessError(f"size {size_text(width, height)} is empty", index=index, name=name)
         canvas = best_canvas(height, width, c.tile_size, c.max_patches, c.resize_to_max_canvas)
         resized = fit_size(height, width, canvas, c.tile_size, c.resize_to_max_canvas)
         tiles = (canvas[0] // c.tile_size) * (canvas[1] // c.tile_size)

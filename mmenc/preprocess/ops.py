@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from mmenc.backends.device import to_device  # pinned, asynchronous: no host wait behind queued kernels
+from mmenc.utils.device_copy import to_device  # pinned, asynchronous: no host wait behind queued kernels
 
 BACKENDS = ("torchvision", "pil")
 

@@ -23,6 +23,7 @@ from mmenc.preprocess import ops
 from mmenc.preprocess.base import PatchProcessor, check_positive_ints, hf_rescale_normalize, patchify_tiles
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
 from mmenc.preprocess.qwen_vl import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
+from mmenc.preprocess.images import size_text
 
 
 @functools.lru_cache(maxsize=16)
@@ -127,7 +128,7 @@ class Ovis2Processor(PatchProcessor):
 
     def plan(self, height: int, width: int, *, index: int | None = None, name: str | None = None) -> ImagePlan:
         if height < 1 or width < 1:
-            raise ImagePreprocessError(f"size {height}x{width} is empty", index=index, name=name)
+            raise ImagePreprocessError(f"size {size_text(width, height)} is empty", index=index, name=name)
         t = self.config.crop_size
         cols, rows = self.layout(height, width)
         crops = cols * rows + (cols * rows > 1)  # + the thumbnail

@@ -53,7 +53,7 @@ from typing import Any, Literal, NamedTuple
 import torch
 
 from mmenc.preprocess import gpu_decode
-from mmenc.preprocess.images import ImageLoadError, LoadFailure, load_image
+from mmenc.preprocess.images import HIGH_BIT_DEPTH, ImageLoadError, LoadFailure, load_image
 from mmenc.preprocess.plan import ImagePreprocessError, finish_patches, input_name
 from mmenc.preprocess.prepare import ImageWork, Ready
 from mmenc.preprocess.procs import ProcessWorkers, runs_in_process
@@ -121,7 +121,7 @@ class Preprocessor:
                  decode: Literal["auto", "cpu", "gpu"] = "auto",
                  max_pixels: int | None = -1, prefetch_chunks: int = 2,
                  worker_kind: Literal["auto", "thread", "process"] = "auto", video_processor: Any = None,
-                 video_piece_patches: int | None = None):
+                 video_piece_patches: int | None = None, high_bit_depth: Literal["clip", "scale"] = "clip"):
         """workers: decode/resize workers (None: default_workers(); 0: run in the calling thread).
         max_pixels: decompression-bomb limit of `load_image`. prefetch_chunks: how many chunks
         `iter_chunks` lets the workers prepare ahead of the one being consumed (memory bound).
@@ -129,7 +129,8 @@ class Preprocessor:
         module docstring) or "auto" (processes on a CUDA device with >= PROCESS_MIN_WORKERS workers, else
         threads). video_processor: the model's (mmenc.preprocess.video), for video inputs (paths with a
         video extension, video bytes, mmenc.preprocess.video.Video), each cut into pieces of at most
-        video_piece_patches rows (None: a quarter of the call's max_batch_patches; run(): whole videos)."""
+        video_piece_patches rows (None: a quarter of the call's max_batch_patches; run(): whole videos).
+        high_bit_depth: 16-bit images, "clip" as transformers (and a warning) or "scale" (see load_image)."""
         for name in ("plan", "resize_one", "patchify", "normalize", "as_pixel_values", "finish"):
             if not callable(getattr(processor, name, None)):
                 raise TypeError(f"processor {type(processor).__name__} has no {name}(); expected a "
@@ -147,8 +148,10 @@ class Preprocessor:
         self.worker_kind = self._choose_worker_kind(worker_kind)
         self.resize = self._choose_resize(resize)
         self.video, self.video_piece_patches = video_processor, video_piece_patches
+        if high_bit_depth not in HIGH_BIT_DEPTH:
+            raise ValueError(f"high_bit_depth={high_bit_depth!r} is not valid; expected one of {HIGH_BIT_DEPTH}")
         self.work = ImageWork(processor, self.decode, "cpu" if self.resize == "split" else self.resize,
-                              self.device.type, max_pixels, video_processor)
+                              self.device.type, max_pixels, video_processor, high_bit_depth=high_bit_depth)
         self._patchify_in_workers = self.work.patchify_in_workers
         self._pool: ThreadPoolExecutor | None = None
         self._procs: ProcessWorkers | None = None
@@ -420,7 +423,8 @@ class Preprocessor:
     def _prepare_cpu(self, ready: Ready) -> torch.Tensor | LoadFailure:
         name = input_name(ready.item, ready.index)
         try:
-            array = load_image(ready.item, index=ready.index, max_pixels=self.max_pixels)
+            array = load_image(ready.item, index=ready.index, max_pixels=self.max_pixels,
+                               high_bit_depth=self.work.high_bit_depth)
         except ImageLoadError as e:
             return LoadFailure(ready.index, name, str(e))
         return to_device_each([array], self.device)[0]

@@ -17,7 +17,7 @@ import torch
 
 from mmenc.preprocess import ops
 from mmenc.preprocess.base import PatchProcessor, check_positive_ints, hf_rescale_normalize, resize_exact
-from mmenc.preprocess.images import process_by_size
+from mmenc.preprocess.images import process_by_size, size_text
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
 
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -95,7 +95,7 @@ class PixtralProcessor(PatchProcessor):
         else:
             h, w = height, width
             if h % c.multiple or w % c.multiple:
-                raise ImagePreprocessError(f"size {h}x{w} is not a multiple of {c.multiple} (patch_size * merge); "
+                raise ImagePreprocessError(f"size {size_text(w, h)} is not a multiple of {c.multiple} (patch_size * merge); "
                                            f"keep do_resize=True", index=index, name=name)
         return ImagePlan(size=(height, width), resize=(h, w), padded=(h, w), grid=(1, h // p, w // p),
                          rows=(h // p) * (w // p))

@@ -49,6 +49,7 @@ class ImageWork:
     device_type: str
     max_pixels: int | None
     video: Any = None
+    high_bit_depth: str = "clip"  # load_image's: 16-bit images as transformers converts them, or scaled
     cursors: DecodeCursors = dataclasses.field(default_factory=DecodeCursors, compare=False)  # videos' open decoders
 
     @property
@@ -103,7 +104,7 @@ class ImageWork:
             if gpu_decode.probe_jpeg(data, pixel_limit(self.max_pixels)) is not None:
                 if (image := gpu_decode.decode_jpeg_cpu(data)) is not None:
                     return image
-        return load_image(item, index=index, max_pixels=self.max_pixels)
+        return load_image(item, index=index, max_pixels=self.max_pixels, high_bit_depth=self.high_bit_depth)
 
     def _prepare_jpeg(self, index: int, item: Any, name: str) -> Ready | None:
         if (data := gpu_decode.jpeg_bytes(item)) is None:

@@ -24,7 +24,7 @@ import torch
 
 from mmenc.preprocess import ops
 from mmenc.preprocess.base import PatchProcessor, check_positive_ints, resize_exact
-from mmenc.preprocess.images import load_image, process_by_size
+from mmenc.preprocess.images import load_image, process_by_size, size_text
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -35,7 +35,7 @@ HALF = (0.5, 0.5, 0.5)
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
     """Qwen2-VL rule: (h, w) multiples of factor, h*w within [min_pixels, max_pixels], aspect kept."""
     if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"image {height}x{width}: aspect ratio must be at most 200 "
+        raise ValueError(f"image {size_text(width, height)}: aspect ratio must be at most 200 "
                          f"(got {max(height, width) / min(height, width):.1f}); crop or pad it first")
     h, w = round(height / factor) * factor, round(width / factor) * factor
     if h * w > max_pixels:
@@ -58,7 +58,7 @@ def smart_resize_temporal(num_frames: int, height: int, width: int, temporal_fac
         scale = max(factor / height, factor / width)
         height, width = int(height * scale), int(width * scale)
     if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"image {height}x{width}: aspect ratio must be at most 200 "
+        raise ValueError(f"image {size_text(width, height)}: aspect ratio must be at most 200 "
                          f"(got {max(height, width) / min(height, width):.1f}); crop or pad it first")
     h, w = round(height / factor) * factor, round(width / factor) * factor
     t = round(num_frames / temporal_factor) * temporal_factor
@@ -176,7 +176,7 @@ class QwenVLProcessor(PatchProcessor):
                                   do_rescale=c.do_rescale, do_normalize=c.do_normalize, backend=c.backend)
         h, w = x.shape[-2:]
         if h % c.factor or w % c.factor:
-            raise ValueError(f"resized size {h}x{w} is not a multiple of patch_size*merge_size={c.factor}; "
+            raise ValueError(f"resized size {size_text(w, h)} is not a multiple of patch_size*merge_size={c.factor}; "
                              f"keep do_resize=True or pass images of such sizes")
         return x
 
@@ -205,7 +205,7 @@ class QwenVLProcessor(PatchProcessor):
         except ValueError as e:
             raise ImagePreprocessError(str(e), index=index, name=name) from e
         if h % c.factor or w % c.factor:
-            raise ImagePreprocessError(f"size {h}x{w} is not a multiple of patch_size*merge_size={c.factor}; "
+            raise ImagePreprocessError(f"size {size_text(w, h)} is not a multiple of patch_size*merge_size={c.factor}; "
                                        f"keep do_resize=True or pass images of such sizes", index=index, name=name)
         p = c.patch_size
         return ImagePlan(size=(height, width), resize=(h, w), padded=(h, w), grid=(1, h // p, w // p),

@@ -23,7 +23,7 @@ import math
 import numpy as np
 import torch
 
-from mmenc.backends.device import to_device
+from mmenc.utils.device_copy import to_device
 
 
 def _keys_cubic(x: np.ndarray) -> np.ndarray:

@@ -19,7 +19,7 @@ import torch
 
 from mmenc.preprocess import ops
 from mmenc.preprocess.base import PatchProcessor, check_positive_ints, hf_rescale_normalize
-from mmenc.preprocess.images import load_image
+from mmenc.preprocess.images import load_image, size_text
 from mmenc.preprocess.plan import ImagePlan, ImagePreprocessError
 
 _RESAMPLE = {2: "bilinear", 3: "bicubic", "bilinear": "bilinear", "bicubic": "bicubic"}  # PIL enum -> name
@@ -103,7 +103,7 @@ class SiglipProcessor(PatchProcessor):
         else:
             h, w = c.height, c.width
         if h < p or w < p:
-            raise ImagePreprocessError(f"size {h}x{w} is smaller than one {p}x{p} patch; keep do_resize=True",
+            raise ImagePreprocessError(f"size {size_text(w, h)} is smaller than one {p}x{p} patch; keep do_resize=True",
                                        index=index, name=name)
         return ImagePlan(size=(height, width), resize=(h, w), padded=(h, w), grid=(1, h // p, w // p),
                          rows=(h // p) * (w // p))

@@ -27,6 +27,7 @@ from mmenc.preprocess import ops
 from mmenc.preprocess.plan import ImagePlan, finish_patches
 from mmenc.preprocess.video_decode import VideoMetadata, probe
 from mmenc.preprocess.video_frames import DecodeCursors, decode
+from mmenc.preprocess.images import size_text
 from mmenc.preprocess.video_sampling import (SamplingDefaults, VideoOptions, frame_times, sample_indices,
                                              unit_timestamps)
 
@@ -165,7 +166,7 @@ class VideoProcessor:
             return VideoPlan(metadata, options, indices, (h, w), (ph, pw), grid, tp, tp * (ph // p) * (pw // p))
         h, w = self.frames.target_size(H, W, n, video=True) if c.do_resize else (H, W)
         if h % c.factor or w % c.factor:
-            raise ValueError(f"size {h}x{w} is not a multiple of patch_size*merge_size={c.factor}")
+            raise ValueError(f"size {size_text(w, h)} is not a multiple of patch_size*merge_size={c.factor}")
         grid = ((math.ceil(n / tp), h // p, w // p),)
         return VideoPlan(metadata, options, indices, (h, w), (h, w), grid, tp, (h // p) * (w // p))
 

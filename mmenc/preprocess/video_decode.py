@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from mmenc.preprocess.images import ImageLoadError
+from mmenc.preprocess.images import ImageLoadError, size_text
 
 VIDEO_EXTENSIONS = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".flv",
                               ".3gp", ".ogv", ".wmv"})
@@ -117,7 +117,7 @@ def probe(source: Any, name: str = "video") -> VideoMetadata:
     finally:
         container.close()
     if frames <= 0 or not height or not width:
-        raise VideoDecodeError(f"{name}: the video stream has no frames ({frames}) or no size ({width}x{height})")
+        raise VideoDecodeError(f"{name}: the video stream has no frames ({frames}) or no size ({size_text(width, height)})")
     fps = float(rate) if rate else None
     return VideoMetadata(total_num_frames=frames, fps=fps, duration=frames / fps if fps else None,
                          height=int(height), width=int(width))
@@ -133,8 +133,8 @@ def rgb_frame(frame, metadata: VideoMetadata, index: int, name: str) -> np.ndarr
     its size is not the stream's."""
     array = frame.to_ndarray(format="rgb24")
     if array.shape[:2] != (metadata.height, metadata.width):
-        raise VideoDecodeError(f"{name}: frame {index}{time_at(index, metadata)} is {array.shape[1]}x{array.shape[0]}, "
-                               f"the stream's first is {metadata.width}x{metadata.height}; a video must keep its size")
+        raise VideoDecodeError(f"{name}: frame {index}{time_at(index, metadata)} is {size_text(array.shape[1], array.shape[0])}, "
+                               f"the stream's first is {size_text(metadata.width, metadata.height)}; a video must keep its size")
     return array
 
 

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from mmenc.files import write_atomically
 from mmenc.logger import init_logger
 
 logger = init_logger(__name__)
@@ -30,15 +31,17 @@ PREPROCESS_MEMORY = 512 << 20  # bytes a CPU task reserves: a batch of decoded, 
 
 @dataclasses.dataclass(frozen=True)
 class OfflineSettings:
-    """output: the folder of shards. shard_size: images per shard file (the unit of resume).
+    """output: the folder of shards. shard_size: images per shard file (the unit of resume); None:
+    auto_shard_size (a shard every ~1/32 of the job, 1..1024 images, or the size a resumed folder has).
     encoders: Encoder actors (None: one per GPU of the cluster, or 1 without GPUs); gpus_per_encoder:
     GPUs each actor owns (None: 1 with GPUs, else 0); cpus_per_encoder: its CPUs. batch_size: images
-    per tower call. preprocess_batch: images per CPU task. max_image_pixels: as load_image's
+    per tower call (at most the shard size, so a shard is written as soon as its images are back).
+    preprocess_batch: images per CPU task. max_image_pixels: as load_image's
     max_pixels (-1: PIL's limit, None: none). pixel_dtype: dtype of the pixels shipped
     from the CPU tasks to the actors (bfloat16 halves the bytes for a bf16 tower; same rounding)."""
 
     output: str
-    shard_size: int = 1024
+    shard_size: int | None = None
     encoders: int | None = None
     gpus_per_encoder: float | None = None
     cpus_per_encoder: float = 1.0
@@ -52,6 +55,8 @@ class OfflineSettings:
     def __post_init__(self):
         for field in ("shard_size", "batch_size", "preprocess_batch"):
             value = getattr(self, field)
+            if field == "shard_size" and value is None:
+                continue
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{field}={value!r} must be a positive integer")
         if self.encoders is not None and self.encoders < 1:
@@ -74,13 +79,39 @@ class JobReport:
                 f"shards_skipped={self.shards_skipped} seconds={self.seconds:.2f} images/s={rate:.2f}")
 
 
+MAX_SHARD_SIZE = 1024
+SHARDS_PER_JOB = 32  # auto shard size: a job writes about this many shards, so a stop loses little
+
+
+def auto_shard_size(images: int) -> int:
+    """Images per shard when none is given: about 1/SHARDS_PER_JOB of the job, 1..MAX_SHARD_SIZE (20
+    images: 1 per shard; 200: 7; 32768 and more: 1024)."""
+    return max(1, min(MAX_SHARD_SIZE, -(-images // SHARDS_PER_JOB)))
+
+
+def _keys_digest(keys: list[str]) -> str:
+    return hashlib.sha256("\n".join(keys).encode()).hexdigest()
+
+
+def resolve_shard_size(output: pathlib.Path, keys: list[str], shard_size: int | None) -> int:
+    """`shard_size`, else the one of a folder this job started before (same keys), else auto_shard_size."""
+    if shard_size is not None:
+        return shard_size
+    path = output / MANIFEST
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old.get("keys_sha256") == _keys_digest(keys) and isinstance(old.get("shard_size"), int):
+            return old["shard_size"]
+    return auto_shard_size(len(keys))
+
+
 def shard_path(output: pathlib.Path, index: int) -> pathlib.Path:
     return output / f"shard-{index:05d}.safetensors"
 
 
 def check_manifest(output: pathlib.Path, keys: list[str], shard_size: int, model: str) -> None:
     """Write DIR/manifest.json, or check that a rerun has the same keys, shard size and model."""
-    digest = hashlib.sha256("\n".join(keys).encode()).hexdigest()
+    digest = _keys_digest(keys)
     manifest = {"model": model, "shard_size": shard_size, "images": len(keys), "keys_sha256": digest}
     path = output / MANIFEST
     if path.exists():
@@ -92,9 +123,7 @@ def check_manifest(output: pathlib.Path, keys: list[str], shard_size: int, model
                              f"now); pass a new --output folder, or the same inputs to resume")
         return
     output.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{MANIFEST}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp, path)
+    write_atomically(path, lambda tmp: pathlib.Path(tmp).write_text(json.dumps(manifest, indent=1)))
 
 
 def run_job(keys: list[str], encoder_kwargs: dict, settings: OfflineSettings,
@@ -104,15 +133,16 @@ def run_job(keys: list[str], encoder_kwargs: dict, settings: OfflineSettings,
     is written. progress: an object with advance(n), or None."""
     import ray
 
-    from mmenc.engine.runner import build_tower
+    from mmenc.engine.tower import build_tower
     from mmenc.ray.stages import EncoderActor, preprocess_batch
     from mmenc.ray.video_rows import expand_row, is_video_key, prepare_piece
 
     start = time.perf_counter()
     output = pathlib.Path(settings.output)
     keys = sorted(dict.fromkeys(keys))
-    check_manifest(output, keys, settings.shard_size, str(encoder_kwargs["model"]))
-    shards = [keys[i:i + settings.shard_size] for i in range(0, len(keys), settings.shard_size)]
+    shard_size = resolve_shard_size(output, keys, settings.shard_size)
+    check_manifest(output, keys, shard_size, str(encoder_kwargs["model"]))
+    shards = [keys[i:i + shard_size] for i in range(0, len(keys), shard_size)]
     report = JobReport()
     pending = [i for i in range(len(shards)) if not shard_path(output, i).exists()]
     report.shards_skipped = len(shards) - len(pending)
@@ -124,18 +154,29 @@ def run_job(keys: list[str], encoder_kwargs: dict, settings: OfflineSettings,
         report.seconds = time.perf_counter() - start
         return report
 
-    meta_tower = build_tower(encoder_kwargs["model"], load_format="dummy", device="meta")
-    processor = meta_tower.processor
     gpus = float(ray.cluster_resources().get("GPU", 0))
     per_actor = settings.gpus_per_encoder if settings.gpus_per_encoder is not None else (1.0 if gpus else 0.0)
     actors = settings.encoders or (max(1, int(gpus // per_actor)) if per_actor else 1)
+    # shapes and the processor only; in the dtype the actors compute in (float32 for "auto" on CPU actors),
+    # so what it logs is what runs
+    on_cpu = not per_actor or str(encoder_kwargs.get("device") or "").startswith("cpu")
+    dtype = encoder_kwargs.get("dtype", "auto")
+    meta_tower = build_tower(encoder_kwargs["model"], load_format="dummy", device="meta",
+                             dtype="float32" if dtype == "auto" and on_cpu else dtype)
+    processor = meta_tower.processor
+    logger.info("%d images in %d shards of %d (%d to write) on %d encoder actor(s), %s, dtype %s", len(keys),
+                len(shards), shard_size, len(pending), actors, f"{per_actor:g} GPU(s) each" if per_actor else "CPU",
+                str(meta_tower.dtype).removeprefix("torch."))
     rows = [{"key": key, "shard": i, "pos": pos} for i in pending for pos, key in enumerate(shards[i])]
 
     ctx = ray.data.DataContext.get_current()
     before = (ctx.execution_options.preserve_order, ctx.enable_progress_bars)
     ctx.execution_options.preserve_order = True  # shards complete in order: the driver holds about one
     ctx.enable_progress_bars = False  # ours is one line (progress=)
-    ds = ray.data.from_items(rows, override_num_blocks=max(1, len(rows) // settings.preprocess_batch))
+    # blocks are what Ray Data streams: at least one per shard to write, so each shard comes back (and is
+    # written) as soon as its images are done, small jobs too (otherwise 20 images came back all at the end)
+    blocks = max(1, len(rows) // settings.preprocess_batch, len(pending))
+    ds = ray.data.from_items(rows, override_num_blocks=min(blocks, len(rows)))
     prepare = None
     if any(is_video_key(row["key"]) for row in rows):  # one row per video piece (mmenc.ray.video_rows)
         video = {"video_processor": meta_tower.video_processor, "options": dict(settings.video),
@@ -145,11 +186,11 @@ def run_job(keys: list[str], encoder_kwargs: dict, settings: OfflineSettings,
     # CPU tasks (Ray Data spreads them over the nodes and retries them); each reserves memory for one
     # batch of large decoded images, and remote arguments unlike the actors' keep Ray Data from fusing
     # this stage into the encoder actors (which would then decode on the GPU actors' own few CPUs)
-    ds = ds.map_batches(preprocess_batch, batch_size=settings.preprocess_batch, batch_format="numpy",
+    ds = ds.map_batches(preprocess_batch, batch_size=min(settings.preprocess_batch, shard_size), batch_format="numpy",
                         num_cpus=1, memory=PREPROCESS_MEMORY,
                         fn_kwargs={"processor": processor, "max_pixels": settings.max_image_pixels,
                                    "pixel_dtype": settings.pixel_dtype, "prepare_piece": prepare})
-    ds = ds.map_batches(EncoderActor, batch_size=settings.batch_size, batch_format="numpy",
+    ds = ds.map_batches(EncoderActor, batch_size=min(settings.batch_size, shard_size), batch_format="numpy",
                         compute=ray.data.ActorPoolStrategy(size=actors), num_gpus=per_actor,
                         num_cpus=settings.cpus_per_encoder,
                         fn_constructor_kwargs={"encoder_kwargs": encoder_kwargs,
@@ -184,6 +225,8 @@ def _collect(ds, shards, output, encoder_kwargs, report, on_shard, progress) -> 
             if row["error"] and str(row["key"]) not in report.failed:
                 report.failed[str(row["key"])] = str(row["error"])
                 print(f"mmenc encode --ray: failed: {row['error']}", file=sys.stderr, flush=True)
+            if progress is not None and len(parts) == int(parts[0].get("pieces", 1)):
+                progress.advance(1)  # this image (or video) is back
             if len(rows) < len(shards[shard]) or any(len(p) < int(p[0].get("pieces", 1)) for p in rows.values()):
                 continue
             tensors, failed, metadata = {}, {}, {}
@@ -203,8 +246,6 @@ def _collect(ds, shards, output, encoder_kwargs, report, on_shard, progress) -> 
             report.images += len(rows) - len(failed)
             report.shards_written += 1
             del open_shards[shard]
-            if progress is not None:
-                progress.advance(len(rows))
             if on_shard is not None:
                 on_shard(shard, report)
 
@@ -216,13 +257,7 @@ def _write_shard(path: pathlib.Path, tensors: dict, failed: dict, encoder_kwargs
     images = sum(1 for name in tensors if name.endswith(".grid_thw"))
     metadata = {"model": str(encoder_kwargs["model"]), "shard": str(index), "images": str(images),
                 "failed": json.dumps(failed), **(extra or {})}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        save_file(tensors, str(tmp), metadata=metadata)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write_atomically(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))  # mode: the umask's
 
 
 def read_shards(output: str | os.PathLike) -> tuple[dict, dict[str, str]]:

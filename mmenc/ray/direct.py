@@ -12,12 +12,10 @@ so several nodes need a TCP load balancer in front.
 """
 import threading
 
-import uvicorn
-
 from mmenc.logger import init_logger
 from mmenc.serving.frontends.engine import bind
 from mmenc.serving.settings import ServeSettings
-from mmenc.serving.uvicorn_run import uvicorn_config
+from mmenc.serving.uvicorn_run import CUT_GRACE_S, draining_server
 
 logger = init_logger(__name__)
 
@@ -28,7 +26,7 @@ class DirectServer:
     def __init__(self, app, settings: ServeSettings):
         self.settings = settings
         self.sock = bind(settings.host, settings.port, reuse_port=True)
-        self.server = uvicorn.Server(uvicorn_config(app, settings, log_level="warning"))
+        self.server = draining_server(app, app.state.service, settings, log_level="warning")
         self.thread = threading.Thread(target=self._serve, name="mmenc-direct-ingress", daemon=True)
         self.thread.start()
         logger.info("direct ingress: this replica listens on %s:%d (SO_REUSEPORT)", settings.host, settings.port)
@@ -45,7 +43,7 @@ class DirectServer:
     def stop(self) -> None:
         """Stop accepting, let the requests in flight finish (up to shutdown_timeout_s), close the socket."""
         self.server.should_exit = True
-        self.thread.join(self.settings.shutdown_timeout_s + 5.0)
+        self.thread.join(self.settings.shutdown_timeout_s + CUT_GRACE_S + 5.0)
         self.sock.close()
 
 
@@ -53,10 +51,10 @@ class DirectReplica:
     """A Serve replica that serves HTTP itself (see the module doc). Its encoder is loaded before the
     replica reports ready; a failed load fails the replica with the loader's error."""
 
-    def __init__(self, settings: ServeSettings, encoder_kwargs: dict, shared_cache=None):
+    def __init__(self, settings: ServeSettings, encoder_kwargs: dict, shared_cache=None, drain: str | None = None):
         from mmenc.ray.replica import replica_app
 
-        self.app = replica_app(settings, encoder_kwargs, shared_cache)
+        self.app = replica_app(settings, encoder_kwargs, shared_cache, drain)
         self.direct = DirectServer(self.app, settings)
 
     def check_health(self) -> None:

@@ -10,11 +10,11 @@ class EncoderReplica:
     ready, so Ray routes nothing to a replica that is still loading; a failed load fails the replica
     with the loader's error. shared_cache: the deployment's SharedCache handle, or None."""
 
-    def __init__(self, settings: ServeSettings, encoder_kwargs: dict, shared_cache=None):
-        self.settings, self.encoder_kwargs, self.shared_cache = settings, encoder_kwargs, shared_cache
+    def __init__(self, settings: ServeSettings, encoder_kwargs: dict, shared_cache=None, drain: str | None = None):
+        self.settings, self.encoder_kwargs, self.shared_cache, self.drain = settings, encoder_kwargs, shared_cache, drain
 
     def __serve_build_asgi_app__(self):
-        return replica_app(self.settings, self.encoder_kwargs, self.shared_cache)  # then Serve's `self.app`
+        return replica_app(self.settings, self.encoder_kwargs, self.shared_cache, self.drain)  # then Serve's `self.app`
 
     def check_health(self) -> None:
         """Ray Serve's periodic health check: a replica whose encoder failed is restarted."""
@@ -23,10 +23,11 @@ class EncoderReplica:
             raise RuntimeError(f"mmenc replica is {service.state}: {service.load_error}")
 
 
-def replica_app(settings: ServeSettings, encoder_kwargs: dict, shared_cache=None):
+def replica_app(settings: ServeSettings, encoder_kwargs: dict, shared_cache=None, drain: str | None = None):
     """The FastAPI app of one replica, with its encoder loaded (runs inside the replica). shared_cache: a
     SharedCache handle: the replica's cache is then a TieredCache over it, and /metrics reports the
-    deployment's cache counts (mmenc.ray.shared_cache)."""
+    deployment's cache counts (mmenc.ray.shared_cache). drain: the name of the driver's DrainControl
+    (mmenc.ray.drain), which tells the replica when to drain; None: Serve's own shutdown only."""
     from mmenc.engine.encoder import Encoder
     from mmenc.serving.app import create_app
     from mmenc.serving.cache import EncoderCache
@@ -50,4 +51,8 @@ def replica_app(settings: ServeSettings, encoder_kwargs: dict, shared_cache=None
         raise RuntimeError(f"the encoder failed to load in this replica: {service.load_error}")
     app = create_app(service)
     app.state.service = service
+    from mmenc.ray.drain import follow
+    from mmenc.serving.uvicorn_run import CUT_GRACE_S
+
+    follow(service, drain, CUT_GRACE_S)
     return app

@@ -11,6 +11,7 @@ Per replica: the encoder, its batcher, its in-memory encoder cache and its Prome
 (writes are atomic renames of content-keyed files, so replicas writing the same key are safe).
 """
 import dataclasses
+import os
 import signal
 import threading
 
@@ -97,10 +98,12 @@ class RayServeSettings:
         return {"host": settings.host, "port": settings.port, "request_timeout_s": self.request_timeout_s}
 
 
-def deployment(settings: ServeSettings, ray_settings: RayServeSettings, encoder_kwargs: dict):
+def deployment(settings: ServeSettings, ray_settings: RayServeSettings, encoder_kwargs: dict,
+               drain: str | None = None):
     """The bound Serve application (pass to serve.run): `ray_settings` replicas of EncoderReplica
     (proxy ingress) or of mmenc.ray.direct.DirectReplica (direct ingress), and with the shared cache
-    tier one SharedCache replica, whose handle each of them gets."""
+    tier one SharedCache replica, whose handle each of them gets. drain: the name of the driver's
+    DrainControl actor (mmenc.ray.drain), None without one."""
     from ray import serve
 
     from mmenc.ray.replica import EncoderReplica
@@ -118,7 +121,7 @@ def deployment(settings: ServeSettings, ray_settings: RayServeSettings, encoder_
         cls = DirectReplica
     else:
         cls = serve.ingress()(EncoderReplica)
-    return serve.deployment(cls, **ray_settings.deployment_options()).bind(settings, encoder_kwargs, shared)
+    return serve.deployment(cls, **ray_settings.deployment_options()).bind(settings, encoder_kwargs, shared, drain)
 
 
 def app_builder(args: dict):
@@ -152,25 +155,34 @@ def _typed(cls, name: str, value):
 
 def run(settings: ServeSettings, ray_settings: RayServeSettings, encoder_kwargs: dict,
         address: str | None = None) -> int:
-    """`mmenc serve --ray`: deploy, serve on settings.host:port until SIGTERM/SIGINT, then shut
-    Serve down (replicas drain their requests). address: a running cluster ("auto" or host:port);
-    None starts a local Ray bound to loopback."""
+    """`mmenc serve --ray`: deploy, serve on settings.host:port until SIGTERM/SIGINT, then drain every
+    replica (mmenc.ray.drain: requests in flight get settings.shutdown_timeout_s, then 503
+    shutting_down) and shut Serve down. address: a running cluster ("auto" or host:port); None starts
+    a local Ray bound to loopback."""
     started = connect(address)
     from ray import serve
 
+    from mmenc.ray.drain import drain_replicas, start_control
+    from mmenc.serving.uvicorn_run import CUT_GRACE_S
+
     stop = threading.Event()  # handlers first: a signal while deploying must not hit Ray's own (abort)
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    drain_name = f"{ray_settings.name}-drain-{os.getpid()}"
     try:
+        control = start_control(drain_name)
+        app = deployment(settings, ray_settings, encoder_kwargs, drain_name)
         if ray_settings.ingress == "direct":  # the replicas listen on host:port themselves
             serve.start(proxy_location="Disabled")
-            serve.run(deployment(settings, ray_settings, encoder_kwargs), name=ray_settings.name, route_prefix=None)
+            serve.run(app, name=ray_settings.name, route_prefix=None)
         else:
             serve.start(http_options=ray_settings.proxy_options(settings))
-            serve.run(deployment(settings, ray_settings, encoder_kwargs), name=ray_settings.name, route_prefix="/")
+            serve.run(app, name=ray_settings.name, route_prefix="/")
         logger.info("mmenc serve --ray: %s on http://%s:%d", _describe(ray_settings), settings.host, settings.port)
         while not stop.wait(1.0):
             pass
-        logger.info("mmenc serve --ray: stopping (replicas finish the requests they hold)")
+        logger.info("mmenc serve --ray: stopping: draining the replicas (up to %.0f s)", settings.shutdown_timeout_s)
+        for replica, summary in drain_replicas(control, settings.shutdown_timeout_s, CUT_GRACE_S).items():
+            logger.info("mmenc serve --ray: replica %s: %s", replica[:8], summary)
         serve.shutdown()
     finally:
         for sig, handler in previous.items():

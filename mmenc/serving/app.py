@@ -1,14 +1,22 @@
-"""The HTTP routes (FastAPI): /health, /v1/models, /metrics, POST /v1/encode. See docs/serving.md."""
+"""The HTTP routes (FastAPI): /health, /v1/models, /metrics, /openapi.json, POST /v1/encode. See docs/serving.md.
+
+Every answer that is not a success keeps one contract, `{"error": {"type", "field", "message"}}`: the
+routes' own errors (RequestError), and what Starlette / FastAPI would answer in their own shapes (unknown
+path or method, a malformed multipart body, a typed body that fails validation, an unexpected exception)."""
 import asyncio
 import contextlib
 import hmac
 import time
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 
 from mmenc.serving.inputs import EncodeRequest, RequestError, parse_form, parse_json
+from mmenc.serving.schema import (EncodeFormRequest, EncodeJsonRequest, EncodeResponse, Health, ModelList, errors,
+                                  openapi, request_body)
 from mmenc.serving.service import EncodeService
 
 ENCODE = "/v1/encode"
@@ -26,7 +34,9 @@ def create_app(service: EncodeService, on_load_failure=None) -> FastAPI:
         await asyncio.get_running_loop().run_in_executor(None, service.close)
 
     app = FastAPI(title="mmenc encoder service", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+                  openapi_url="/openapi.json")
+    app.openapi = lambda: openapi(app)
+    install_error_contract(app, metrics)
 
     def error(exc: RequestError, route: str) -> JSONResponse:
         metrics.errors.labels(kind=exc.kind).inc()
@@ -44,7 +54,7 @@ def create_app(service: EncodeService, on_load_failure=None) -> FastAPI:
         return error(RequestError(401, "authorization", "missing or wrong API key; send "
                                                         "'Authorization: Bearer <key>'", kind="unauthorized"), route)
 
-    @app.get("/health")
+    @app.get("/health", response_model=None, responses={200: {"model": Health}, 503: {"model": Health}})
     async def health():
         if service.state == "ready":
             return {"status": "ok"}
@@ -55,7 +65,7 @@ def create_app(service: EncodeService, on_load_failure=None) -> FastAPI:
     async def prometheus():  # rendered off the event loop: a shared cache's counters are a blocking call (Ray)
         return Response(await asyncio.to_thread(metrics.render), media_type=metrics.content_type)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=None, responses={200: {"model": ModelList}, **errors(401, 503)})
     async def models(request: Request):
         refused = authorize(request, "/v1/models")
         if refused is not None:
@@ -64,18 +74,50 @@ def create_app(service: EncodeService, on_load_failure=None) -> FastAPI:
             return error(RequestError(503, "model", f"the encoder is {service.state}", kind="not_ready"), "/v1/models")
         return {"object": "list", "data": [service.card]}
 
-    @app.post(ENCODE)
+    @app.post(ENCODE, response_model=None, responses={200: {"model": EncodeResponse}, **errors(400, 401, 413, 415, 503)},
+              openapi_extra=request_body(EncodeJsonRequest, EncodeFormRequest))
     async def encode(request: Request):
         start = time.perf_counter()
         refused = authorize(request, ENCODE)
         if refused is not None:
             return refused
+        drain = service.drain
+        if not drain.enter():  # the server is stopping: retry elsewhere or later
+            return error(shutting_down("the server is shutting down and takes no new requests"), ENCODE)
+        loop = asyncio.get_running_loop()
+        cut = loop.create_future()
+        forget = drain.on_cut(lambda: loop.call_soon_threadsafe(_set_once, cut))
+        handling = asyncio.ensure_future(handle(request, start))
+        try:
+            await asyncio.wait({handling, cut}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the host gave up on this request (e.g. uvicorn past its own timeout)
+            handling.cancel()
+            drain.leave()
+            raise
+        finally:
+            forget()
+        if handling.done():
+            drain.leave()
+            return handling.result()
+        handling.cancel()  # past --shutdown-timeout: drop its images not yet in a tower call, answer 503
+        with contextlib.suppress(asyncio.CancelledError):
+            await handling
+        drain.leave(cut=True)
+        return error(shutting_down(f"the server is shutting down and the request was not done within "
+                                   f"--shutdown-timeout {settings.shutdown_timeout_s:g} s"), ENCODE)
+
+    async def handle(request: Request, start: float):
         try:
             parsed = await read_request(request, settings.max_request_bytes, settings.max_images_per_request,
                                         service.pool)
             work = asyncio.ensure_future(service.encode(parsed))
             left = asyncio.ensure_future(wait_disconnect(request))
-            await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
+            try:
+                await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                work.cancel()
+                left.cancel()
+                raise
             if not work.done():  # the client went away: drop its images that have not reached the tower
                 work.cancel()
                 metrics.requests.labels(route=ENCODE, status="499").inc()
@@ -89,6 +131,16 @@ def create_app(service: EncodeService, on_load_failure=None) -> FastAPI:
         return PiecesResponse(payload)
 
     return app
+
+
+def shutting_down(message: str) -> RequestError:
+    """503 shutting_down: retryable (Retry-After), on another replica or once the server is back."""
+    return RequestError(503, "server", message + "; retry the request", kind="shutting_down")
+
+
+def _set_once(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class PiecesResponse(Response):
@@ -152,7 +204,12 @@ async def _read_form(request: Request, body: bytes, max_images: int) -> EncodeRe
     try:
         form = await Request(request.scope, replay).form(max_files=max_images + 1, max_fields=max_images + 8)
     except MultiPartException as e:
-        raise RequestError(400, "body", f"multipart body cannot be parsed ({e.message})") from e
+        raise RequestError(400, "body", f"multipart body cannot be parsed ({e.message}); send one file part per "
+                                        f"image, e.g. curl -F image=@cat.jpg") from e
+    except HTTPException as e:  # Starlette turns the parser's errors into these inside an app
+        raise RequestError(e.status_code if 400 <= e.status_code < 500 else 400, "body",
+                           f"multipart body cannot be parsed ({e.detail}); send one file part per image, e.g. "
+                           f"curl -F image=@cat.jpg") from e
     files, fields = [], {}
     for name, value in form.multi_items():
         if isinstance(value, UploadFile):
@@ -161,3 +218,36 @@ async def _read_form(request: Request, body: bytes, max_images: int) -> EncodeRe
             fields.setdefault(name, []).append(value)
     await form.close()
     return parse_form(files, fields, max_images)
+
+
+_HTTP_KINDS = {404: ("not_found", "path"), 405: ("method_not_allowed", "method")}
+
+
+def install_error_contract(app: FastAPI, metrics) -> None:
+    """Exception handlers that answer in the error contract where Starlette/FastAPI have shapes of their own."""
+
+    def answer(status: int, kind: str, field: str, message: str, headers=None) -> JSONResponse:
+        metrics.errors.labels(kind=kind).inc()
+        return JSONResponse(RequestError(status, field, message, kind=kind).body(), status_code=status,
+                            headers=headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        kind, field = _HTTP_KINDS.get(exc.status_code, ("invalid_request", "body"))
+        message = str(exc.detail)
+        if exc.status_code == 404:
+            message = f"no route {request.url.path!r}; see GET /openapi.json for the routes"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path!r}; see GET /openapi.json"
+        return answer(exc.status_code, kind, field, message, getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        first = (exc.errors() or [{}])[0]
+        where = ".".join(str(part) for part in first.get("loc", ("body",)) if part != "body") or "body"
+        return answer(422, "invalid_request", where, f"{where}: {first.get('msg', 'invalid value')}")
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception):  # logged by Starlette with its traceback too
+        return answer(500, "internal_error", "server", f"internal error ({type(exc).__name__}); the server log "
+                                                       f"has the traceback")

@@ -89,7 +89,7 @@ class _Slot:
 
 class Batcher:
     """encode_pixels(pixel_values, grid_thw, return_extras=True) -> TowerOutput and
-    output_tokens(grid_thw) -> list[int] are the Encoder's (or a runner's run without a host sync);
+    output_tokens(grid_thw) -> list[int] are the Encoder's (or its `launch`, without a host sync);
     they are only ever called from the launcher thread. prepare(pixel_values) -> tower input, for
     uint8 jobs (e.g. normalize on the device). check_finite(cpu embeddings, tokens): called by the
     completer only when the device-side check found a non-finite value (may raise). graph_stats() ->
@@ -134,6 +134,10 @@ class Batcher:
         self._queue.put(None)
         self._thread.join(timeout)
         self._completer.join(timeout)
+
+    def alive(self) -> bool:
+        """Whether a thread of the batcher still runs (e.g. a tower call that outlived close's timeout)."""
+        return self._thread.is_alive() or self._completer.is_alive()
 
     # -- the launcher thread --------------------------------------------------------------------
     def _take(self, block_s: float | None) -> Job | None | bool:

@@ -7,6 +7,8 @@ import tempfile
 
 import torch
 
+from mmenc.files import write_atomically
+
 FILE_NAME = "encoder_cache.safetensors"
 TENSOR_NAME = "ec_cache"
 
@@ -24,7 +26,8 @@ class ECStorage:
 
     def write(self, key: str, tensor: torch.Tensor) -> bool:
         """Write `tensor` [tokens, width] for `key` unless its file exists; atomic: a temp file in the
-        same folder, then rename, so a reader sees either no file or the whole file. Returns True
+        same folder, then rename, so a reader sees either no file or the whole file; its mode follows the
+        umask (mmenc.files), so a vLLM consumer running as another user can read it. Returns True
         when a file was written."""
         from safetensors.torch import save_file
 
@@ -34,10 +37,5 @@ class ECStorage:
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-", suffix=".safetensors")
         os.close(fd)
-        try:
-            save_file({TENSOR_NAME: tensor.contiguous()}, tmp)
-            os.replace(tmp, target)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        write_atomically(target, lambda path: save_file({TENSOR_NAME: tensor.contiguous()}, path), tmp=tmp)
         return True

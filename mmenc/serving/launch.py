@@ -1,18 +1,16 @@
 """How the service's Batcher calls a loaded Encoder: the tower call, the device-side input step and
 the bucketing choice (docs/serving.md, "Keeping the device busy").
 
-On a CUDA tower in this process, the call is the runner's own `run`: it queues the kernels and
+On an accelerator tower in this process, the call is `Encoder.launch`: it queues the kernels and
 returns without waiting for them (`Encoder.encode_pixels` would wait: its finiteness check reads the
 result on the host), so the launcher can queue the next call while this one runs; the completer
-checks finiteness after the copy back. Once the service is ready the batcher is the tower's only
-caller, so the Encoder's per-call lock is not needed there. Elsewhere (CPU, worker processes,
-calls over the Encoder's max_batch_patches) it is `Encoder.encode_pixels` itself."""
+checks finiteness after the copy back (`Encoder.check_finite`). Once the service is ready the batcher
+is the tower's only caller, so the Encoder's per-call lock it takes is never contended. Elsewhere (CPU,
+worker processes, torchrun ranks) it is `Encoder.encode_pixels` itself."""
 from collections.abc import Callable
 
 import torch
 
-from mmenc.engine.checks import check_finite
-from mmenc.engine.runners import InProcessRunner
 from mmenc.serving.batcher import Batcher
 from mmenc.serving.metrics import ServeMetrics
 from mmenc.serving.preprocess import has_per_image_api, normalize_rows
@@ -20,18 +18,15 @@ from mmenc.serving.settings import ServeSettings
 
 
 def asynchronous_tower_call(enc) -> tuple[Callable, Callable] | None:
-    """(encode_pixels without a host sync, check_finite(cpu embeddings, tokens)) for an in-process
-    tower; None for worker processes or torchrun ranks."""
-    if not isinstance(enc.runner, InProcessRunner):
+    """(the tower call without a host sync, check_finite(cpu embeddings, tokens)) for an accelerator
+    tower in this process; None elsewhere (worker processes, torchrun ranks, the CPU)."""
+    if not enc.launches_asynchronously:
         return None
 
     def encode(pixel_values: torch.Tensor, grid_thw: torch.Tensor, return_extras: bool = True):
-        if int(grid_thw[:, :3].prod(-1).sum()) > enc.max_batch_patches:
-            return enc.encode_pixels(pixel_values, grid_thw, return_extras=True)  # split into several calls
-        with torch.inference_mode():
-            return enc.runner.run(pixel_values, grid_thw)
+        return enc.launch(pixel_values, grid_thw)
 
-    return encode, lambda embeddings, tokens: check_finite(embeddings, tokens, enc.strict)
+    return encode, enc.check_finite
 
 
 def use_buckets(settings: ServeSettings, enc) -> bool:
@@ -43,7 +38,7 @@ def use_buckets(settings: ServeSettings, enc) -> bool:
 
 def make_batcher(enc, settings: ServeSettings, metrics: ServeMetrics) -> Batcher:
     device = enc.device
-    call = asynchronous_tower_call(enc) if device.type != "cpu" else None
+    call = asynchronous_tower_call(enc)
     encode, finite = call if call is not None else (enc.encode_pixels, None)
     processor = enc.processor
     # uint8 jobs pay off where the batch crosses to a device; on the CPU, normalizing in the pool
@@ -57,5 +52,4 @@ def make_batcher(enc, settings: ServeSettings, metrics: ServeMetrics) -> Batcher
 
 
 def _graph_stats(enc) -> Callable[[], dict] | None:
-    graphs = getattr(getattr(enc, "loaded", None), "graphs", None)
-    return (lambda: dict(graphs.stats)) if graphs is not None else None
+    return enc.graph_stats if enc.graph_stats() is not None else None

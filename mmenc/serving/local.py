@@ -13,11 +13,11 @@ import torch
 from mmenc.logger import init_logger
 from mmenc.serving.batcher import Batcher, Job
 from mmenc.serving.cache import EncoderCache, model_identity
+from mmenc.serving.engine_client import EngineClient, EngineInfo, Encoded, done_future, settle
 from mmenc.serving.formats import EncodedImage, dtype_name
-from mmenc.serving.frontends.client import EngineClient, EngineInfo, Encoded, done_future, settle
 from mmenc.serving.launch import make_batcher
 from mmenc.serving.metrics import ServeMetrics
-from mmenc.serving.settings import ServeSettings
+from mmenc.serving.settings import ServeSettings, served_name
 
 logger = init_logger(__name__)
 
@@ -72,15 +72,16 @@ class LocalEngine(EngineClient):
         hidden, levels = out.embeddings.shape[1], len(out.extras.get("deepstack") or [])
         loaded = enc.loaded
         archs = (getattr(loaded, "hf_config", None) or {}).get("architectures") or [type(loaded.config).__name__]
-        card = {"id": enc.model_name, "object": "model", "architecture": archs[0], "hidden_size": hidden,
+        name = self.settings.served_model_name or served_name(enc.model_name)
+        card = {"id": name, "object": "model", "architecture": archs[0], "hidden_size": hidden,
                 "image_embeds_size": hidden * (1 + levels), "deepstack_levels": levels,
-                "dtype": dtype_name(loaded.dtype)}
+                "dtype": dtype_name(loaded.dtype), "weights": enc.weights}
         identity = model_identity(enc.model_name, enc.processor, loaded.dtype)
         if self._closing.is_set():
             return
         self.batcher = self._batcher_factory(enc, self.settings, self.metrics)
         self.batcher.alloc = self._alloc
-        self.info = EngineInfo(model_name=enc.model_name, card=card, identity=identity, processor=enc.processor,
+        self.info = EngineInfo(model_name=name, card=card, identity=identity, processor=enc.processor,
                                uint8=self.batcher.prepare is not None, dtype=loaded.dtype,
                                video_processor=enc.video_processor)
         self.state = "ready"
@@ -91,10 +92,16 @@ class LocalEngine(EngineClient):
         """Whether the loader thread still runs (e.g. after close() gave up waiting for it)."""
         return self._loader is not None and self._loader.is_alive()
 
-    def close(self) -> None:
+    def busy(self) -> bool:
+        """Whether a thread of this engine still runs torch (a load, or a tower call close() did not wait
+        out): the process must then exit without tearing torch down under it (uvicorn_run.exit_now)."""
+        return self.loading() or (self.batcher is not None and self.batcher.alive())
+
+    def close(self, timeout: float | None = None) -> None:
         """Stop: a load in progress stops at its next step (waited for up to shutdown_timeout_s; if it
         is still running then, it is left to the process exit, see server.serve), then the batcher
-        finishes its queued jobs and the Encoder is closed."""
+        finishes its queued jobs (waited for up to `timeout`, default shutdown_timeout_s) and the
+        Encoder is closed (unless a tower call still runs)."""
         self._closing.set()
         if self.loading():
             logger.info("stopping while the encoder loads: waiting up to %.0f s for the load to stop",
@@ -107,7 +114,10 @@ class LocalEngine(EngineClient):
         if self.state == "loading":
             self.state = "stopped"
         if self.batcher is not None:
-            self.batcher.close(timeout=self.settings.shutdown_timeout_s)
+            self.batcher.close(timeout=self.settings.shutdown_timeout_s if timeout is None else timeout)
+            if self.batcher.alive():
+                logger.warning("a tower call still runs after the shutdown wait; leaving it to the process exit")
+                return
         if self.encoder is not None:
             self.encoder.close()
 

@@ -13,7 +13,7 @@ import warnings
 import torch
 from PIL import Image, UnidentifiedImageError
 
-from mmenc.preprocess.images import ImageLoadError, load_image
+from mmenc.preprocess.images import ImageLoadError, load_image, size_text, without_reprs
 from mmenc.preprocess.plan import ImagePreprocessError
 from mmenc.serving.inputs import ItemError
 
@@ -40,11 +40,17 @@ def preprocess_image(processor, data: bytes, index: int, max_pixels: int,
     `normalize_rows` turns into those values."""
     try:
         w, h = image_size(data)
-    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError) as e:
-        return ItemError("invalid_image", f"images[{index}]: not a decodable image ({e})")
+    except Image.DecompressionBombError:  # over twice PIL's limit: PIL refuses it from the header
+        return ItemError("image_too_large", f"images[{index}]: more than {2 * (Image.MAX_IMAGE_PIXELS or 0)} pixels, "
+                                            f"PIL's decompression-bomb limit (refused from the header, not decoded); "
+                                            f"the server takes at most max_image_pixels={max_pixels}: downscale it")
+    except UnidentifiedImageError:
+        return ItemError("invalid_image", f"images[{index}]: not an image (PIL cannot identify the format)")
+    except (OSError, ValueError, SyntaxError) as e:
+        return ItemError("invalid_image", f"images[{index}]: not a decodable image ({without_reprs(e)})")
     if w * h > max_pixels:
-        return ItemError("image_too_large", f"images[{index}]: {w}x{h} = {w * h} pixels exceeds max_image_pixels="
-                                            f"{max_pixels}; downscale it or raise --max-image-pixels")
+        return ItemError("image_too_large", f"images[{index}]: {size_text(w, h)} = {w * h} pixels exceeds "
+                                            f"max_image_pixels={max_pixels}; downscale it or raise --max-image-pixels")
     try:
         if not uint8:
             return processor([data])
@@ -57,7 +63,7 @@ def preprocess_image(processor, data: bytes, index: int, max_pixels: int,
     except ImagePreprocessError as e:  # the processor's size rules (e.g. aspect ratio over 200)
         return ItemError("unsupported_image", f"images[{index}]: {e.reason}")
     except ImageLoadError as e:
-        return ItemError("invalid_image", f"images[{index}]: {str(e).removeprefix('image #0: ')}")
+        return ItemError("invalid_image", f"images[{index}]: {without_reprs(str(e).removeprefix('image #0: '))}")
     except ValueError as e:  # the processor's own checks (e.g. aspect ratio over 200)
         return ItemError("unsupported_image", f"images[{index}]: {e}")
 

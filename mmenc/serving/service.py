@@ -12,9 +12,10 @@ from collections.abc import Callable
 from mmenc.logger import init_logger
 from mmenc.serving.batcher import Batcher, Job
 from mmenc.serving.cache import content_key
+from mmenc.serving.drain import Drain
 from mmenc.serving.ec_storage import ECStorage
+from mmenc.serving.engine_client import Encoded, EngineClient, describe, done_future
 from mmenc.serving.formats import Body, EncodedImage, dumps, render_item
-from mmenc.serving.frontends.client import Encoded, EngineClient, describe, done_future
 from mmenc.serving.inputs import EncodeRequest, ImageInput, ItemError, RequestError
 from mmenc.serving.launch import make_batcher
 from mmenc.serving.metrics import ServeMetrics
@@ -83,6 +84,7 @@ class EncodeService:
         self.pool = concurrent.futures.ThreadPoolExecutor(settings.preprocess_threads, thread_name_prefix="mmenc-cpu")
         self._in_flight = 0  # this process's images in flight (the metric); touched on the event loop only
         self.saver = TensorSaver()  # torch.save bytes from per-shape templates (formats.torch_b64)
+        self.drain = Drain()  # how this server stops (mmenc/serving/drain.py): begun by its HTTP host
 
     @property
     def state(self) -> str:
@@ -103,9 +105,17 @@ class EncodeService:
     def loading(self) -> bool:
         return self.engine.loading()
 
+    def busy(self) -> bool:
+        return self.engine.busy()
+
     def close(self) -> None:
-        """Stop the engine (a LocalEngine finishes its queued jobs and closes the Encoder), then the pool."""
-        self.engine.close()
+        """Stop the engine (a LocalEngine finishes its queued jobs and closes the Encoder), then the pool.
+        After a drain's cut the answers are out already: a tower call still running gets TOWER_WAIT_AFTER_CUT_S
+        (then the process exits without tearing torch down under it: server.serve)."""
+        from mmenc.serving.uvicorn_run import TOWER_WAIT_AFTER_CUT_S
+
+        self.drain.close()
+        self.engine.close(timeout=TOWER_WAIT_AFTER_CUT_S if self.drain.state == "cut" else None)
         self.pool.shutdown(wait=True, cancel_futures=True)
 
     # -- one request -------------------------------------------------------------------------------

@@ -38,7 +38,8 @@ class ServeSettings:
     of one size to a power of two so CUDA graphs replay (docs/serving.md); "auto": on when the
     Encoder has cuda_graphs. frontends: 0 serves HTTP in this process; N > 0 makes this process the
     engine (tower, batcher, cache) and N front-end processes serve HTTP, decode and render
-    (docs/serving.md, "Front ends")."""
+    (docs/serving.md, "Front ends"). served_model_name: the model's name in /v1/models and in answers
+    (None: `served_name(model)`, the Hub id or the checkpoint folder's name, never its path)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -57,6 +58,7 @@ class ServeSettings:
     max_in_flight: int = 2
     bucket_batches: str = "auto"
     frontends: int = 0
+    served_model_name: str | None = None
 
     def __post_init__(self):
         positive = ("max_batch_patches", "max_request_bytes", "max_images_per_request", "max_image_pixels",
@@ -75,8 +77,23 @@ class ServeSettings:
                              f"engine's own process)")
         if self.bucket_batches not in ("auto", "on", "off"):
             raise ValueError(f"ServeSettings.bucket_batches={self.bucket_batches!r} must be 'auto', 'on' or 'off'")
+        if self.served_model_name is not None and not (isinstance(self.served_model_name, str)
+                                                       and self.served_model_name.strip()):
+            raise ValueError(f"ServeSettings.served_model_name={self.served_model_name!r} must be a non-empty string "
+                             f"(None: the checkpoint folder's name)")
         if self.api_key is not None and not self.api_key:
             raise ValueError("ServeSettings.api_key is empty; pass a non-empty key or None for no authentication")
         if self.max_queue_images < self.max_images_per_request:
             raise ValueError(f"max_queue_images={self.max_queue_images} < max_images_per_request="
                              f"{self.max_images_per_request}: a full request could never be admitted; raise it")
+
+
+def served_name(model: str) -> str:
+    """The name a service shows for `model` by default: a Hub id or built-in name ("org/name") as given,
+    a local checkpoint folder by its own name ("/models/Qwen2.5-VL-7B-Instruct" -> "Qwen2.5-VL-7B-Instruct")."""
+    import pathlib
+
+    path = pathlib.Path(model).expanduser()
+    if not path.exists():
+        return model
+    return path.resolve().name or model

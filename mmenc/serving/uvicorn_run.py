@@ -16,13 +16,47 @@ from mmenc.serving.settings import ServeSettings
 logger = init_logger(__name__)
 
 SEND_BUFFER_BYTES = 256 << 10  # SO_SNDBUF of each connection under uvloop (see _http_protocol)
+CUT_GRACE_S = 5.0  # after the cut, how long uvicorn waits for the 503 answers to go out before it cancels tasks
+TOWER_WAIT_AFTER_CUT_S = 1.0  # after the cut, how long a running tower call (its answers no longer wanted) is waited for
 
 
 def uvicorn_config(app, settings: ServeSettings, log_level: str = "info", **overrides) -> uvicorn.Config:
     """The service's uvicorn settings (overrides: e.g. response headers of a front end)."""
+    # uvicorn's own deadline comes after the service's cut (Drain), which answers every request first
     return uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
-                          timeout_graceful_shutdown=settings.shutdown_timeout_s, access_log=False,
+                          timeout_graceful_shutdown=settings.shutdown_timeout_s + CUT_GRACE_S, access_log=False,
                           limit_concurrency=None, backlog=2048, http=_http_protocol(), **overrides)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn.Server whose shutdown (SIGTERM / SIGINT, or should_exit set by another thread) first
+    begins the service's Drain: requests in flight get shutdown_timeout_s, then a 503 shutting_down."""
+
+    def __init__(self, config: uvicorn.Config, drain, timeout_s: float):
+        super().__init__(config)
+        self.drain, self.timeout_s = drain, timeout_s
+
+    async def shutdown(self, sockets=None) -> None:
+        self.drain.begin(self.timeout_s)
+        await super().shutdown(sockets)
+
+
+def draining_server(app, service, settings: ServeSettings, log_level: str = "info", **overrides) -> DrainingServer:
+    """The service's uvicorn server (not started), draining `service` at shutdown."""
+    return DrainingServer(uvicorn_config(app, settings, log_level, **overrides), service.drain,
+                          settings.shutdown_timeout_s)
+
+
+def exit_now(code: int, why: str) -> None:
+    """Exit with `code` now, leaving threads that still run torch behind (a normal interpreter exit
+    would tear torch down under them: "terminate called without an active exception", SIGABRT)."""
+    logger.info("mmenc serve: %s; exiting without waiting for it", why)
+    for child in multiprocessing.active_children():  # e.g. tensor-parallel workers
+        child.terminate()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def exit_while_loading(code: int = 0) -> None:
@@ -48,7 +82,7 @@ def run_draining(server: uvicorn.Server, sockets=None) -> None:
 
 
 def _ignore(signum, frame) -> None:
-    logger.info("mmenc serve: stopped by signal %d after draining", signum)
+    logger.info("mmenc serve: stopped by %s", signal.Signals(signum).name)
 
 
 def _http_protocol():

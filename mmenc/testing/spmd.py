@@ -29,7 +29,7 @@ def check_modes_match(rank: int, world: int, port: int, cases: list, tol: float 
     """On each rank, what an Encoder launched by torchrun does: init_from_env, then per case and mode
     build this rank's tower, run the whole pack and compare with the single-process output."""
     from mmenc.distributed import init_from_env, leave_process_group, parallel_state
-    from mmenc.engine.runner import TowerRecipe
+    from mmenc.engine.tower import TowerRecipe
     from mmenc.parallel import build_rank_tower, run_rank_tower
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",

@@ -11,8 +11,8 @@ import dataclasses
 import torch
 
 from mmenc.backends.choice import SHORT_SEQLEN_MAX
-from mmenc.backends.device import to_device
 from mmenc.backends.packing import PackInfo
+from mmenc.utils.device_copy import to_device
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,7 @@ after loading and call it on every forward.
     base.py      the contract: reasons / prepare -> LinearState / apply
     native.py    NATIVE: F.linear, the reference
     onednn.py    ONEDNN: oneDNN with the weight packed once (CPU)
+    fp8.py       FP8: e4m3 weights per channel, activations per token, torch._scaled_mm (CUDA sm89+)
     registry.py  enum -> file
 """
 from mmenc.backends.linear.base import QUANTIZATIONS, LinearBackend, LinearState

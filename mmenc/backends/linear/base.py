@@ -4,6 +4,7 @@
     prepare(weight [out, in], bias [out] | None) -> LinearState        once, after the weights are loaded
     apply(state, x [..., in]) -> [..., out]                            x's dtype; y = x W^T + b
     apply_activated(state, x, "gelu_tanh") -> act(x W^T + b)           where fused_activations has it
+    apply_unbiased(state, x) -> x W^T                                  where defers_bias
     restore(state) -> weight [out, in]                                 the plain weight back (optional)
 
 `prepare` may repack or quantize the weight; its LinearState REPLACES the layer's weight (the layer
@@ -17,7 +18,8 @@ import torch
 from mmenc.backends.device import DeviceInfo
 from mmenc.backends.linear.enum import LinearBackendEnum
 
-QUANTIZATIONS = ("fp8",)
+# "fp8": FP8 linears where accuracy holds (the last quarter of the blocks); "fp8-all": every linear
+QUANTIZATIONS = ("fp8", "fp8-all")
 
 
 @dataclasses.dataclass(eq=False)
@@ -29,6 +31,7 @@ class LinearState:
     weight: torch.Tensor
     bias: torch.Tensor | None
     extras: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    out_dtype: torch.dtype | None = None  # the output's dtype where the weight's is not it (FP8)
 
     def nbytes(self) -> int:
         """Bytes the state holds (packed layouts may pad; see LinearBackend.state_nbytes)."""
@@ -42,6 +45,11 @@ class LinearBackend:
     not_batch_invariant: ClassVar[str | None] = "the backend does not declare it"
     # Activations `apply_activated` fuses into the matmul ("gelu", "gelu_tanh", ...; mmenc.layers.activation).
     fused_activations: ClassVar[frozenset[str]] = frozenset()
+    # Whether `apply_quantized(state, QuantizedRows)` takes an input already in FP8 (a fused kernel quantized
+    # it: mmenc.layers.fused), `input_width(state)` columns wide.
+    takes_quantized_input: ClassVar[bool] = False
+    # Whether `apply_unbiased(state, x)` gives x W^T without the bias (a fused kernel after it adds the bias).
+    defers_bias: ClassVar[bool] = False
 
     @classmethod
     def is_installed(cls) -> bool:
@@ -68,6 +76,11 @@ class LinearBackend:
     @classmethod
     def apply(cls, state: LinearState, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    @classmethod
+    def apply_unbiased(cls, state: LinearState, x) -> torch.Tensor:
+        """x W^T [..., out] without state.bias, where defers_bias (the kernel reading the output adds it)."""
+        raise NotImplementedError(f"the {cls.enum.name} linear backend cannot leave its bias out")
 
     @classmethod
     def apply_activated(cls, state: LinearState, x: torch.Tensor, activation: str) -> torch.Tensor:

@@ -9,6 +9,7 @@ from mmenc.backends.linear.enum import LinearBackendEnum
 class NativeLinear(LinearBackend):
     enum = LinearBackendEnum.NATIVE
     not_batch_invariant = None  # with the layer's fixed token tiles
+    defers_bias = True
 
     @classmethod
     def _reasons(cls, device, dtype, quantization):
@@ -25,3 +26,7 @@ class NativeLinear(LinearBackend):
     @classmethod
     def apply(cls, state, x):
         return F.linear(x, state.weight, state.bias)
+
+    @classmethod
+    def apply_unbiased(cls, state, x):
+        return F.linear(x, state.weight)

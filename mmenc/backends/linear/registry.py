@@ -7,6 +7,7 @@ from mmenc.backends.registry import load_target
 _MODULES: dict[LinearBackendEnum, str] = {
     LinearBackendEnum.NATIVE: "native:NativeLinear",
     LinearBackendEnum.ONEDNN: "onednn:OneDNNLinear",
+    LinearBackendEnum.FP8: "fp8:Fp8Linear",
 }
 
 

@@ -51,7 +51,9 @@ class _Frontends:
         self.in_flight = self.ctx.Value("q", 0)
         self.procs: dict[int, multiprocessing.Process] = {}
         self.deaths: dict[int, collections.deque] = collections.defaultdict(collections.deque)
-        self.log_level = "warning" if logger.getEffectiveLevel() > 20 else "info"
+        from mmenc.serving.server import uvicorn_log_level
+
+        self.log_level = uvicorn_log_level()
 
     def start(self, index: int) -> None:
         from mmenc.serving.frontends.process import frontend_main
@@ -111,7 +113,7 @@ def serve_with_frontends(settings: ServeSettings, make_encoder: Callable[[], obj
         from mmenc.shm import SegmentPool, raise_fd_limit
         from mmenc.serving.local import LocalEngine
         from mmenc.serving.metrics import ServeMetrics
-        from mmenc.serving.uvicorn_run import exit_while_loading
+        from mmenc.serving.uvicorn_run import CUT_GRACE_S, TOWER_WAIT_AFTER_CUT_S, exit_now, exit_while_loading
 
         listener = bind(settings.host, settings.port)
         raise_fd_limit()
@@ -136,15 +138,22 @@ def serve_with_frontends(settings: ServeSettings, make_encoder: Callable[[], obj
                     code = 1
                     break
             logger.info("mmenc serve: stopping: draining the front ends (up to %.0f s)", settings.shutdown_timeout_s)
-            frontends.stop(settings.shutdown_timeout_s + 5)
+            stopping = time.monotonic()
+            frontends.stop(settings.shutdown_timeout_s + CUT_GRACE_S + 5)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             listener.close()
-        engine.close()
+        # the front ends answered (or cut) every request: a tower call still running has no one waiting for
+        # it; it gets what is left of the timeout, at least TOWER_WAIT_AFTER_CUT_S, then the process exits
+        left = settings.shutdown_timeout_s - (time.monotonic() - stopping)
+        engine.close(timeout=max(TOWER_WAIT_AFTER_CUT_S, left))
         if engine.loading():
             metrics_dir.remove()
             exit_while_loading(code)
+        if engine.busy():
+            metrics_dir.remove()
+            exit_now(1 if engine.state == "failed" else code, "a tower call still runs")
         if engine.state == "failed":
             logger.error("mmenc serve: the encoder failed to load: %s", engine.load_error)
             return 1

@@ -17,10 +17,10 @@ import torch
 
 from mmenc.logger import init_logger
 from mmenc.serving.batcher import Job
-from mmenc.serving.frontends.client import Encoded, describe
+from mmenc.serving.engine_client import Encoded, describe
 from mmenc.serving.frontends.outputs import Holdings, SharedOutputs
-from mmenc.shm import Channel, Segment
 from mmenc.serving.local import LocalEngine
+from mmenc.shm import Channel, Segment
 
 logger = init_logger(__name__)
 

@@ -29,7 +29,7 @@ def frontend_main(settings: ServeSettings, listener: socket.socket, engine_sock:
     from mmenc.serving.frontends.remote import ProcessEngineClient
     from mmenc.shm import Channel, raise_fd_limit
     from mmenc.serving.metrics import ServeMetrics
-    from mmenc.serving.uvicorn_run import run_draining, uvicorn_config
+    from mmenc.serving.uvicorn_run import draining_server, run_draining
     from mmenc.serving.service import Admission, EncodeService
 
     logging.getLogger("mmenc").setLevel(log_level.upper())
@@ -44,9 +44,16 @@ def frontend_main(settings: ServeSettings, listener: socket.socket, engine_sock:
     service = EncodeService(settings, metrics=ServeMetrics(), engine=client,
                             admission=Admission(settings.max_queue_images, shared=shared_in_flight))
     app = create_app(service, on_load_failure=stop)
-    server = uvicorn.Server(uvicorn_config(app, settings, log_level, headers=[(FRONTEND_HEADER, str(index))]))
+    server = draining_server(app, service, settings, log_level, headers=[(FRONTEND_HEADER, str(index))])
     holder.append(server)
     run_draining(server, sockets=[listener])
+    if service.drain.draining:
+        logger.info("front end %d stopped: %s", index, service.drain.summary())
     if client.engine_gone:  # killed, it could not remove the metrics folder; the front ends do (all may try)
         shutil.rmtree(os.environ.get(MULTIPROC_ENV, ""), ignore_errors=True)
     logger.debug("front end %d stopped", index)
+    # nothing is left to write (answers sent, metrics in their mmap'd files, shared segments are descriptors
+    # the kernel frees): skip the interpreter's teardown of torch, which took seconds on a busy machine and
+    # held up the engine's exit after a drain
+    logging.shutdown()
+    os._exit(0)

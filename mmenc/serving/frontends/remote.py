@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from mmenc.logger import init_logger
 from mmenc.serving.batcher import Job
+from mmenc.serving.engine_client import EngineClient, Encoded, RemoteError, settle
 from mmenc.serving.formats import EncodedImage
-from mmenc.serving.frontends.client import EngineClient, Encoded, RemoteError, settle
 from mmenc.shm import Channel, Segment, SegmentPool
 
 logger = init_logger(__name__)
@@ -69,7 +69,7 @@ class ProcessEngineClient(EngineClient):
         if self._futures.pop(rid, None) is not None:
             self._send(("cancel", rid))
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         self._closed = True
         self.channel.close()
 

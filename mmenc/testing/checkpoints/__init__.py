@@ -69,6 +69,9 @@ class FamilyCase:
     vision_model_type: the built-ins this row covers have this vision_config.model_type (None: any).
     output_width: config.json dict -> the tower's output width (None: the language model's width;
         image-embedding towers such as CLIP give the vision width).
+    compile_grids: (mixed, dense) grid_thw rows the compile and CUDA-graph tests run: a mixed packing and
+        a dense batch of equal frames (the [B, S] path of fixed-size towers and of SigLIP); None:
+        DEFAULT_COMPILE_GRIDS.
     """
 
     save: Callable[..., tuple[pathlib.Path, Any]]
@@ -82,10 +85,15 @@ class FamilyCase:
     architecture: str | None = None
     vision_model_type: str | None = None
     output_width: Callable[[dict], int] | None = None
+    compile_grids: tuple[list[list[int]], list[list[int]]] | None = None
 
     @property
     def patch_features(self) -> int:
         return math.prod(self.patch_shape)
+
+    @property
+    def grids_to_compile(self) -> tuple[list[list[int]], list[list[int]]]:
+        return self.compile_grids or DEFAULT_COMPILE_GRIDS
 
     def pixels(self, grid_thw: torch.Tensor, seed: int = 0) -> torch.Tensor:
         """Random pixel_values [sum(t*h*w), *patch_shape] float32 for grid_thw."""
@@ -106,45 +114,57 @@ def hf_tower_parameters(case: FamilyCase, hf_model, hf_config: dict) -> int:
 
 _QWEN_PIXELS = (3 * 2 * 14 * 14,)
 
+# the compile and CUDA-graph tests' (mixed, dense) grids of a row without its own compile_grids
+DEFAULT_COMPILE_GRIDS = ([[1, 8, 12], [1, 4, 4]], [[1, 12, 8]])
+
 # The CLIP lineage (issue 31): CLIP itself and the LLaVA families over CLIP / SigLIP towers.
 CLIP_FAMILIES: dict[str, FamilyCase] = {
     "CLIPModel": FamilyCase(save_clip, hf_clip_outputs, (3 * 8 * 8,), "openai/clip-vit-",
                             aliases=("CLIPVisionModel", "CLIPVisionModelWithProjection"), hf_tower=clip_vision,
-                            output_width=lambda config: config["vision_config"]["hidden_size"]),
+                            output_width=lambda config: config["vision_config"]["hidden_size"],
+        compile_grids=([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]])),
     "LlavaForConditionalGeneration+clip": FamilyCase(
         save_llava, hf_llava_outputs, (3 * 8 * 8,), "llava-hf/llava-1.5-", hf_tower=None,
-        architecture="LlavaForConditionalGeneration", vision_model_type="clip_vision_model"),
+        architecture="LlavaForConditionalGeneration", vision_model_type="clip_vision_model",
+        compile_grids=([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]])),
     # vision_feature_layer as a list (concatenated) and the "full" strategy, under SigLIP
     "LlavaForConditionalGeneration+siglip": FamilyCase(
         functools.partial(save_llava, tower="siglip", feature_layer=[-3, -1], strategy="full"), hf_llava_outputs,
         (3 * 8 * 8,), "llava-hf/llava-interleave-", hf_tower=None, architecture="LlavaForConditionalGeneration",
-        vision_model_type="siglip_vision_model"),
+        vision_model_type="siglip_vision_model",
+        compile_grids=([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]])),
     "VipLlavaForConditionalGeneration": FamilyCase(save_vipllava, hf_vipllava_outputs, (3 * 8 * 8,),
-                                                   "llava-hf/vip-llava-", hf_tower=None),
+                                                   "llava-hf/vip-llava-", hf_tower=None,
+        compile_grids=([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]])),
     # anyres: base + canvas tiles per image; canvases 1x2, 2x2, 3x1 (cut rows / columns) in one call
     "LlavaNextForConditionalGeneration": FamilyCase(
         save_llava_anyres, hf_anyres_outputs, (3 * 8 * 8,), "llava-hf/llava-v1.6-", hf_tower=None,
         grid=anyres_grid([(40, 90), (100, 100), (150, 30), (47, 47)], TINY_NEXT_PINPOINTS),
         meta_grid=anyres_grid([(672, 672), (336, 700)], [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]],
-                              336, 24)),
+                              336, 24),
+        compile_grids=([[3, 6, 6, 40, 90], [5, 6, 6, 100, 100]], [[4, 6, 6, 150, 30]])),
     # OneVision: a 2x2 canvas shrunk bilinearly (anyres_max_1), 1x1 and 1x3 ones kept, SigLIP tower
     "LlavaOnevisionForConditionalGeneration": FamilyCase(
         functools.partial(save_llava_anyres, onevision=True), hf_anyres_outputs, (3 * 8 * 8,),
         "llava-hf/llava-onevision-", hf_tower=None,
         grid=anyres_grid([(90, 100), (30, 40), (40, 130), (100, 50)], TINY_ONEVISION_PINPOINTS),
         meta_grid=anyres_grid([(1000, 700), (384, 768)], [[384 * a, 384 * b] for a in range(1, 7) for b in range(1, 7)],
-                              384, 27)),
+                              384, 27),
+        compile_grids=([[7, 6, 6, 90, 100], [2, 6, 6, 30, 40]], [[4, 6, 6, 40, 130]])),
     # square tiles (its pixel shuffle, as transformers', needs them); a 4x4 tile resamples the 6x6 table
     "AyaVisionForConditionalGeneration": FamilyCase(save_aya_vision, hf_aya_outputs, (3 * 8 * 8,), "CohereLabs/aya-",
                                                     hf_tower=None, grid=((3, 6, 6), (1, 4, 4), (2, 6, 6), (1, 6, 6)),
-                                                    meta_grid=((3, 26, 26), (1, 26, 26))),
+                                                    meta_grid=((3, 26, 26), (1, 26, 26)),
+        compile_grids=([[3, 6, 6], [1, 4, 4]], [[2, 6, 6]])),
     # square tiles (the processor's): several per image, two sizes in one call (packed), bucketed positions
     "Idefics3ForConditionalGeneration": FamilyCase(
         save_idefics3, hf_idefics3_outputs, (3 * 8 * 8,), "HuggingFace", hf_tower=None,
-        grid=((3, 6, 6), (1, 4, 4), (5, 6, 6), (1, 6, 6)), meta_grid=((5, 32, 32), (1, 32, 32))),
+        grid=((3, 6, 6), (1, 4, 4), (5, 6, 6), (1, 6, 6)), meta_grid=((5, 32, 32), (1, 32, 32)),
+        compile_grids=([[3, 6, 6], [1, 4, 4]], [[5, 6, 6]])),
     "SmolVLMForConditionalGeneration": FamilyCase(
         functools.partial(save_idefics3, smolvlm=True), hf_idefics3_outputs, (3 * 8 * 8,), "HuggingFaceTB/SmolVLM",
-        hf_tower=None, grid=((2, 6, 6), (1, 4, 4), (1, 6, 6), (3, 4, 4)), meta_grid=((5, 32, 32), (1, 32, 32))),
+        hf_tower=None, grid=((2, 6, 6), (1, 4, 4), (1, 6, 6), (3, 4, 4)), meta_grid=((5, 32, 32), (1, 32, 32)),
+        compile_grids=([[2, 6, 6], [1, 4, 4]], [[3, 6, 6]])),
 }
 FAMILIES: dict[str, FamilyCase] = {
     "Qwen2VLForConditionalGeneration": FamilyCase(save_qwen2_vl, hf_tower_outputs, _QWEN_PIXELS, "Qwen/Qwen2-VL-"),
@@ -159,66 +179,49 @@ FAMILIES: dict[str, FamilyCase] = {
     "Glm4vMoeForConditionalGeneration": FamilyCase(functools.partial(save_glm4v, moe=True,
                                                                      vision=dict(attention_bias=True)),
                                                    hf_glm4v_outputs, _QWEN_PIXELS, "zai-org/GLM-4"),
-    "GlmOcrForConditionalGeneration": FamilyCase(save_glm_ocr, hf_tower_outputs, _QWEN_PIXELS, "zai-org/GLM-OCR"),
+    "GlmOcrForConditionalGeneration": FamilyCase(save_glm_ocr, hf_tower_outputs, _QWEN_PIXELS, "zai-org/GLM-OCR",
+        compile_grids=([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]])),
     "PaddleOCRVLForConditionalGeneration": FamilyCase(save_paddleocr_vl, hf_image_features, (3, 14, 14),
-                                                      "PaddlePaddle/PaddleOCR-VL", hf_tower=None),
+                                                      "PaddlePaddle/PaddleOCR-VL", hf_tower=None,
+        compile_grids=([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]])),
     "Ernie4_5_VLMoeForConditionalGeneration": FamilyCase(
         save_ernie4_5_vl, hf_ernie_features, (3 * 14 * 14,), "baidu/ERNIE-4.5-VL-",
-        aliases=("Ernie4_5_VL_MoeForConditionalGeneration",), hf_tower=None),
+        aliases=("Ernie4_5_VL_MoeForConditionalGeneration",), hf_tower=None,
+        compile_grids=([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]])),
     "HunYuanVLForConditionalGeneration": FamilyCase(save_hunyuan_vl, hf_hunyuan_features, (3 * 16 * 16,),
-                                                    "tencent/HunyuanOCR", hf_tower=None),
+                                                    "tencent/HunyuanOCR", hf_tower=None,
+        compile_grids=([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]])),
     "Qwen3OmniMoeForConditionalGeneration": FamilyCase(save_qwen3_omni, hf_omni_outputs, (3 * 2 * 16 * 16,),
-                                                       "Qwen/Qwen3-Omni-", hf_tower=hf_omni_vision),
+                                                       "Qwen/Qwen3-Omni-", hf_tower=hf_omni_vision,
+        compile_grids=([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]])),
     "Llama4ForConditionalGeneration": FamilyCase(save_llama4, hf_llama4_outputs, (3, 14, 14), "meta-llama/Llama-4-",
                                                  hf_tower=None, grid=((1, 4, 4), (3, 4, 4), (2, 4, 4), (1, 4, 4)),
-                                                 meta_grid=((1, 24, 24), (2, 24, 24))),
+                                                 meta_grid=((1, 24, 24), (2, 24, 24)),
+        compile_grids=([[3, 4, 4], [1, 4, 4]], [[2, 4, 4], [2, 4, 4]])),
     "Ovis2ForConditionalGeneration": FamilyCase(save_ovis2, hf_ovis2_outputs, (3, 14, 14), "thisisiron/Ovis2-",
                                                 hf_tower=None,  # ours also holds the visual embedding table
                                                 grid=((2, 4, 4), (1, 4, 4), (3, 4, 4), (1, 4, 4)),
-                                                meta_grid=((1, 32, 32), (3, 32, 32))),
+                                                meta_grid=((1, 32, 32), (3, 32, 32)),
+        compile_grids=([[2, 4, 4], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]])),
     "Kimi_K25ForConditionalGeneration": FamilyCase(save_kimi_k25, hf_kimi_outputs, (3, 14, 14), "moonshotai/Kimi-",
                                                    aliases=("KimiK25ForConditionalGeneration",
                                                             "KimiVLForConditionalGeneration"), hf_tower=None),
     "SiglipModel": FamilyCase(save_siglip, hf_siglip_outputs, (3 * 8 * 8,), "google/siglip-",
                               aliases=("SiglipVisionModel", "PaliGemmaForConditionalGeneration",
-                                       "Gemma3ForConditionalGeneration"), hf_tower=siglip_vision),
+                                       "Gemma3ForConditionalGeneration"), hf_tower=siglip_vision,
+        compile_grids=([[1, 6, 6], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]])),
     "Siglip2Model": FamilyCase(functools.partial(save_siglip, version=2), hf_siglip2_outputs, (4 * 4 * 3,),
-                               "google/siglip2-", aliases=("Siglip2VisionModel",), hf_tower=siglip_vision),
+                               "google/siglip2-", aliases=("Siglip2VisionModel",), hf_tower=siglip_vision,
+        compile_grids=([[1, 4, 6], [1, 6, 4], [1, 2, 2]], [[1, 4, 4], [1, 4, 4]])),
     "Mistral3ForConditionalGeneration": FamilyCase(save_pixtral, hf_pixtral_outputs, (3, 14, 14),
                                                    "mistralai/Mistral-Small-", hf_tower=None),
     "LlavaForConditionalGeneration": FamilyCase(functools.partial(save_pixtral, llava=True,
                                                                   vision=dict(patch_size=16, image_size=16 * 16)),
                                                 hf_pixtral_outputs, (3, 16, 16), "mistralai/Pixtral-", hf_tower=None,
-                                                vision_model_type="pixtral"),
+                                                vision_model_type="pixtral",
+        compile_grids=([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]])),
     "InternVLForConditionalGeneration": FamilyCase(save_internvl, hf_internvl_outputs, (3, 14, 14), "OpenGVLab/InternVL",
-                                                   hf_tower=None),
+                                                   hf_tower=None,
+        compile_grids=([[1, 8, 12], [1, 4, 4]], [[3, 4, 4], [1, 4, 4]])),
     **CLIP_FAMILIES,
-}
-
-
-# The families of issues 15/16, each on a mixed packing (its generic-test grid) and on a dense batch of
-# equal frames (the [B, S] path of fixed-size towers and of SigLIP): architecture -> (mixed grid, dense grid)
-NEW_FAMILY_GRIDS: dict[str, tuple[list[list[int]], list[list[int]]]] = {  # architecture -> (mixed grid, dense grid)
-    "Siglip2Model": ([[1, 4, 6], [1, 6, 4], [1, 2, 2]], [[1, 4, 4], [1, 4, 4]]),
-    "SiglipModel": ([[1, 6, 6], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
-    "LlavaForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-    "InternVLForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[3, 4, 4], [1, 4, 4]]),
-    "GlmOcrForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-    "PaddleOCRVLForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-    "Ernie4_5_VLMoeForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-    "HunYuanVLForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-    "Qwen3OmniMoeForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-    "Llama4ForConditionalGeneration": ([[3, 4, 4], [1, 4, 4]], [[2, 4, 4], [2, 4, 4]]),
-    "Ovis2ForConditionalGeneration": ([[2, 4, 4], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
-    # issue 31: frames of mixed sizes (packed, class tokens interleaved) and at the table's size (dense)
-    "CLIPModel": ([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
-    "LlavaForConditionalGeneration+clip": ([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
-    "LlavaForConditionalGeneration+siglip": ([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
-    # anyres: tiles of one size always (a dense batch); images of different canvases, then one image
-    "LlavaNextForConditionalGeneration": ([[3, 6, 6, 40, 90], [5, 6, 6, 100, 100]], [[4, 6, 6, 150, 30]]),
-    "LlavaOnevisionForConditionalGeneration": ([[7, 6, 6, 90, 100], [2, 6, 6, 30, 40]], [[4, 6, 6, 40, 130]]),
-    "VipLlavaForConditionalGeneration": ([[1, 8, 12], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
-    "AyaVisionForConditionalGeneration": ([[3, 6, 6], [1, 4, 4]], [[2, 6, 6]]),
-    "Idefics3ForConditionalGeneration": ([[3, 6, 6], [1, 4, 4]], [[5, 6, 6]]),
-    "SmolVLMForConditionalGeneration": ([[2, 6, 6], [1, 4, 4]], [[3, 6, 6]]),
 }

@@ -7,7 +7,7 @@
 # install_ray.sh installs every carried wheel with --no-deps into a folder for PYTHONPATH. Wheels over 45 MB (ray, 79 MB)
 # are split in parts for transfers limited to 64 MiB. On the GPU machine: `bash .whl/ray/install_ray.sh`.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 tags=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_5_x86_64
       --platform manylinux1_x86_64)
@@ -32,5 +32,5 @@ for whl in "$out"/wheels/*.whl; do
     rm "$whl"
   fi
 done
-cp benchmarks/install_ray.sh "$out/install_ray.sh"
+cp benchmarks/hosts/install_ray.sh "$out/install_ray.sh"
 du -sh "$out"; ls "$out/split"; wc -l "$out/requirements.txt"

@@ -1,11 +1,12 @@
-"""Building a tower from a checkpoint folder or a built-in name, and running it.
+"""Building a tower from a checkpoint folder, a Hub id or a built-in name, and running it.
 
     loaded = build_tower("path/to/Qwen2.5-VL-7B-Instruct")            # weights from safetensors
+    loaded = build_tower("Qwen/Qwen2.5-VL-7B-Instruct")                 # the Hub id, through huggingface_hub
     loaded = build_tower("Qwen/Qwen2.5-VL-7B-Instruct", load_format="dummy")  # random weights, no files
     out = run_tower(loaded, pixel_values, grid_thw)                     # TowerOutput
 
 The tower shards over the tensor-parallel group set in mmenc.distributed.parallel_state (unsharded
-without one, as in data-parallel mode); `tp_size`, if given, must equal that group's size.
+without one, as in data-parallel mode).
 """
 import dataclasses
 import functools
@@ -19,7 +20,7 @@ from mmenc.config import MultiModalConfig
 from mmenc.layers.norm import LayerNorm, RMSNorm
 from mmenc.loader import checkpoint_folder, load_tower_weights, read_config, read_json_if_present
 from mmenc.logger import init_logger
-from mmenc.models.base import ModelSpec, TowerOutput
+from mmenc.models.base import ModelSpec, TowerOutput, vlm_config_dict
 from mmenc.models.registry import builtin_model_names, get_builtin_config, get_model_spec, supported_architectures
 
 logger = init_logger(__name__)
@@ -52,6 +53,7 @@ class LoadedTower:
     graphs: Any = None  # a CudaGraphCache when MultiModalConfig.cuda_graphs is on
     video_config: dict[str, Any] = dataclasses.field(default_factory=dict)  # the video processor's settings
     linear_backend: Any = None  # the LinearBackendEnum its linears run on (None on the meta device)
+    folder: pathlib.Path | None = None  # the checkpoint folder read (a Hub id's snapshot); None for a built-in
 
     @functools.cached_property
     def processor(self) -> Any:
@@ -130,18 +132,77 @@ def spec_for_config(hf_config: dict[str, Any], where: str) -> ModelSpec:
                      f"{', '.join(supported_architectures())}")
 
 
+def resolve_checkpoint(model: str, load_format: str = "auto") -> str:
+    """`model` as `build_tower` reads it: a local folder as given; a Hugging Face Hub id ("org/name")
+    as its snapshot folder in the huggingface_hub cache, fetched if needed (the local cache first,
+    HF_HUB_OFFLINE honoured; only config.json, the processor configs and the shards holding the
+    tower's tensors: mmenc.loader.hub); with load_format="dummy" a built-in name as it is (no files).
+    Raises ValueError (mmenc.loader.hub.HubModelError) naming the fix when it cannot."""
+    from mmenc.loader.hub import hub_snapshot, looks_like_repo_id
+
+    if pathlib.Path(model).expanduser().exists() or (load_format == "dummy" and model in builtin_model_names()):
+        return model
+    if looks_like_repo_id(model):
+        return str(hub_snapshot(model, None if load_format == "dummy" else _tower_tensor_names,
+                                text=_has_text_tower))
+    raise ValueError(f"model {model!r} is neither an existing checkpoint folder nor a Hugging Face Hub id "
+                     f"(org/name); pass a local folder with config.json and *.safetensors, a Hub id, or with "
+                     f"load_format='dummy' (--load-format dummy, random weights) a built-in name such as "
+                     f"{builtin_model_names()[0]!r} (all: mmenc.models.registry.builtin_model_names())")
+
+
 def _resolve_model(model: str, load_format: str) -> tuple[ModelSpec, dict, pathlib.Path | None, str]:
-    """(spec, config.json dict, folder or None, load format) for a folder or a built-in name."""
-    if pathlib.Path(model).expanduser().exists():
-        folder = checkpoint_folder(model)
-        hf_config = read_config(folder)
-        return spec_for_config(hf_config, f"{folder}/config.json"), hf_config, folder, load_format
-    if model in builtin_model_names():
-        spec, hf_config = get_builtin_config(model)
+    """(spec, config.json dict, folder or None, load format) for a folder, a Hub id or (with
+    load_format="dummy") a built-in name, whose config is built in: no files (see resolve_checkpoint)."""
+    source = resolve_checkpoint(model, load_format)
+    if not pathlib.Path(source).expanduser().exists():  # a built-in name, dummy weights
+        spec, hf_config = get_builtin_config(source)
         return spec, hf_config, None, "dummy"
-    raise ValueError(f"model {model!r} is neither an existing checkpoint folder nor a built-in model name; "
-                     f"pass a local folder with config.json and *.safetensors, or one of: "
-                     f"{', '.join(builtin_model_names())} (random weights)")
+    folder = checkpoint_folder(source)
+    hf_config = read_config(folder)
+    spec = spec_for_config(hf_config, f"{folder}/config.json")
+    return spec, as_full_config(spec, hf_config), folder, load_format
+
+
+def as_full_config(spec: ModelSpec, hf_config: dict[str, Any]) -> dict[str, Any]:
+    """config.json of a vision-only checkpoint (one of spec.vision_architectures, e.g. a saved
+    Qwen2_5_VisionTransformerPretrainedModel: the vision config itself) in the shape of a full one
+    ({"architectures", "vision_config", dtype}); any other config.json as it is."""
+    archs = hf_config.get("architectures") or []
+    if "vision_config" in hf_config or not any(a in spec.vision_architectures for a in archs):
+        return hf_config
+    dtype = {k: hf_config[k] for k in ("torch_dtype", "dtype") if k in hf_config}
+    return {"architectures": list(archs), **dtype, "vision_config": dict(hf_config)}
+
+
+def tower_weight_prefixes(spec: ModelSpec, hf_config: dict[str, Any]) -> tuple:
+    """The checkpoint prefixes of the tower's tensors: the family's, and for a vision-only checkpoint
+    (config.json is the vision config, as transformers saves SiglipVisionModel or Glm4vVisionModel) also
+    none at all, tried last."""
+    vision_only = "vision_config" not in vlm_config_dict(hf_config) or any(
+        a in spec.vision_architectures for a in hf_config.get("architectures") or [])
+    return (*spec.weight_prefixes, "") if vision_only and "" not in spec.weight_prefixes else spec.weight_prefixes
+
+
+def _has_text_tower(hf_config: dict[str, Any]) -> bool:
+    from mmenc.models.text import TEXT_KINDS
+
+    text = hf_config.get("text_config")
+    return isinstance(text, dict) and text.get("model_type") in TEXT_KINDS
+
+
+def _tower_tensor_names(hf_config: dict[str, Any], names: list[str]) -> set[str]:
+    """The tensor names of a checkpoint's index that mmenc reads: the tower's (and a contrastive
+    checkpoint's text tower's): which shards a Hub download fetches."""
+    from mmenc.loader.checkpoint import prefix_group, tower_prefix
+
+    spec = spec_for_config(hf_config, "config.json")
+    groups = [prefix_group(tower_prefix(names, tower_weight_prefixes(spec, as_full_config(spec, hf_config))))]
+    if _has_text_tower(hf_config):
+        from mmenc.models.text import TEXT_PREFIXES
+
+        groups.append(prefix_group(tower_prefix(names, TEXT_PREFIXES)))
+    return {name for name in names if any(name.startswith(g) for g in groups)}
 
 
 @torch.no_grad()
@@ -163,25 +224,17 @@ def init_dummy_weights(tower: nn.Module, seed: int = DUMMY_SEED) -> None:
             p.normal_(0.0, 0.02, generator=g)
 
 
-def _check_tp_size(tp_size: int | None) -> None:
-    from mmenc.distributed.parallel_state import get_tp_size
-
-    if tp_size is not None and tp_size != get_tp_size():
-        raise ValueError(f"tp_size={tp_size} but the tensor-parallel group set now has size {get_tp_size()}; the tower "
-                         f"shards over that group: call mmenc.distributed.parallel_state.set_tp_group first (None "
-                         f"for an unsharded tower), and leave tp_size out")
-
-
 def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype" = "auto",
-                device: "str | torch.device | None" = None, multimodal_config: MultiModalConfig | None = None,
-                tp_size: int | None = None) -> LoadedTower:
-    """Build the vision tower of `model` (a checkpoint folder, or a built-in name such as
-    "Qwen/Qwen2.5-VL-7B-Instruct", which implies load_format="dummy").
+                device: "str | torch.device | None" = None,
+                multimodal_config: MultiModalConfig | None = None) -> LoadedTower:
+    """Build the vision tower of `model`: a checkpoint folder, a Hugging Face Hub id (resolved through
+    huggingface_hub, see resolve_checkpoint) or, with load_format="dummy", a built-in name such as
+    "Qwen/Qwen2.5-VL-7B-Instruct" (no files).
 
-    load_format: "auto" reads the tower's tensors from the folder's safetensors; "dummy" gives
-    random weights (seeded, with a warning). dtype: "auto" is the checkpoint's torch_dtype on an
+    load_format: "auto" reads the tower's tensors from the checkpoint's safetensors; "dummy" gives
+    random weights (seeded, with a warning) and reads no weights. dtype: "auto" is the checkpoint's torch_dtype on an
     accelerator and float32 on CPU. device: None is the current platform's device ("meta" builds
-    without memory, for shapes). tp_size: see the module docstring.
+    without memory, for shapes). The tensor-parallel size is the parallel state's (module docstring).
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format={load_format!r} is not valid; expected one of {LOAD_FORMATS}")
@@ -191,7 +244,6 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
         _hint_cpu_bfloat16(hf_config)
     dtype = resolve_dtype(dtype, hf_config, device)
     config = spec.config_from_hf(hf_config)
-    _check_tp_size(tp_size)  # the tower shards over the parallel state's group; tp_size only double-checks it
     tower = spec.tower_cls(config, multimodal_config=multimodal_config or MultiModalConfig(), device=device,
                            dtype=dtype)
     if device.type != "meta":
@@ -200,16 +252,24 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
                            "are meaningless", model, DUMMY_SEED)
             init_dummy_weights(tower)
         else:
-            load_tower_weights(tower, folder, spec.weight_prefixes)
+            load_tower_weights(tower, folder, tower_weight_prefixes(spec, hf_config))
     mm_config = multimodal_config or MultiModalConfig()
     linear_backend = None
     if device.type != "meta":  # after loading, before tiling or compiling: the platform's linear kernels
-        from mmenc.layers.linear import prepare_linears
+        from mmenc.engine.quantize import prepare_tower_linears
         from mmenc.platforms import platform_for
 
-        linear_backend = platform_for(device).get_linear_backend(dtype, mm_config.quantization,
-                                                                 mm_config.linear_backend, mm_config.batch_invariant)
-        prepare_linears(tower, linear_backend)
+        linear_backend = prepare_tower_linears(tower, platform_for(device), dtype, mm_config, hf_config,
+                                               spec.weight_prefixes)
+    if mm_config.fused_kernels and device.type != "meta":
+        from mmenc.layers.fused import use_fused_kernels
+        from mmenc.platforms import platform_for
+
+        reasons = platform_for(device).fused_kernel_reasons(dtype)
+        if reasons:
+            raise ValueError(f"fused_kernels=True cannot run on {device}: {'; '.join(reasons)}; leave fused_kernels "
+                             f"off (the reference ops) on this device")
+        use_fused_kernels(tower)
     if mm_config.batch_invariant:  # before compiling / capturing: fixed-shape GEMMs in every linear
         from mmenc.distributed.parallel_state import get_tp_size
         from mmenc.layers.linear import use_token_tiles
@@ -236,7 +296,7 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
     return LoadedTower(model=str(model), spec=spec, hf_config=hf_config, config=config, tower=tower.eval(),
                        dtype=dtype, device=device, load_format=load_format, preprocessor_config=preprocessor,
                        graphs=graphs, video_config=_video_config(folder, preprocessor),
-                       linear_backend=linear_backend)
+                       linear_backend=linear_backend, folder=folder)
 
 
 def _video_config(folder, preprocessor: dict[str, Any]) -> dict[str, Any]:

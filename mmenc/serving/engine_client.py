@@ -64,12 +64,17 @@ class EngineClient(abc.ABC):
         the future drops the job if its tower call has not started; a tower failure is its exception."""
 
     @abc.abstractmethod
-    def close(self) -> None:
-        """Stop (after the requests in flight were answered)."""
+    def close(self, timeout: float | None = None) -> None:
+        """Stop (after the requests in flight were answered), waiting at most `timeout` seconds for
+        work in this process (None: the engine's default)."""
 
     def loading(self) -> bool:
         """Whether a load still runs in this process (see LocalEngine)."""
         return False
+
+    def busy(self) -> bool:
+        """Whether a thread of this engine still runs torch after close() (see LocalEngine)."""
+        return self.loading()
 
 
 class RemoteError(RuntimeError):

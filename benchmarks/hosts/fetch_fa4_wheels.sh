@@ -3,7 +3,7 @@
 # (git-ignored) for a GPU machine without network; the 92 MB cu13 libs wheel is split into two halves for
 # transfers limited to 64 MiB. On the GPU machine: `bash .whl/install_fa4.sh TARGET` (see that script).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 tags=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
       --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
       --platform manylinux2014_x86_64)
@@ -18,5 +18,5 @@ python3 -m pip download --no-deps "${tags[@]}" -d "$tmp" nvidia-cutlass-dsl-libs
 name=$(basename "$tmp"/nvidia_cutlass_dsl_libs_cu13-*.whl)
 (cd "$tmp" && sha256sum "$name" > "$OLDPWD/.whl/split/$name.sha256")
 split -b 45M "$tmp/$name" ".whl/split/$name.part-"
-cp benchmarks/install_fa4.sh .whl/install_fa4.sh
+cp benchmarks/hosts/install_fa4.sh .whl/install_fa4.sh
 ls -la .whl/base .whl/extra .whl/split

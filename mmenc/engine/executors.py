@@ -1,18 +1,19 @@
-"""The one object an Encoder runs its tower through, chosen once at construction:
+"""Where an Encoder runs its tower: the one executor object, chosen once at construction:
 
-    InProcessRunner    the tower in this process (one device)
-    WorkerGroupRunner  N worker processes the Encoder owns (tensor_parallel_size > 1)
-    TorchrunRunner     this process is one rank of a torchrun launch (RANK/WORLD_SIZE set)
+    InProcessExecutor    the tower in this process (one device)
+    WorkerGroupExecutor  N worker processes the Encoder owns (tensor_parallel_size > 1)
+    TorchrunExecutor     this process is one rank of a torchrun launch (RANK/WORLD_SIZE set)
 
-Every runner: `run(pixel_values [P, F], grid_thw int64 [N >= 1, 3]) -> TowerOutput` (image order, on
+Every executor: `run(pixel_values [P, F], grid_thw int64 [N >= 1, 3]) -> TowerOutput` (image order, on
 `device`), `loaded` (a LoadedTower; for workers its tower is a meta-device copy for shapes),
 `device`, `input_device` (where pixel_values should be for `run`: the Encoder's Preprocessor finishes
-them there), `tensor_parallel_size`, `mode`, `attention_backends()`, `close()`. Calls are not
+them there), `tensor_parallel_size`, `mode`, `launches_asynchronously` (run returns once the kernels
+are queued: only the tower in this process), `attention_backends()`, `close()`. Calls are not
 re-entrant: the Encoder holds one lock around each whole call (see docs/engine.md, Threads).
 """
 import torch
 
-from mmenc.engine.runner import LoadedTower, TowerRecipe, build_tower, run_tower
+from mmenc.engine.tower import LoadedTower, TowerRecipe, build_tower, run_tower
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
 from mmenc.parallel import WorkerGroup, build_rank_tower, check_same_call, run_rank_tower
@@ -28,11 +29,12 @@ def tower_backends(loaded: LoadedTower) -> str:
     return ", ".join(names)
 
 
-class InProcessRunner:
+class InProcessExecutor:
     """The tower built in this process on `device`."""
 
     mode = "weights"
     tensor_parallel_size = 1
+    launches_asynchronously = True
 
     def __init__(self, recipe: TowerRecipe, device: torch.device):
         self.loaded = build_tower(**{**recipe.tower_args, "device": device})
@@ -48,9 +50,11 @@ class InProcessRunner:
         pass
 
 
-class WorkerGroupRunner:
+class WorkerGroupExecutor:
     """`world_size` worker processes (mmenc.parallel.WorkerGroup) that hold the tower; results come
     back on `device`."""
+
+    launches_asynchronously = False
 
     def __init__(self, recipe: TowerRecipe, device: torch.device, world_size: int, mode: str, timeout_s: float):
         self.group = WorkerGroup(world_size, recipe, mode=mode, device_type=device.type, output_device=device,
@@ -71,10 +75,12 @@ class WorkerGroupRunner:
         self.group.close()
 
 
-class TorchrunRunner:
+class TorchrunExecutor:
     """This process is one rank of a launch (torchrun): every rank builds the Encoder and calls it
     with the same inputs in the same order; every rank receives the full result. Each call first
     checks that all ranks hold the same call (`check_same_call`) and raises on every rank if not."""
+
+    launches_asynchronously = False
 
     def __init__(self, recipe: TowerRecipe, env, tensor_parallel_size: int, mode: str):
         if tensor_parallel_size not in (1, env.world_size):
@@ -99,17 +105,17 @@ class TorchrunRunner:
         pass
 
 
-def make_runner(recipe: TowerRecipe, device: torch.device | None, tensor_parallel_size: int, mode: str,
+def make_executor(recipe: TowerRecipe, device: torch.device | None, tensor_parallel_size: int, mode: str,
                 worker_timeout_s: float):
-    """TorchrunRunner when launched distributed, WorkerGroupRunner for tensor_parallel_size > 1,
-    else InProcessRunner. `device` None: the platform's (under torchrun: this rank's)."""
+    """TorchrunExecutor when launched distributed, WorkerGroupExecutor for tensor_parallel_size > 1,
+    else InProcessExecutor. `device` None: the platform's (under torchrun: this rank's)."""
     from mmenc.distributed import init_from_env
-    from mmenc.engine.runner import default_device
+    from mmenc.engine.tower import default_device
 
     env = init_from_env(device_type=device.type if device is not None else None)
     if env is not None and env.world_size > 1:
-        return TorchrunRunner(recipe, env, tensor_parallel_size, mode)
+        return TorchrunExecutor(recipe, env, tensor_parallel_size, mode)
     device = device if device is not None else default_device()
     if tensor_parallel_size > 1:
-        return WorkerGroupRunner(recipe, device, tensor_parallel_size, mode, worker_timeout_s)
-    return InProcessRunner(recipe, device)
+        return WorkerGroupExecutor(recipe, device, tensor_parallel_size, mode, worker_timeout_s)
+    return InProcessExecutor(recipe, device)

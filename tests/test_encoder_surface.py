@@ -1,0 +1,105 @@
+"""The Encoder's surface for tools and the service (launch, graphs, tower-call hooks), and the rule that
+nothing outside mmenc/engine reaches past it."""
+import pathlib
+import re
+
+import pytest
+import torch
+
+from mmenc.testing.checkpoints import random_pixels
+
+MMENC = pathlib.Path(__file__).resolve().parents[1] / "mmenc"
+GRID = torch.tensor([[1, 8, 8], [1, 4, 8], [2, 4, 4]])  # 64 + 32 + 32 patches
+
+
+@pytest.fixture(scope="module")
+def encoder(reference):
+    return reference
+
+
+def test_launch_is_encode_pixels_without_the_finite_check(encoder):
+    pixels = random_pixels(GRID)
+    want = encoder.encode_pixels(pixels, GRID, return_extras=True)
+    got = encoder.launch(pixels.to(encoder.input_device), GRID)
+    assert torch.equal(got.embeddings, want.embeddings)
+    assert not encoder.launches_asynchronously  # a CPU tower: launch returns done
+    encoder.check_finite(got.embeddings, encoder.output_tokens(GRID))  # finite: no warning, no error
+
+
+def test_launch_splits_past_max_batch_patches(encoder, monkeypatch):
+    pixels = random_pixels(GRID)
+    want = encoder.encode_pixels(pixels, GRID)
+    calls = []
+    monkeypatch.setattr(encoder, "max_batch_patches", 64)
+    with encoder.tower_call_hook(lambda run, pv, g: calls.append(g.tolist()) or run(pv, g)):
+        got = encoder.launch(pixels, GRID)
+    assert calls == [[[1, 8, 8]], [[1, 4, 8], [2, 4, 4]]]
+    assert torch.allclose(got.embeddings, want, rtol=1e-5, atol=1e-6)
+
+
+def test_hooks_nest_and_leave(encoder):
+    pixels = random_pixels(GRID)
+    order = []
+
+    def named(name):
+        def hook(run, pv, g):
+            order.append(f"{name} in")
+            out = run(pv, g)
+            order.append(f"{name} out")
+            return out
+        return hook
+
+    with encoder.tower_call_hook(named("outer")), encoder.tower_call_hook(named("inner")):
+        encoder.encode_pixels(pixels, GRID)
+    assert order == ["inner in", "outer in", "outer out", "inner out"]  # the first entered runs closest
+    encoder.encode_pixels(pixels, GRID)
+    assert len(order) == 4, "a hook outlived its block"
+
+
+def test_graph_controls_without_graphs(encoder):
+    assert encoder.graph_stats() is None and encoder.unreplayed_graphs() == 0
+    encoder.clear_graphs()  # nothing to clear: no error
+    with pytest.raises(ValueError, match=r"configure_graphs\(recent_calls=4\): this Encoder has no CUDA graphs"):
+        encoder.configure_graphs(recent_calls=4)
+
+
+def test_graphs_off_runs_the_tower_itself(encoder, monkeypatch):
+    pixels = random_pixels(GRID)
+    want = encoder.encode_pixels(pixels, GRID)
+
+    class Graphs:  # a stand-in CUDA-graph cache that counts what it is asked
+        stats = {"replays": 0}
+        recent_calls = 16
+
+        def __call__(self, pv, g):
+            self.stats = {"replays": self.stats["replays"] + 1}
+            return encoder.loaded.tower(pv, g)
+
+        def unreplayed(self):
+            return 0
+
+    graphs = Graphs()
+    monkeypatch.setattr(encoder.loaded, "graphs", graphs)
+    encoder.encode_pixels(pixels, GRID)
+    assert encoder.graph_stats() == {"replays": 1}
+    with encoder.graphs_off():
+        got = encoder.encode_pixels(pixels, GRID)
+    assert encoder.graph_stats() == {"replays": 1} and encoder.loaded.graphs is graphs
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    encoder.configure_graphs(recent_calls=None)
+    assert graphs.recent_calls is None
+    with pytest.raises(ValueError, match=r"recent_calls=0 must be >= 1"):
+        encoder.configure_graphs(recent_calls=0)
+
+
+# the Encoder's internals, which only mmenc/engine may touch
+REACHES = re.compile(r"\.runner\b|\._executor\b|loaded\.graphs\b|\.graphs\s*=|engine\.executors")
+
+
+def test_nothing_outside_the_engine_reaches_into_the_encoder():
+    found = [f"{path.relative_to(MMENC.parent)}:{number}: {line.strip()}"
+             for path in sorted(MMENC.rglob("*.py")) if "engine" not in path.relative_to(MMENC).parts[:1]
+             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if REACHES.search(line)]
+    assert not found, ("code outside mmenc/engine reaches into the Encoder; use its surface (launch, graph_stats, "
+                       "configure_graphs, clear_graphs, graphs_off, tower_call_hook, input_device):\n"
+                       + "\n".join(found))
