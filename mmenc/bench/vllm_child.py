@@ -10,14 +10,31 @@ processing (on the CPU: oneDNN packing) and then answers one JSON line per reque
                                   when profile is true; writes the output to F when asked
     {"op": "stop"}
 """
+import importlib.util
 import json
+import pathlib
 import sys
 import time
 import types
 
-import torch
-from op_cpu_time import OpCpuTime, process_cpu_seconds  # beside this file (mmenc/bench), torch only
-from safetensors.torch import load_file, save_file
+HERE = pathlib.Path(__file__).resolve().parent
+if sys.path and pathlib.Path(sys.path[0] or ".").resolve() == HERE:
+    sys.path.pop(0)  # run as a script: mmenc/bench's modules (profile.py, ...) must not shadow the stdlib's
+
+import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+
+def _load_beside(name: str):
+    """A torch-only module of mmenc/bench by its file (this interpreter has no mmenc installed)."""
+    spec = importlib.util.spec_from_file_location(f"mmenc_bench_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_op_cpu_time = _load_beside("op_cpu_time")
+OpCpuTime, process_cpu_seconds = _op_cpu_time.OpCpuTime, _op_cpu_time.process_cpu_seconds
 
 TOWERS = {"qwen2_5_vl": ("vllm.model_executor.models.qwen2_5_vl", "Qwen2_5_VisionTransformer",
                          "transformers.models.qwen2_5_vl.configuration_qwen2_5_vl", "Qwen2_5_VLVisionConfig")}
