@@ -4,16 +4,37 @@ config, loads the tensors it is given (transformers' tower names), runs vLLM's p
 processing (on the CPU: oneDNN packing) and then answers one JSON line per request on stdin:
 
     {"op": "inputs", "path": F}   pixel_values, grid_thw from safetensors file F
-    {"op": "run", "save": F|null} one tower call; answers {"seconds": s}, writes the output to F when asked
+    {"op": "run", "save": F|null, "profile": bool}
+                                  one tower call; answers {"seconds": wall s, "cpu_s": this process's CPU s
+                                  (user + sys, all threads)}, with "ops" (CPU s per operator, op_cpu_time.py)
+                                  when profile is true; writes the output to F when asked
     {"op": "stop"}
 """
+import importlib.util
 import json
+import pathlib
 import sys
 import time
 import types
 
-import torch
-from safetensors.torch import load_file, save_file
+HERE = pathlib.Path(__file__).resolve().parent
+if sys.path and pathlib.Path(sys.path[0] or ".").resolve() == HERE:
+    sys.path.pop(0)  # run as a script: mmenc/bench's modules (profile.py, ...) must not shadow the stdlib's
+
+import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+
+def _load_beside(name: str):
+    """A torch-only module of mmenc/bench by its file (this interpreter has no mmenc installed)."""
+    spec = importlib.util.spec_from_file_location(f"mmenc_bench_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_op_cpu_time = _load_beside("op_cpu_time")
+OpCpuTime, process_cpu_seconds = _op_cpu_time.OpCpuTime, _op_cpu_time.process_cpu_seconds
 
 TOWERS = {"qwen2_5_vl": ("vllm.model_executor.models.qwen2_5_vl", "Qwen2_5_VisionTransformer",
                          "transformers.models.qwen2_5_vl.configuration_qwen2_5_vl", "Qwen2_5_VLVisionConfig")}
@@ -21,7 +42,16 @@ TOWERS = {"qwen2_5_vl": ("vllm.model_executor.models.qwen2_5_vl", "Qwen2_5_Visio
 
 def _no_image_processing() -> None:
     """transformers' Qwen2-VL image processor needs torchvision, which this venv need not have; vLLM
-    imports one helper from it at import time, unused by the tower."""
+    imports one helper from it at import time, unused by the tower. Where the real module imports (the
+    interop venv of interop/vllm/setup.sh has torchvision), it is used: vLLM also imports its classes."""
+    import importlib
+
+    try:
+        importlib.import_module("transformers.models.qwen2_vl.image_processing_qwen2_vl")
+        return
+    except ImportError:
+        pass
+
     def unused(*args, **kwargs):
         raise RuntimeError("image processing is not available in the vLLM benchmark child")
     stand_in = types.ModuleType("transformers.models.qwen2_vl.image_processing_qwen2_vl")
@@ -74,13 +104,19 @@ def main() -> None:
             inputs = (tensors["pixel_values"].to(dtype), tensors["grid_thw"].tolist())
             print(json.dumps({"ok": True}), flush=True)
         elif request["op"] == "run":
+            ops = OpCpuTime() if request.get("profile") else None
             with torch.inference_mode():
-                start = time.perf_counter()
-                out = tower(*inputs)
-                seconds = time.perf_counter() - start
+                start, cpu = time.perf_counter(), process_cpu_seconds()
+                if ops is None:
+                    out = tower(*inputs)
+                else:
+                    with ops:
+                        out = tower(*inputs)
+                seconds, cpu_s = time.perf_counter() - start, process_cpu_seconds() - cpu
             if request.get("save"):
                 save_file({"out": out.contiguous()}, request["save"])
-            print(json.dumps({"seconds": seconds}), flush=True)
+            answer = {"seconds": seconds, "cpu_s": cpu_s, **({"ops": ops.as_dict()} if ops is not None else {})}
+            print(json.dumps(answer), flush=True)
 
 
 if __name__ == "__main__":

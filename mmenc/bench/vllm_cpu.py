@@ -61,6 +61,13 @@ class VllmTower:
 
     def run(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, keep_output: bool = False):
         """One tower call on these inputs (sent once while they stay the same): (seconds, output or None)."""
+        seconds, out, _ = self.run_timed(pixel_values, grid_thw, keep_output)
+        return seconds, out
+
+    def run_timed(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, keep_output: bool = False,
+                  profile: bool = False):
+        """One tower call: (wall seconds, output or None, {"cpu_s": the child's CPU seconds (user + sys, all
+        its threads), "ops": CPU seconds per operator with profile=True (mmenc.bench.op_cpu_time)})."""
         key = (pixel_values.data_ptr(), tuple(pixel_values.shape), tuple(map(tuple, grid_thw.tolist())))
         folder = pathlib.Path(self._dir.name)
         if key != self._key:
@@ -69,8 +76,9 @@ class VllmTower:
             self._ask(op="inputs", path=str(folder / "inputs.safetensors"))
             self._key = key
         out_path = folder / "out.safetensors"
-        seconds = self._ask(op="run", save=str(out_path) if keep_output else None)["seconds"]
-        return seconds, (load_file(str(out_path))["out"] if keep_output else None)
+        answer = self._ask(op="run", save=str(out_path) if keep_output else None, profile=profile)
+        out = load_file(str(out_path))["out"] if keep_output else None
+        return answer["seconds"], out, {k: v for k, v in answer.items() if k != "seconds"}
 
     def close(self) -> None:
         if self._proc.poll() is None:

@@ -53,7 +53,7 @@ class ActAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
-        return self.act(gate) * up
+        return self.act(gate).mul_(up)  # the activation's own fresh tensor: one [..., d] allocation, not two
 
 
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)

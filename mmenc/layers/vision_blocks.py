@@ -244,7 +244,8 @@ class VisionBlock(nn.Module):
         if self.fused_kernels:
             return self._fused_forward(x, cu_seqlens, max_seqlen, rotary)
         attn = self.attn(self.norm1(x), cu_seqlens, max_seqlen, rotary)
-        x = x + attn if self.ls1 is None else torch.addcmul(x, self.ls1, attn)  # one kernel: x + ls1 * attn
+        # attn is the projection's fresh output: x added into it (the same bits as x + attn), no new tensor
+        x = attn.add_(x) if self.ls1 is None else torch.addcmul(x, self.ls1, attn)  # one kernel: x + ls1 * attn
         del attn  # eager: not held through the MLP
         return self._mlp_branch(x)
 
@@ -270,7 +271,7 @@ class VisionBlock(nn.Module):
                 self._add_mlp_(rows)
             return x
         mlp = self.mlp(self.norm2(x))
-        return x + mlp if self.ls2 is None else torch.addcmul(x, self.ls2, mlp)
+        return mlp.add_(x) if self.ls2 is None else torch.addcmul(x, self.ls2, mlp)  # mlp: fresh, as attn above
 
     def _add_mlp_(self, x: torch.Tensor) -> None:
         """x [rows, dim] += (ls2 *) mlp(norm2(x)), in place: the same arithmetic as forward's last line."""
