@@ -10,7 +10,9 @@ if not torch.cuda.is_available():  # before triton is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
+from mmenc.backends.kernels import fused_rows  # noqa: E402  registers the mmenc::fused_* ops the layers call
 from mmenc.backends.linear.fp8 import Fp8Linear  # noqa: E402
+from mmenc.layers import fused  # noqa: E402
 from mmenc.layers.fused import use_fused_kernels  # noqa: E402
 from mmenc.layers.linear import prepare_linears  # noqa: E402
 from mmenc.layers.vision_blocks import VisionBlock  # noqa: E402
@@ -35,6 +37,10 @@ def run(block, x, cu):
 
 
 CU = torch.tensor([0, 5, 12, 20], dtype=torch.int32)
+
+
+def test_the_layer_sends_the_activations_the_kernels_compute():
+    assert fused.ACT_KINDS == fused_rows.ACT_KINDS
 
 
 @pytest.mark.parametrize("kw", [dict(norm="rms", mlp="gated", act="silu"),

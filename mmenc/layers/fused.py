@@ -7,7 +7,9 @@
 
 `consumer`: the linear that reads h. Where its backend takes inputs already in FP8
 (`_LinearBase.quantized_input_width`: the FP8 backend), h is produced quantized per token by the same
-kernel (mmenc.backends.kernels.fused_rows), so the quantization costs no pass of its own.
+kernel, so the quantization costs no pass of its own. The kernels are the torch custom ops `mmenc::fused_*`
+(registered by mmenc.backends.kernels.fused_rows when the platform checks them: Platform.fused_kernel_reasons);
+this layer calls them through torch.ops, never the backend module.
 Modules whose kind the kernels do not cover (a norm with other statistics, an activation without a
 kernel) run their own forward. `use_fused_kernels(tower)` switches the blocks of a tower to these
 helpers (the engine calls it with MultiModalConfig(fused_kernels=True) once the platform said the
@@ -17,10 +19,20 @@ never call the kernels by name.
 import torch
 import torch.nn as nn
 
-from mmenc.backends.kernels import fused_rows
 from mmenc.backends.linear.fp8 import QuantizedRows
 from mmenc.layers.activation import activation_kind
 from mmenc.layers.norm import LayerNorm, RMSNorm
+
+
+ACT_KINDS = ("silu", "gelu", "gelu_tanh", "quick_gelu")  # the activations the fused_act kernels compute
+
+
+def _ops():
+    """torch.ops.mmenc: the fused row kernels (RuntimeError naming the fix if they were never registered)."""
+    if not hasattr(torch.ops.mmenc, "fused_add_norm"):
+        raise RuntimeError("the fused row kernels are not registered: build the tower with "
+                           "MultiModalConfig(fused_kernels=True) (the platform checks and registers them)")
+    return torch.ops.mmenc
 
 
 def _norm_args(norm_module: nn.Module):
@@ -41,7 +53,7 @@ def norm(norm_module: nn.Module, x: torch.Tensor, consumer=None):
     args, width = _norm_args(norm_module), _width(consumer)
     if args is None or width is None:
         return norm_module(x)  # a norm alone: torch's rms_norm / layer_norm is one pass already
-    return QuantizedRows(*fused_rows.norm_fp8(x, *args, width))
+    return QuantizedRows(*_ops().fused_norm_fp8(x, *args, width))
 
 
 def add_norm(norm_module: nn.Module, x: torch.Tensor, delta: torch.Tensor, consumer=None):
@@ -52,8 +64,8 @@ def add_norm(norm_module: nn.Module, x: torch.Tensor, delta: torch.Tensor, consu
         return norm_module(x), x
     width = _width(consumer)
     if width is None:
-        return fused_rows.add_norm(x, delta, *args)
-    q, scale, x = fused_rows.add_norm_fp8(x, delta, *args, width)
+        return tuple(_ops().fused_add_norm(x, delta, *args))
+    q, scale, x = _ops().fused_add_norm_fp8(x, delta, *args, width)
     return QuantizedRows(q, scale), x
 
 
@@ -62,7 +74,7 @@ def act(act_module: nn.Module, x: torch.Tensor, gated: bool, consumer=None, bias
     `consumer` takes FP8 inputs. bias: the producing linear's, left out of its GEMM (`linear_then_act`).
     Activations without a kernel run act_module."""
     kind = activation_kind(act_module)
-    if kind not in fused_rows.ACT_KINDS:
+    if kind not in ACT_KINDS:
         x = x + bias if bias is not None else x
         if gated:
             gate, up = x.chunk(2, dim=-1)
@@ -70,14 +82,14 @@ def act(act_module: nn.Module, x: torch.Tensor, gated: bool, consumer=None, bias
         return act_module(x)
     width = _width(consumer)
     if width is None:
-        return fused_rows.act(x, kind, gated, bias)
-    return QuantizedRows(*fused_rows.act_fp8(x, kind, gated, width, bias))
+        return _ops().fused_act(x, kind, gated, bias)
+    return QuantizedRows(*_ops().fused_act_fp8(x, kind, gated, width, bias))
 
 
 def linear_then_act(linear, act_module: nn.Module, x, gated: bool, consumer=None):
     """act(linear(x)) (gated: act(gate) * up of it) with the linear's bias added in the activation's kernel
     (one pass over the GEMM's output less) where the linear can leave it out."""
-    y = linear.unbiased_matmul(x) if activation_kind(act_module) in fused_rows.ACT_KINDS else None
+    y = linear.unbiased_matmul(x) if activation_kind(act_module) in ACT_KINDS else None
     if y is None:
         return act(act_module, linear(x), gated, consumer)
     return act(act_module, y, gated, consumer, bias=linear.kernel_bias)

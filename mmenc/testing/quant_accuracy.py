@@ -71,6 +71,8 @@ def fp8_accuracy(model: str, grids: Sequence[tuple[int, int, int]], device="cpu"
             targets = quantized_linears(tower, quantization, weight_prefixes=()) if quantization != "bf16" else set()
             count = prepare_linears(tower, Fp8Linear, include=targets.__contains__)
             if name.endswith("+fused"):
+                import mmenc.backends.kernels.fused_rows  # noqa: F401  registers the mmenc::fused_* ops
+
                 use_fused_kernels(tower)
         with torch.inference_mode():
             out = tower(pixels.to(device, dtype), grid_thw)
