@@ -4,6 +4,7 @@ timeout every accepted request is answered; past it each remaining one gets a JS
 `shutting_down` with Retry-After; the log says how many were cut; the process exits 0 within the
 timeout + a few seconds, without an abort or a traceback. Also with --frontends 2."""
 import concurrent.futures
+import json
 import os
 import signal
 import sys
@@ -97,7 +98,11 @@ def test_a_request_after_the_signal_is_refused_and_the_cut_answers_503(q25):
             late = post_json(port, {"images": [data_url(png(56, 84, seed=2))], "format": "base64"})
             assert late.status == 503 and late.json()["error"]["type"] == "shutting_down", late.body
             assert "takes no new requests" in late.json()["error"]["message"]
+            late_embeddings = request(port, "POST", "/v1/embeddings", json.dumps({"input": "a cat"}).encode(),
+                                      {"content-type": "application/json"})  # /v1/embeddings: the same drain
+            assert late_embeddings.status == 503, late_embeddings.body
+            assert late_embeddings.json()["error"]["type"] == "shutting_down", late_embeddings.body
             cut = slow.result(timeout=30)
         assert cut.status == 503 and cut.json()["error"]["type"] == "shutting_down", cut.body
         assert "--shutdown-timeout 1 s" in cut.json()["error"]["message"] and cut.headers["retry-after"] == "1"
-        assert (service.drain.cut, service.drain.refused, service.drain.active) == (1, 1, 0)
+        assert (service.drain.cut, service.drain.refused, service.drain.active) == (1, 2, 0)

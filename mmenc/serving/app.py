@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
-from mmenc.serving.http import PiecesResponse, read_body, wait_disconnect
+from mmenc.serving.http import ClientGone, PiecesResponse, read_body, until_disconnect
 from mmenc.serving.inputs import EncodeRequest, RequestError, parse_form, parse_json
 from mmenc.serving.schema import (EncodeFormRequest, EncodeJsonRequest, EncodeResponse, Health, ModelList, errors,
                                   openapi, request_body)
@@ -76,16 +76,16 @@ def create_app(service: EncodeService, on_load_failure=None) -> FastAPI:
             return error(RequestError(503, "model", f"the encoder is {service.state}", kind="not_ready"), "/v1/models")
         return {"object": "list", "data": [service.card]}
 
-    @app.post(ENCODE, response_model=None, responses={200: {"model": EncodeResponse}, **errors(400, 401, 413, 415, 503)},
-              openapi_extra=request_body(EncodeJsonRequest, EncodeFormRequest))
-    async def encode(request: Request):
+    async def drained(route: str, request: Request, handle) -> Response:
+        """`await handle(request, start)` under the service's Drain: refused (503 shutting_down) once the
+        server is stopping, cut (503) past --shutdown-timeout; the host cancelling it leaves the drain."""
         start = time.perf_counter()
-        refused = authorize(request, ENCODE)
+        refused = authorize(request, route)
         if refused is not None:
             return refused
         drain = service.drain
         if not drain.enter():  # the server is stopping: retry elsewhere or later
-            return error(shutting_down("the server is shutting down and takes no new requests"), ENCODE)
+            return error(shutting_down("the server is shutting down and takes no new requests"), route)
         loop = asyncio.get_running_loop()
         cut = loop.create_future()
         forget = drain.on_cut(lambda: loop.call_soon_threadsafe(_set_once, cut))
@@ -101,31 +101,29 @@ def create_app(service: EncodeService, on_load_failure=None) -> FastAPI:
         if handling.done():
             drain.leave()
             return handling.result()
-        handling.cancel()  # past --shutdown-timeout: drop its images not yet in a tower call, answer 503
+        handling.cancel()  # past --shutdown-timeout: drop its inputs not yet in a tower call, answer 503
         with contextlib.suppress(asyncio.CancelledError):
             await handling
         drain.leave(cut=True)
         return error(shutting_down(f"the server is shutting down and the request was not done within "
-                                   f"--shutdown-timeout {settings.shutdown_timeout_s:g} s"), ENCODE)
+                                   f"--shutdown-timeout {settings.shutdown_timeout_s:g} s"), route)
+
+    def client_gone(route: str) -> Response:
+        metrics.requests.labels(route=route, status="499").inc()
+        return Response(status_code=499)
+
+    @app.post(ENCODE, response_model=None, responses={200: {"model": EncodeResponse}, **errors(400, 401, 413, 415, 503)},
+              openapi_extra=request_body(EncodeJsonRequest, EncodeFormRequest))
+    async def encode(request: Request):
+        return await drained(ENCODE, request, handle)
 
     async def handle(request: Request, start: float):
         try:
             parsed = await read_request(request, settings.max_request_bytes, settings.max_images_per_request,
                                         service.pool)
-            work = asyncio.ensure_future(service.encode(parsed))
-            left = asyncio.ensure_future(wait_disconnect(request))
-            try:
-                await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:
-                work.cancel()
-                left.cancel()
-                raise
-            if not work.done():  # the client went away: drop its images that have not reached the tower
-                work.cancel()
-                metrics.requests.labels(route=ENCODE, status="499").inc()
-                return Response(status_code=499)
-            left.cancel()
-            payload = work.result()
+            payload = await until_disconnect(request, service.encode(parsed))
+        except ClientGone:  # the client went away: its images that have not reached the tower are dropped
+            return client_gone(ENCODE)
         except RequestError as e:
             return error(e, ENCODE)
         metrics.requests.labels(route=ENCODE, status="200").inc()
@@ -134,7 +132,7 @@ def create_app(service: EncodeService, on_load_failure=None) -> FastAPI:
 
     from mmenc.serving.embeddings import add_routes
 
-    add_routes(app, service, authorize, error)
+    add_routes(app, service, drained, error, client_gone)
     return app
 
 

@@ -21,12 +21,11 @@ import numpy as np
 import pydantic
 import torch
 from fastapi import FastAPI, Request
-from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from mmenc.serving.b64 import b64encode
 from mmenc.serving.formats import Body, dumps
-from mmenc.serving.http import PiecesResponse, read_body, wait_disconnect
+from mmenc.serving.http import ClientGone, PiecesResponse, read_body, until_disconnect
 from mmenc.serving.engine_client import EngineInfo
 from mmenc.serving.inputs import EncodeRequest, ImageInput, RequestError, json_image
 from mmenc.serving.schema import errors, request_body
@@ -223,9 +222,10 @@ def render(parsed: Parsed, width: int, info: EngineInfo, metrics, request: Encod
     return body.done()
 
 
-def add_routes(app: FastAPI, service, authorize, error) -> None:
-    """POST /v1/embeddings on `app` (mmenc.serving.app.create_app): authorize(request, route) and
-    error(RequestError, route) are the app's own."""
+def add_routes(app: FastAPI, service, drained, error, client_gone) -> None:
+    """POST /v1/embeddings on `app` (mmenc.serving.app.create_app), with the app's own helpers:
+    drained(route, request, handle) (authorization and the shutdown drain, as /v1/encode),
+    error(RequestError, route) and client_gone(route) (the 499 answer)."""
 
     settings, metrics = service.settings, service.metrics
 
@@ -234,10 +234,9 @@ def add_routes(app: FastAPI, service, authorize, error) -> None:
                          **errors(400, 401, 404, 413, 415, 500, 503)},
               openapi_extra=request_body(EmbeddingsRequest))
     async def embeddings(request: Request):
-        start = time.perf_counter()
-        refused = authorize(request, EMBEDDINGS)
-        if refused is not None:
-            return refused
+        return await drained(EMBEDDINGS, request, handle)
+
+    async def handle(request: Request, start: float):
         try:
             if service.state != "ready":
                 raise RequestError(503, "model", f"the encoder is {service.state}"
@@ -252,16 +251,10 @@ def add_routes(app: FastAPI, service, authorize, error) -> None:
             parsed = await loop.run_in_executor(service.pool, parse_embeddings, body, settings.max_images_per_request)
             info = service.engine.info
             width = check_model(parsed, info)
-            work = asyncio.ensure_future(service.encode(
+            payload = await until_disconnect(request, service.encode(
                 parsed.request, render=functools.partial(render, parsed, width, info, metrics)))
-            left = asyncio.ensure_future(wait_disconnect(request))
-            await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
-            if not work.done():  # the client went away: drop its inputs that have not reached a tower
-                work.cancel()
-                metrics.requests.labels(route=EMBEDDINGS, status="499").inc()
-                return Response(status_code=499)
-            left.cancel()
-            payload = work.result()
+        except ClientGone:  # the client went away: its inputs that have not reached a tower are dropped
+            return client_gone(EMBEDDINGS)
         except RequestError as e:
             return error(e, EMBEDDINGS)
         metrics.requests.labels(route=EMBEDDINGS, status="200").inc()

@@ -1,5 +1,9 @@
 """HTTP helpers both route modules share (app.py's /v1/encode, embeddings.py's /v1/embeddings): the
-request body read under the size limit, the client's disconnect, and a response sent in pieces."""
+request body read under the size limit, the work raced against the client's disconnect, and a response
+sent in pieces."""
+import asyncio
+from collections.abc import Awaitable
+
 from fastapi import Request
 from fastapi.responses import Response
 
@@ -44,3 +48,25 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise RequestError(413, "body", f"body exceeds max_request_bytes={limit}", kind="request_too_large")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready (the route answers 499)."""
+
+
+async def until_disconnect(request: Request, work: Awaitable):
+    """work's result; ClientGone (work cancelled: its inputs not yet in a tower call are dropped) if the client
+    closes its connection first. Cancelled itself (the drain's cut, the host), it cancels both and re-raises."""
+    work = asyncio.ensure_future(work)
+    left = asyncio.ensure_future(wait_disconnect(request))
+    try:
+        await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        work.cancel()
+        left.cancel()
+        raise
+    if not work.done():
+        work.cancel()
+        raise ClientGone()
+    left.cancel()
+    return work.result()
