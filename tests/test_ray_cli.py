@@ -32,25 +32,37 @@ def _processes_of_session(driver_pid: int) -> list[str]:
     return found
 
 
+def _start_serve_ray(tmp_path, port: int, *args: str) -> subprocess.Popen:
+    """`mmenc serve --ray --replicas 1 --device cpu --port PORT ARGS` (log: tmp_path/serve.log), once it
+    answers /health; the test owns the process (kill it in a finally)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [root, os.environ.get("PYTHONPATH")] if p))
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "mmenc.cli.main", "serve", "--ray", "--replicas", "1", "--device",
+                             "cpu", "--port", str(port), *args], stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def healthy():
+        assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
+        try:
+            return request(port, "GET", "/health", timeout=5).status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_for(healthy, 180, "mmenc serve --ray to answer /health")
+    except BaseException:
+        proc.kill()
+        proc.wait(timeout=30)
+        raise
+    return proc
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_serve_ray_command_serves_then_stops_cleanly(tmp_path):
     q25 = str(save_qwen2_5_vl(tmp_path / "q25")[0])
     port = free_port()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [root, os.environ.get("PYTHONPATH")] if p))
-    log = open(tmp_path / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "mmenc.cli.main", "serve", "--ray", "--replicas", "1",
-                             "--model", q25, "--device", "cpu", "--port", str(port), "--preprocess-threads", "1"],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = _start_serve_ray(tmp_path, port, "--model", q25, "--preprocess-threads", "1")
     try:
-        def healthy():
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
-            try:
-                return request(port, "GET", "/health", timeout=5).status == 200
-            except OSError:
-                return False
-
-        wait_for(healthy, 180, "mmenc serve --ray to answer /health")
         image = png(56, 84, seed=7)
         reply = post_json(port, {"images": [data_url(image)], "format": "base64"})
         assert reply.status == 200, reply.body[:300]
@@ -100,22 +112,9 @@ def test_serve_ray_sigterm_drains_the_requests_in_flight(tmp_path, ingress):
 
     q25 = str(save_qwen2_5_vl(tmp_path / "q25")[0])
     port = free_port()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [root, os.environ.get("PYTHONPATH")] if p))
-    log = open(tmp_path / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "mmenc.cli.main", "serve", "--ray", "--replicas", "1",
-                             "--ray-ingress", ingress, "--ray-cache", "replica", "--model", q25, "--device", "cpu",
-                             "--port", str(port), "--preprocess-threads", "2", "--shutdown-timeout", "60"],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc = _start_serve_ray(tmp_path, port, "--ray-ingress", ingress, "--ray-cache", "replica", "--model", q25,
+                            "--preprocess-threads", "2", "--shutdown-timeout", "60")
     try:
-        def healthy():
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
-            try:
-                return request(port, "GET", "/health", timeout=5).status == 200
-            except OSError:
-                return False
-
-        wait_for(healthy, 180, "mmenc serve --ray to answer /health")
         images = _big_images(3)
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             pending = [pool.submit(post_json, port, {"images": [url], "format": "base64"}, None, 120) for url in images]
