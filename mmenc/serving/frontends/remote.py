@@ -49,30 +49,29 @@ class ProcessEngineClient(EngineClient):
         return None  # the engine looks when the job arrives
 
     def submit(self, key: str, job: Job | None) -> concurrent.futures.Future:
-        rid, future = next(self._ids), concurrent.futures.Future()
-        self._futures[rid] = future
-        try:
+        def send(rid: int) -> None:
             if job is None:
                 self.channel.send(("lookup", rid, key))
-            else:
-                pixels = job.pixel_values
-                segment = self.pool.take(pixels.numel() * pixels.element_size())
-                shared = segment.tensor(tuple(pixels.shape), pixels.dtype).copy_(pixels)
-                self._lent[segment.id] = segment
-                kind = "pooled" if job.pooled else "job"
-                self.channel.send((kind, rid, key, job.grid_thw[0].tolist()), [(segment, shared)])
-        except OSError as e:
-            self._futures.pop(rid, None)
-            settle(future, error=EngineGone(f"the engine process is gone ({e})"))
-            return future
-        future.add_done_callback(lambda f: f.cancelled() and self._cancel(rid))
-        return future
+                return
+            pixels = job.pixel_values
+            segment = self.pool.take(pixels.numel() * pixels.element_size())
+            shared = segment.tensor(tuple(pixels.shape), pixels.dtype).copy_(pixels)
+            self._lent[segment.id] = segment
+            kind = "pooled" if job.pooled else "job"
+            self.channel.send((kind, rid, key, job.grid_thw[0].tolist()), [(segment, shared)])
+
+        return self._request(send)
 
     def submit_text(self, key: str, text: str) -> concurrent.futures.Future:
+        return self._request(lambda rid: self.channel.send(("text", rid, key, text)))
+
+    def _request(self, send: Callable[[int], None]) -> concurrent.futures.Future:
+        """A new request id and its future; send(rid) puts the request on the channel. A gone engine settles
+        the future with EngineGone; cancelling the future tells the engine."""
         rid, future = next(self._ids), concurrent.futures.Future()
         self._futures[rid] = future
         try:
-            self.channel.send(("text", rid, key, text))
+            send(rid)
         except OSError as e:
             self._futures.pop(rid, None)
             settle(future, error=EngineGone(f"the engine process is gone ({e})"))
