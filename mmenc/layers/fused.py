@@ -27,12 +27,11 @@ from mmenc.layers.norm import LayerNorm, RMSNorm
 ACT_KINDS = ("silu", "gelu", "gelu_tanh", "quick_gelu")  # the activations the fused_act kernels compute
 
 
-def _ops():
-    """torch.ops.mmenc: the fused row kernels (RuntimeError naming the fix if they were never registered)."""
+def _check_registered() -> None:
+    """RuntimeError naming the fix when the fused row kernels (torch.ops.mmenc.fused_*) were never registered."""
     if not hasattr(torch.ops.mmenc, "fused_add_norm"):
         raise RuntimeError("the fused row kernels are not registered: build the tower with "
                            "MultiModalConfig(fused_kernels=True) (the platform checks and registers them)")
-    return torch.ops.mmenc
 
 
 def _norm_args(norm_module: nn.Module):
@@ -53,7 +52,7 @@ def norm(norm_module: nn.Module, x: torch.Tensor, consumer=None):
     args, width = _norm_args(norm_module), _width(consumer)
     if args is None or width is None:
         return norm_module(x)  # a norm alone: torch's rms_norm / layer_norm is one pass already
-    return QuantizedRows(*_ops().fused_norm_fp8(x, *args, width))
+    return QuantizedRows(*torch.ops.mmenc.fused_norm_fp8(x, *args, width))
 
 
 def add_norm(norm_module: nn.Module, x: torch.Tensor, delta: torch.Tensor, consumer=None):
@@ -64,8 +63,8 @@ def add_norm(norm_module: nn.Module, x: torch.Tensor, delta: torch.Tensor, consu
         return norm_module(x), x
     width = _width(consumer)
     if width is None:
-        return tuple(_ops().fused_add_norm(x, delta, *args))
-    q, scale, x = _ops().fused_add_norm_fp8(x, delta, *args, width)
+        return tuple(torch.ops.mmenc.fused_add_norm(x, delta, *args))
+    q, scale, x = torch.ops.mmenc.fused_add_norm_fp8(x, delta, *args, width)
     return QuantizedRows(q, scale), x
 
 
@@ -82,8 +81,8 @@ def act(act_module: nn.Module, x: torch.Tensor, gated: bool, consumer=None, bias
         return act_module(x)
     width = _width(consumer)
     if width is None:
-        return _ops().fused_act(x, kind, gated, bias)
-    return QuantizedRows(*_ops().fused_act_fp8(x, kind, gated, width, bias))
+        return torch.ops.mmenc.fused_act(x, kind, gated, bias)
+    return QuantizedRows(*torch.ops.mmenc.fused_act_fp8(x, kind, gated, width, bias))
 
 
 def linear_then_act(linear, act_module: nn.Module, x, gated: bool, consumer=None):
@@ -97,7 +96,10 @@ def linear_then_act(linear, act_module: nn.Module, x, gated: bool, consumer=None
 
 def use_fused_kernels(module: nn.Module, enabled: bool = True) -> int:
     """Switch every block and MLP of `module` that has fused forms (VisionBlock, GatedVisionMLP, VisionMLP)
-    to them (enabled=False: back to the reference ops); returns how many it set. Call before compiling."""
+    to them (enabled=False: back to the reference ops); returns how many it set. Call before compiling.
+    The kernels are checked here, once, not in the blocks' forwards (which torch.compile traces)."""
+    if enabled:
+        _check_registered()
     count = 0
     for m in module.modules():
         if hasattr(type(m), "fused_kernels"):
