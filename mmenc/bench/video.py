@@ -18,6 +18,7 @@ video's length: pieces stream). Frames/s count sampled frames.
 import dataclasses
 import json
 import pathlib
+import sys
 
 import torch
 
@@ -73,30 +74,40 @@ def run_video(encoder, hf_tower, *, seconds: float, size: tuple[int, int], fps: 
     clip = write_bench_clip(folder / f"bench-{int(seconds)}s-{size[1]}x{size[0]}.mp4", seconds, size)
     rows: list[VideoRow] = []
     hf_call = hf_callable(hf_tower, encoder, clip, options)
+
+    def timed(name: str, impl: str, fn, frames: int, warm: int, timed_calls: int) -> None:
+        rows.append(VideoRow(name, impl, wall_ms(fn, device, warm, timed_calls), frames))
+        print(f"mmenc bench --video: {name}, {impl}: {rows[-1].ms:.1f} ms ({rows[-1].frames_per_s:.1f} frames/s)",
+              file=sys.stderr, flush=True)
+        write_json(json_path, rows, {})
+
     for n in (1, batch):
         name = f"{n}x{seconds:g}s {size[1]}x{size[0]} @{fps:g}fps"
         items = [Video(clip, fps=fps)] * n
         pixel_values, grid, frames = tower_inputs(encoder, clip, options, n)
         frames *= n
-        rows.append(VideoRow(name, "mmenc encode(files)", wall_ms(lambda: encoder.encode(items), device, warmup, iters),
-                             frames))
-        rows.append(VideoRow(name, "mmenc preprocess only", wall_ms(lambda: preprocess_only(encoder, items), device,
-                                                                  warmup, iters), frames))
-        rows.append(VideoRow(name, "mmenc tower alone", wall_ms(lambda: encoder.encode_pixels(pixel_values, grid),
-                                                              device, warmup, iters), frames))
+        timed(name, "mmenc encode(files)", lambda: encoder.encode(items), frames, warmup, iters)
+        timed(name, "mmenc preprocess only", lambda: preprocess_only(encoder, items), frames, warmup, iters)
+        timed(name, "mmenc tower alone", lambda: encoder.encode_pixels(pixel_values, grid), frames, warmup, iters)
         del pixel_values
         if isinstance(hf_call, str):
-            print(f"mmenc bench --video: transformers skipped: {hf_call}")
+            print(f"mmenc bench --video: transformers skipped: {hf_call}", file=sys.stderr)
         else:
-            rows.append(VideoRow(name, "transformers processor + tower",
-                                 wall_ms(lambda: [hf_call() for _ in range(n)], device, min(warmup, 1), max(1, iters // 3)),
-                                 frames))
+            # one clip at a time, as its processor + tower would serve them; the batch case comes warm from
+            # the single-clip case, so it is timed without a warm-up call of its own
+            timed(name, "transformers processor + tower", lambda: [hf_call() for _ in range(n)], frames,
+                  min(warmup, 1) if n == 1 else 0, max(1, iters // 3))
     peaks = memory_by_length(encoder, lengths, size, fps, folder) if device.type == "cuda" else {}
     print(format_video(rows, peaks))
+    write_json(json_path, rows, peaks)
+    return rows
+
+
+def write_json(json_path: str | None, rows: list[VideoRow], peaks: dict) -> None:
+    """The rows so far (written after each, so a run cut short keeps what it measured)."""
     if json_path:
         pathlib.Path(json_path).write_text(json.dumps({"rows": [dict(dataclasses.asdict(r), frames_per_s=r.frames_per_s)
                                                                 for r in rows], "peak_gib_by_seconds": peaks}, indent=1))
-    return rows
 
 
 def hf_callable(hf_tower, encoder, clip, options: VideoOptions):
