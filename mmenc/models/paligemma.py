@@ -5,9 +5,9 @@ Per frame (an image is one frame; a grid row (t, h, w) is t frames) the tower is
 with SigLIP's settings (patch bias, learned positions, gelu-tanh blocks), every layer, then post_layernorm
 (transformers' last_hidden_state). The projector:
   PaliGemma: one linear (bias) to projection_dim, per token: [h*w, projection_dim] a frame. transformers 5.24's
-    get_image_features applies no scaling (older releases divided by sqrt(text hidden); the 5.x language
-    model scales its own embeddings instead). Frames not at the position table's size get it resampled
-    bicubically (transformers' interpolate_pos_encoding=True); the processor always gives the trained size.
+    get_image_features applies no scaling (no division by sqrt(hidden) in its source). Frames not at the
+    position table's size get it resampled bicubically (transformers' interpolate_pos_encoding=True); the
+    processor always gives the trained size.
   Gemma 3: the frame's side x side patches average-pooled in k x k blocks (k = side // sqrt(mm_tokens_per_image),
     a partial last block dropped, as nn.AvgPool2d), Gemma's RMSNorm (weight as an offset from 1, float32),
     then the matmul with mm_input_projection_weight [vision hidden, text hidden] (no bias):
