@@ -84,3 +84,13 @@ def test_published_tensor_names(gemma, tmp_path):
     pixels = ck.FAMILIES["Gemma3ForConditionalGeneration"].pixels(grid, seed=5)
     want, _ = ck.hf_gemma_vlm_outputs(hf_model, pixels, grid)
     assert_close(run_tower(loaded, pixels, grid).embeddings, want, f"gemma3={gemma}, published names", TOL)
+
+
+@pytest.mark.parametrize("gemma,resample", [(False, "bicubic"), (True, "bilinear")])
+def test_checkpoint_routes_its_processor(gemma, resample, tmp_path):
+    """No preprocessor_config.json: PaliGemma gets SiglipImageProcessor's defaults (bicubic), Gemma 3
+    Gemma3ImageProcessor's (bilinear), both at the tower's trained size and patch."""
+    folder, hf_model = ck.save_gemma_vlm(tmp_path, gemma3=gemma)
+    config = build_tower(str(folder), device="cpu").processor.config
+    size = hf_model.config.vision_config.image_size
+    assert (config.resample, config.height, config.width, config.patch_size) == (resample, size, size, 8)
