@@ -94,3 +94,20 @@ def test_checkpoint_routes_its_processor(gemma, resample, tmp_path):
     config = build_tower(str(folder), device="cpu").processor.config
     size = hf_model.config.vision_config.image_size
     assert (config.resample, config.height, config.width, config.patch_size) == (resample, size, size, 8)
+
+
+@pytest.mark.parametrize("gemma", [False, True])
+def test_bench_reference_matches_mmenc(gemma, tmp_path):
+    """`mmenc bench`'s transformers side (mmenc/bench/hf_projected.py) gives mmenc's embeddings: on a checkpoint
+    folder (its tensors loaded into transformers' modules) and with load_format="dummy" (their random weights
+    given to mmenc's tower)."""
+    from mmenc.bench.hf_reference import build_hf_tower
+
+    folder, _ = ck.save_gemma_vlm(tmp_path, gemma3=gemma)
+    grid = torch.tensor([[1, 4, 4], [2, 4, 4]])
+    pixels = ck.FAMILIES["Gemma3ForConditionalGeneration"].pixels(grid, seed=6)
+    for load_format in ("auto", "dummy"):
+        loaded = build_tower(str(folder), device="cpu", load_format=load_format)
+        reference = build_hf_tower(loaded)
+        assert_close(run_tower(loaded, pixels, grid).embeddings, reference(pixels, grid),
+                     f"gemma3={gemma}, load_format={load_format}: mmenc vs bench reference", TOL)
