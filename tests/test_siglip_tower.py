@@ -1,6 +1,7 @@
 """SigLIP / SigLIP2 specifics beyond the generic tower tests: the attention-pooling head (pooled image
 embeddings through Encoder and `mmenc encode --pooled`), the dense [B, S] path, NaFlex position
-resampling, a VLM checkpoint (PaliGemma) without a head, and the processors against transformers'."""
+resampling, and the processors against transformers' (PaliGemma / Gemma 3 with their projectors:
+tests/test_gemma_towers.py and the generic tests)."""
 import importlib.util
 
 import numpy as np
@@ -88,39 +89,6 @@ def test_naflex_position_taps_equal_interpolate(h, w):
     want = F.interpolate(pos.weight.reshape(6, 6, 8).permute(2, 0, 1)[None], size=(h, w), mode="bilinear",
                          align_corners=False, antialias=True)[0].reshape(8, -1).T
     assert_close(pos(index, weight), want, f"antialiased taps {h}x{w}", TOL)
-
-
-def _save_vlm(arch: str, folder):
-    text = dict(model_type="gemma", hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                head_dim=16, intermediate_size=48, vocab_size=300)
-    vision = {**ck.TINY_SIGLIP_VISION, "vision_use_head": False}
-    if arch == "PaliGemma":
-        config = transformers.PaliGemmaConfig(vision_config={**vision, "projection_dim": 32}, text_config=text,
-                                              image_token_index=299)
-    else:
-        config = transformers.Gemma3Config(vision_config=vision, text_config={**text, "model_type": "gemma3_text",
-                                                                              "sliding_window": 8},
-                                           mm_tokens_per_image=4, image_token_index=299, boi_token_index=297,
-                                           eoi_token_index=298)
-    hf_model = ck._seeded(getattr(transformers, f"{arch}ForConditionalGeneration"), config, 0)
-    hf_model.save_pretrained(folder)
-    return hf_model
-
-
-@pytest.mark.parametrize("arch", ["PaliGemma", "Gemma3"])
-def test_vlm_checkpoint_tower_without_head(arch, tmp_path):
-    """The SigLIP tower of a VLM checkpoint (vision_tower.*), no pooling head."""
-    hf_model = _save_vlm(arch, tmp_path)
-    loaded = build_tower(str(tmp_path), device="cpu")
-    assert loaded.tower.head is None
-    grid = torch.tensor([[1, 6, 6], [1, 6, 6]])
-    pixels = ck.FAMILIES["SiglipModel"].pixels(grid, seed=2)
-    images = pixels.view(2, 6, 6, 3, 8, 8).permute(0, 3, 1, 4, 2, 5).reshape(2, 3, 48, 48)
-    with torch.no_grad():
-        want = hf_model.model.vision_tower(pixel_values=images).last_hidden_state.reshape(-1, 32)
-    assert_close(run_tower(loaded, pixels, grid).embeddings, want, f"{arch} tower", TOL)
-    with pytest.raises(ValueError, match="no attention-pooling head"):
-        loaded.tower.pool(want, grid)
 
 
 def test_pooled_needs_a_head(tmp_path):

@@ -4,10 +4,10 @@ One table, HF_PROJECTED (architecture -> ProjectedFamily), two ways to build the
 returning a callable (pixel_values, grid_thw) -> the embeddings the language model consumes
 [tokens, width], as mmenc's tower returns them:
 
-- from the VLM's config (Pixtral as Llava / Mistral3, InternVL): transformers' vision tower module plus
-  its projector module, called as get_image_features calls them, on transformers' input layout:
-  Pixtral takes one zero-padded batch of images with their image_sizes (block-diagonal attention
-  mask), InternVL a batch of 448 px tiles; mmenc's patch rows are laid back out as those images inside
+- from the VLM's config (Pixtral as Llava / Mistral3, InternVL, PaliGemma, Gemma 3): transformers' vision
+  tower module plus its projector module, called as get_image_features calls them, on transformers' input
+  layout: Pixtral takes one zero-padded batch of images with their image_sizes (block-diagonal attention
+  mask), InternVL a batch of 448 px tiles, PaliGemma / Gemma 3 a batch of equal images; mmenc's patch rows are laid back out as those images inside
   the call (one copy of the pixels). A checkpoint folder's tower tensors are loaded into both modules.
 - from the full model's modules (PaddleOCR-VL, ERNIE-4.5-VL, HunyuanOCR): the tower and projector
   modules of transformers' model, called as its get_image_features does. Built from the config.json
@@ -58,6 +58,8 @@ class VLMTowerAndProjector:
     def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         if self.architecture == "InternVLForConditionalGeneration":
             return self._internvl(pixel_values, grid_thw)
+        if self.architecture in SIGLIP_VLMS:
+            return self._siglip(pixel_values, grid_thw)
         images, sizes = pixtral_images(pixel_values, grid_thw, self.patch)
         sizes = torch.tensor(sizes)  # on the host, as the processor returns them (no device syncs when sliced)
         feats = self.vision(images, image_sizes=sizes).last_hidden_state.squeeze(0)  # [T, D]
@@ -65,16 +67,30 @@ class VLMTowerAndProjector:
             return self.projector(feats, sizes)
         return self.projector(feats)
 
+    def _equal_frames(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, what: str
+                      ) -> tuple[torch.Tensor, int, int]:
+        """mmenc's (C, p, p) rows of frames of one size -> (images [F, C, h*p, w*p], h, w)."""
+        p = self.patch
+        sizes = {(h, w) for _, h, w in grid_thw.tolist()}
+        if len(sizes) != 1:
+            raise ValueError(f"grid_thw has frames of sizes {sorted(sizes)}; transformers' {what} takes one batch of "
+                             f"equal images (its processor's size), expected one (h, w)")
+        (h, w), = sizes
+        return pixel_values.reshape(-1, h, w, 3, p, p).permute(0, 3, 1, 4, 2, 5).reshape(-1, 3, h * p, w * p), h, w
+
+    def _siglip(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+        """PaliGemma / Gemma 3: SiglipVisionModel's last_hidden_state through the projector, as get_image_features."""
+        images, h, w = self._equal_frames(pixel_values, grid_thw, "PaliGemma / Gemma 3")
+        side = self.config.vision_config.image_size // self.patch
+        feats = self.vision(pixel_values=images, interpolate_pos_encoding=(h, w) != (side, side)).last_hidden_state
+        out = self.projector(feats)
+        return out.reshape(-1, out.shape[-1])
+
     def _internvl(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         from transformers.models.internvl.modeling_internvl import InternVLModel
 
-        p, ratio = self.patch, self.config.downsample_ratio
-        sizes = {(h, w) for _, h, w in grid_thw.tolist()}
-        if len(sizes) != 1:
-            raise ValueError(f"grid_thw has tiles of sizes {sorted(sizes)}; transformers' InternVL takes one batch of "
-                             f"equal tiles (its processor's 448 px), expected one (h, w)")
-        (h, w), = sizes
-        tiles = pixel_values.reshape(-1, h, w, 3, p, p).permute(0, 3, 1, 4, 2, 5).reshape(-1, 3, h * p, w * p)
+        ratio = self.config.downsample_ratio
+        tiles, h, w = self._equal_frames(pixel_values, grid_thw, "InternVL")
         feats = self.vision(pixel_values=tiles).last_hidden_state[:, 1:]  # CLS dropped
         feats = InternVLModel.pixel_shuffle(None, feats.reshape(feats.shape[0], h, w, -1), scale_factor=ratio)
         return self.projector(feats.reshape(-1, feats.shape[-1]))
@@ -105,8 +121,9 @@ def _from_vlm_config(loaded, attn_implementation: str, *, module: str, config_na
 
         tensors = dict(iter_tower_tensors(loaded.model, loaded.spec.weight_prefixes))
         for mod in (vision, projector):
-            names = set(mod.state_dict())
-            missing, _ = mod.load_state_dict({k: v for k, v in tensors.items() if k in names}, strict=False)
+            # SiglipVisionModel's names start "vision_model."; transformers 5 writes the tower without it
+            state = {k: tensors.get(k, tensors.get(k.removeprefix("vision_model."))) for k in mod.state_dict()}
+            missing, _ = mod.load_state_dict({k: v for k, v in state.items() if v is not None}, strict=False)
             missing = [m for m in missing if "inv_freq" not in m]
             if missing:
                 raise ValueError(f"checkpoint {loaded.model!r} lacks transformers' {type(mod).__name__} tensors "
@@ -192,7 +209,12 @@ def _parts(module: str, model_cls: str, parts: tuple[tuple[str, str, str], ...],
         _from_model_parts, module=module, model_cls=model_cls, parts=parts, call=call))
 
 
+SIGLIP_VLMS = ("PaliGemmaForConditionalGeneration", "Gemma3ForConditionalGeneration")
+
 HF_PROJECTED: dict[str, ProjectedFamily] = {
+    "PaliGemmaForConditionalGeneration": _vlm("paligemma", "PaliGemmaConfig", "SiglipVisionModel",
+                                              "PaliGemmaMultiModalProjector"),
+    "Gemma3ForConditionalGeneration": _vlm("gemma3", "Gemma3Config", "SiglipVisionModel", "Gemma3MultiModalProjector"),
     "Mistral3ForConditionalGeneration": _vlm("mistral3", "Mistral3Config", "PixtralVisionModel",
                                              "Mistral3MultiModalProjector"),
     "LlavaForConditionalGeneration": _vlm("llava", "LlavaConfig", "PixtralVisionModel", "LlavaMultiModalProjector"),

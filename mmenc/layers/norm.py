@@ -1,5 +1,5 @@
-"""Normalisations used by vision towers: RMSNorm, LayerNorm, and ShardedRMSNorm (an RMSNorm over a width
-split across tensor-parallel ranks), all with `device=None, dtype=None`."""
+"""Normalisations used by vision towers: RMSNorm, GemmaRMSNorm (its weight an offset from 1), LayerNorm, and
+ShardedRMSNorm (an RMSNorm over a width split across tensor-parallel ranks), all with `device=None, dtype=None`."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -22,6 +22,26 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # fused; float32 statistics
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}"
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm: y = (x / sqrt(mean(x^2) + eps)) * (1 + weight), all in float32, the result in x's
+    dtype (transformers' Gemma3RMSNorm; the checkpoint stores the offset from 1, zeros at init).
+
+    x [..., hidden] -> [..., hidden]. Parameter: weight [hidden] (checkpoint name `weight`).
+    """
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, device=None, dtype=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(hidden_size, device=device, dtype=dtype), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * (1.0 + self.weight.float())).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"

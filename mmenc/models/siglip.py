@@ -8,8 +8,8 @@ One family, two checkpoints. Per frame of h x w patches (an image is one frame) 
   frame's (h, w) with antialiased bilinear weights (NaFlex);
   pre-norm LayerNorm blocks (fused qkv, gelu-tanh MLP) attending within the frame; post_layernorm.
 Embeddings: post_layernorm's output, one row per patch ([sum t*h*w, hidden], transformers'
-last_hidden_state on the valid tokens). Inside a VLM checkpoint this is the tower's output; the VLM's
-projector is not part of it.
+last_hidden_state on the valid tokens). PaliGemma and Gemma 3 (this tower with their projectors) are
+models/paligemma.py.
 
 Frames of one size run as a dense [B, S] batch; frames of different sizes (SigLIP2's NaFlex mix,
 SigLIP at several resolutions) are packed into one varlen call (cu_seqlens), never padded.
@@ -85,13 +85,6 @@ class SiglipVisionConfig(TowerConfigBase):
     def num_positions(self) -> int:
         """Learned positions: (image_size // patch_size)^2 (the convolution drops a partial last patch)."""
         return (self.image_size // self.patch_size) ** 2
-
-
-@dataclasses.dataclass(frozen=True)
-class SiglipVLMVisionConfig(SiglipVisionConfig):
-    """The SigLIP tower inside a VLM (PaliGemma, Gemma 3): no pooling head unless the config says so."""
-
-    use_head: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -278,15 +271,6 @@ SIGLIP_SPEC = register_model(ModelSpec(
         "google/siglip-so400m-patch14-384": _standalone("SiglipModel", "siglip", {**_SO400M, "patch_size": 14,
                                                                                   "image_size": 384}),
     },
-))
-
-SIGLIP_VLM_SPEC = register_model(ModelSpec(
-    architectures=("PaliGemmaForConditionalGeneration", "Gemma3ForConditionalGeneration"),
-    tower_cls=SiglipVisionTower,
-    config_from_hf=SiglipVLMVisionConfig.from_hf,
-    # published checkpoints: vision_tower.vision_model.*; transformers 5 writes vision_tower.* (tried last)
-    weight_prefixes=("model.vision_tower.vision_model.", "vision_tower.vision_model.", "vision_tower."),
-    processor_from_hf=processor_for("siglip"),
 ))
 
 SIGLIP2_SPEC = register_model(ModelSpec(

@@ -32,7 +32,8 @@ from mmenc.preprocess.qwen_vl import (
     qwen2_vl_from_hf,
     qwen3_vl_from_hf,
 )
-from mmenc.preprocess.siglip import SiglipProcessor, SiglipProcessorConfig, siglip2_from_hf, siglip_from_hf
+from mmenc.preprocess.siglip import (SiglipProcessor, SiglipProcessorConfig, gemma3_from_hf, siglip2_from_hf,
+                                    siglip_from_hf)
 
 qwen2_5_vl_from_hf = qwen2_vl_from_hf  # transformers maps qwen2_5_vl to the Qwen2-VL processor
 
@@ -44,6 +45,7 @@ PROCESSORS: dict[str, Callable[..., Any]] = {
     "kimi_k25": kimi_k25_from_hf,
     "siglip": siglip_from_hf,
     "siglip2": siglip2_from_hf,
+    "gemma3": gemma3_from_hf,  # Gemma3ImageProcessor: SigLIP's resize, bilinear by default, no pan-and-scan
     "pixtral": pixtral_from_hf,
     "mistral3": mistral3_from_hf,
     "internvl": internvl_from_hf,
@@ -80,7 +82,7 @@ __all__ = [
     "qwen2_vl_from_hf", "qwen2_5_vl_from_hf", "qwen3_vl_from_hf", "glm4v_from_hf", "kimi_k25_from_hf",
     "Llama4Processor", "llama4_from_hf", "Ovis2Processor", "ovis2_from_hf",
     "PROCESSORS", "get_processor",
-    "SiglipProcessor", "SiglipProcessorConfig", "siglip_from_hf", "siglip2_from_hf",
+    "SiglipProcessor", "SiglipProcessorConfig", "siglip_from_hf", "siglip2_from_hf", "gemma3_from_hf",
     "ClipProcessor", "clip_from_hf", "AnyresProcessor", "llava_next_from_hf", "llava_onevision_from_hf",
     "Idefics3Processor", "idefics3_from_hf", "PixtralProcessor", "pixtral_from_hf", "mistral3_from_hf", "InternVLProcessor", "internvl_from_hf",
 ]

@@ -1,7 +1,7 @@
 """SigLIP and SigLIP2 (NaFlex) processors: transformers' SiglipImageProcessor / Siglip2ImageProcessor
 (and their *Pil twins with backend="pil"), as mmenc's packed patches.
 
-  SigLIP:  resize to a fixed size (bicubic; Gemma 3's config says bilinear), rescale, normalize; the
+  SigLIP:  resize to a fixed size (bicubic; Gemma 3's default is bilinear), rescale, normalize; the
            patch convolution drops a partial last patch, so an image of S px gives S // p patches per
            side. pixel_values rows: one (C, p, p) patch flattened -- the conv weight's order.
   SigLIP2: resize so that ceil(h / p) * ceil(w / p) <= max_num_patches (transformers' binary search on
@@ -137,6 +137,19 @@ class SiglipProcessor(PatchProcessor):
 def siglip_from_hf(d: Mapping[str, Any] | None = None, video: Mapping[str, Any] | None = None,
                    **overrides) -> SiglipProcessor:
     """SigLIP's processor (SiglipImageProcessor; PaliGemma's, Gemma 3's without pan-and-scan)."""
+    return SiglipProcessor(SiglipProcessorConfig.from_hf(d, naflex=False, **overrides))
+
+
+def gemma3_from_hf(d: Mapping[str, Any] | None = None, video: Mapping[str, Any] | None = None,
+                   **overrides) -> SiglipProcessor:
+    """Gemma 3's processor (Gemma3ImageProcessor): SigLIP's fixed resize with bilinear as its default;
+    pan-and-scan crops (do_pan_and_scan, off by default) are not supported and refused."""
+    d = dict(d or {})
+    if d.get("do_pan_and_scan"):
+        raise ValueError("preprocessor_config do_pan_and_scan=True: mmenc's Gemma 3 processor does not make "
+                         "pan-and-scan crops; set do_pan_and_scan to false (transformers' default)")
+    if d.get("resample") is None:
+        d["resample"] = "bilinear"  # Gemma3ImageProcessor's default (SigLIP's is bicubic)
     return SiglipProcessor(SiglipProcessorConfig.from_hf(d, naflex=False, **overrides))
 
 

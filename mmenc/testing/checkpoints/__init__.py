@@ -44,6 +44,8 @@ from mmenc.testing.checkpoints.clip import (  # noqa: F401  (ck.<name> for tests
     hf_clip_pooled, hf_llava_outputs, save_clip, save_llava, save_tiny_tokenizer, TINY_NEXT_PINPOINTS,
     TINY_ONEVISION_PINPOINTS, anyres_grid, hf_anyres_outputs, save_llava_anyres, TINY_IDEFICS3_VISION,
     hf_idefics3_outputs, save_idefics3, hf_vipllava_outputs, save_vipllava, hf_aya_outputs, save_aya_vision)
+from mmenc.testing.checkpoints.gemma import (  # noqa: F401  (ck.<name> for tests and benchmarks)
+    TINY_GEMMA3_VISION, TINY_PALIGEMMA_VISION, hf_gemma_vlm_outputs, save_gemma_vlm)
 from mmenc.testing.checkpoints.pixtral import (  # noqa: F401  (ck.<name> for tests and benchmarks)
     TINY_INTERNVL_VISION, TINY_MISTRAL_TEXT, TINY_PIXTRAL_VISION, hf_internvl_outputs, hf_pixtral_outputs, pixtral_images,
     save_internvl, save_pixtral)
@@ -235,8 +237,7 @@ FAMILIES: dict[str, FamilyCase] = {
                                                    aliases=("KimiK25ForConditionalGeneration",
                                                             "KimiVLForConditionalGeneration"), hf_tower=None),
     "SiglipModel": FamilyCase(save_siglip, hf_siglip_outputs, (3 * 8 * 8,), "google/siglip-",
-                              aliases=("SiglipVisionModel", "PaliGemmaForConditionalGeneration",
-                                       "Gemma3ForConditionalGeneration"), hf_tower=siglip_vision,
+                              aliases=("SiglipVisionModel",), hf_tower=siglip_vision,
         compile_grids=([[1, 6, 6], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]]),
         hf_vision=HFVision("siglip", "SiglipVisionModel", "SiglipVisionConfig", ("SiglipModel", "SiglipVisionModel"))),
     "Siglip2Model": FamilyCase(functools.partial(save_siglip, version=2), hf_siglip2_outputs, (4 * 4 * 3,),
@@ -244,6 +245,16 @@ FAMILIES: dict[str, FamilyCase] = {
         compile_grids=([[1, 4, 6], [1, 6, 4], [1, 2, 2]], [[1, 4, 4], [1, 4, 4]]),
         hf_vision=HFVision("siglip2", "Siglip2VisionModel", "Siglip2VisionConfig",
                            ("Siglip2Model", "Siglip2VisionModel"))),
+    # PaliGemma: any frame size (the table resampled), a linear per token
+    "PaliGemmaForConditionalGeneration": FamilyCase(
+        save_gemma_vlm, hf_gemma_vlm_outputs, (3 * 8 * 8,), "google/paligemma", hf_tower=None,
+        output_width=lambda config: config.get("projection_dim", 2048),
+        compile_grids=([[1, 6, 6], [1, 4, 4]], [[1, 6, 6], [1, 6, 6]])),
+    # Gemma 3: frames at the trained 4x4 patches only, pooled 2x2
+    "Gemma3ForConditionalGeneration": FamilyCase(
+        functools.partial(save_gemma_vlm, gemma3=True), hf_gemma_vlm_outputs, (3 * 8 * 8,), "google/gemma-3-",
+        hf_tower=None, grid=((1, 4, 4), (3, 4, 4), (2, 4, 4), (1, 4, 4)), meta_grid=((1, 64, 64), (2, 64, 64)),
+        compile_grids=([[3, 4, 4], [1, 4, 4]], [[2, 4, 4]])),
     "Mistral3ForConditionalGeneration": FamilyCase(save_pixtral, hf_pixtral_outputs, (3, 14, 14),
                                                    "mistralai/Mistral-Small-", hf_tower=None),
     "LlavaForConditionalGeneration": FamilyCase(functools.partial(save_pixtral, llava=True,
