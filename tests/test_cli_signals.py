@@ -20,13 +20,18 @@ def env_with_mmenc() -> dict:
     return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in [ROOT, os.environ.get("PYTHONPATH")] if p))
 
 
-def write_images(folder, n: int, size: int = 336) -> list[str]:
+def write_images(folder, n: int, size: int = 336, distinct: int | None = None) -> list[str]:
+    """`n` PNGs in `folder`; with `distinct`, only that many are written and the rest are hard links to
+    them (a long job that costs little to make: `mmenc encode` reads every file, it caches nothing)."""
     folder.mkdir(exist_ok=True)
     rng = np.random.default_rng(0)
     paths = []
     for i in range(n):
-        paths.append(str(folder / f"{i:04d}.png"))
-        Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(paths[-1])
+        paths.append(str(folder / f"{i:05d}.png"))
+        if distinct is not None and i >= distinct:
+            os.link(paths[i % distinct], paths[-1])
+        else:
+            Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(paths[-1])
     return paths
 
 
@@ -47,8 +52,10 @@ def wait_for_progress(log_path, proc, total: int, timeout: float = 120.0) -> int
 def test_encode_stopped_by_a_signal_writes_what_was_encoded(q25, tmp_path, sig, code):
     from safetensors import safe_open
 
-    total = 240
-    write_images(tmp_path / "images", total)
+    # Long enough that a fast machine (60 images/s in CI) is still mid-run when the signal lands: the
+    # signal goes out at the first progress line (every 2 s) that shows 0 < done < total.
+    total = 1200
+    write_images(tmp_path / "images", total, distinct=48)
     out = tmp_path / "out.safetensors"
     log_path = tmp_path / "encode.log"
     with open(log_path, "w") as log:
