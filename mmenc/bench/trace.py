@@ -93,7 +93,7 @@ class TowerTrace:
                   "tail_ms": self._ms(self.calls[-1].end, self._end) if self.calls else None,
                   "gaps_ms_sum": sum(gaps), "gaps_ms_max": max(gaps, default=0.0),
                   "gaps_over_1ms": sum(g > GAP_REPORTED_MS for g in gaps), "host_s": self.host_s,
-                  "calls": [{"images": len(c.grid), "patches": sum(t * h * w for t, h, w in c.grid), "ms": ms,
+                  "calls": [{"images": len(c.grid), "patches": patches_of(c.grid), "ms": ms,
                              "gap_before_ms": gaps[i - 1] if i else None, "graph": c.graph}
                             for i, (c, ms) in enumerate(zip(self.calls, spans))]}
         stats = self.encoder.graph_stats()
@@ -110,11 +110,16 @@ class TowerTrace:
             torch.cuda.synchronize(self.encoder.device)
 
 
+def patches_of(grid: list[list]) -> int:
+    """The patch rows of one call's grid_thw rows [t, h, w, ...] (LLaVA-NeXT's rows add columns after them)."""
+    return sum(row[0] * row[1] * row[2] for row in grid)
+
+
 def tower_only_ms(encoder, grids: list[list], features: int) -> float:
     """Wall ms of the tower alone over the same packings (`grids`, one per call), back to back with
     one synchronisation at the end, random pixels, without CUDA graphs (what a stream of packings that
     never repeat can at best do): the rate the stream's wall time should approach."""
-    rows = max((sum(t * h * w for t, h, w in g) for g in grids), default=0)
+    rows = max((patches_of(g) for g in grids), default=0)
     if not rows:
         return 0.0
     buffer = torch.randn(rows, features, device=encoder.input_device)
@@ -123,7 +128,7 @@ def tower_only_ms(encoder, grids: list[list], features: int) -> float:
         sync()
         begin = time.perf_counter()
         for g in grids:
-            encoder.launch(buffer[:sum(t * h * w for t, h, w in g)], torch.tensor(g))
+            encoder.launch(buffer[:patches_of(g)], torch.tensor(g))
         sync()
         return (time.perf_counter() - begin) * 1e3
 
