@@ -97,7 +97,7 @@ def test_stopped_halfway_then_resumed_equals_encoder_encode(ray_local, q25, corp
     assert (again.shards_written, again.shards_skipped) == (0, shards)
 
 
-def test_cli_encode_ray_and_refusing_another_jobs_folder(ray_local, q25, corpus, tmp_path, capsys):
+def test_cli_encode_ray_and_refusing_another_jobs_folder(ray_local, q25, corpus, tmp_path, capfd):
     from mmenc.cli.main import main
 
     root, keys = corpus
@@ -105,8 +105,14 @@ def test_cli_encode_ray_and_refusing_another_jobs_folder(ray_local, q25, corpus,
     part = str(root / "part0")
     code = main(["encode", "--ray", part, str(root / "bad-empty.jpg"), "--model", q25, "--device", "cpu",
                  "--output", str(out), "--shard-size", "50", "--encoders", "1", "--quiet"])
-    captured = capsys.readouterr()
+    captured = capfd.readouterr()
     assert code == 1, captured.err  # one bad file: exit 1, the others written
+    import logging
+
+    # --quiet: Ray Data's INFO lines (execution plan, finish) off the terminal. pytest's log capture keeps
+    # them out of captured.err either way, so the loggers' levels are what is checked here.
+    assert all(logging.getLogger(n).getEffectiveLevel() >= logging.ERROR for n in ("ray", "ray.data")), \
+        "--quiet left Ray's loggers below ERROR"
     assert "bad-empty.jpg" in captured.err and "failed=1" in captured.out and "shards_written=3" in captured.out
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["images"] == IMAGES // 2 + 1 and manifest["shard_size"] == 50
@@ -117,6 +123,30 @@ def test_cli_encode_ray_and_refusing_another_jobs_folder(ray_local, q25, corpus,
         run_job(keys, {"model": q25, "device": "cpu"}, _settings(out, shard_size=50))
     assert main(["encode", "--ray", part, "--model", q25, "--output", str(tmp_path / "x" / "f.png"),
                  "--shard-size", "0", "--quiet"]) == 2
+
+
+def test_shards_say_where_the_weights_came_from_and_scale_16_bit_images(ray_local, q25, tmp_path):
+    """The Ray job's CPU tasks load images with the Encoder's high_bit_depth (they once ignored it), and
+    each shard's metadata has `weights`, as `mmenc encode`'s file does."""
+    import numpy as np
+    from PIL import Image
+    from safetensors import safe_open
+
+    path = tmp_path / "ramp16.png"
+    Image.fromarray(np.linspace(0, 65535, 56 * 56).reshape(56, 56).astype(np.uint16)).save(path)
+    keys = [str(path)]
+    for kwargs, weights in (({"model": q25, "device": "cpu", "high_bit_depth": "scale"}, "checkpoint"),
+                            ({"model": q25, "device": "cpu", "load_format": "dummy"}, "random")):
+        out = tmp_path / weights
+        run_job(keys, kwargs, _settings(out))
+        with safe_open(str(out / "shard-00000.safetensors"), framework="pt") as f:
+            assert f.metadata()["weights"] == weights, f.metadata()
+        if weights == "checkpoint":
+            got, _ = read_shards(out)
+            want = Encoder(**kwargs).encode(keys)[0]
+            assert rel_err(got[str(path)], want) < 1e-5  # "clip" (the default) gives another picture
+            clipped = Encoder(q25, device="cpu").encode(keys)[0]
+            assert rel_err(clipped, want) > 1e-2
 
 
 def test_uri_inputs_are_listed_and_read(tmp_path):

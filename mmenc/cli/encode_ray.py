@@ -53,7 +53,7 @@ def run_encode(args, collect_images: Callable[[list[str]], list[str]], extension
     from mmenc.cli.progress import Progress
     from mmenc.cli.signals import describe, exit_code, stop_on_signals  # again: ray.init set its own
     from mmenc.engine.encoder import DEFAULT_MODEL
-    from mmenc.ray.cluster import connect, import_ray
+    from mmenc.ray.cluster import connect, import_ray, quiet_ray_logs
     from mmenc.ray.data import OfflineSettings, run_job
 
     apply_log_level(args)
@@ -68,6 +68,8 @@ def run_encode(args, collect_images: Callable[[list[str]], list[str]], extension
                                batch_size=args.batch_size, max_image_pixels=_pixel_limit(args.max_image_pixels),
                                pixel_dtype=pixel_dtype, video=video_options(args).as_dict())
     started = connect(args.ray_address)
+    if args.quiet:
+        quiet_ray_logs()
     try:
         with stop_on_signals(), Progress(len(keys), unit="images", label="mmenc encode --ray", enabled=not args.quiet) as progress:
             shards = [0]

@@ -81,7 +81,7 @@ def run(args) -> int:
 
 
 def _run_ray(args) -> int:
-    from mmenc.ray.cluster import cluster_gpus, connect, import_ray
+    from mmenc.ray.cluster import cluster_gpus, connect, import_ray, quiet_ray_logs
     from mmenc.ray.serve import run as run_ray_serve
 
     settings = settings_from_args(args)  # flags checked before Ray starts
@@ -92,6 +92,8 @@ def _run_ray(args) -> int:
 
         bind(settings.host, settings.port, reuse_port=args.ray_ingress == "direct").close()
     started = connect(args.ray_address)
+    if args.quiet:
+        quiet_ray_logs()
     try:
         return run_ray_serve(settings, ray_settings_from_args(args, cluster_gpus()), kwargs, args.ray_address)
     finally:

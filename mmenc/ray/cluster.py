@@ -6,6 +6,18 @@ import os
 _LOOPBACK_ONLY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
+def quiet_ray_logs() -> None:
+    """Ray's Python log lines off the terminal (`-q`): Ray Data's execution plan and finish lines, its
+    progress-bar notice, Serve's. Call after connect (Ray Data sets its loggers up when imported); Ray's
+    log files under /tmp/ray keep everything. Lines Ray's C++ core prints itself (the auth-mode notice) stay."""
+    import logging
+
+    import ray.data  # noqa: F401  (configures the loggers set below)
+
+    for name in ("ray", "ray.data", "ray.serve"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
 def import_ray():
     """`ray`, or a ValueError saying how to install it."""
     try:

@@ -6,7 +6,8 @@
 
 A shard file holds, per image, `<key>` ([tokens, out_hidden] in the tower's dtype, exactly as computed:
 bfloat16 for a bf16 tower, half the bytes of float32) and `<key>.grid_thw` (int64 [3]), the layout of
-`mmenc encode`'s file (which converts to float32); its metadata names the model and every failed key with its reason.
+`mmenc encode`'s file (which converts to float32); its metadata names the model, where the weights came
+from (`weights`: "checkpoint" or "random", as `mmenc encode`'s file) and every failed key with its reason.
 Files are renamed into place whole, so a rerun with the same inputs skips the shards already there
 (DIR/manifest.json pins the key list and shard size, and a rerun with other inputs is refused).
 A bad file is logged with its key and recorded as failed in its shard; the job goes on.
@@ -189,7 +190,8 @@ def run_job(keys: list[str], encoder_kwargs: dict, settings: OfflineSettings,
     ds = ds.map_batches(preprocess_batch, batch_size=min(settings.preprocess_batch, shard_size), batch_format="numpy",
                         num_cpus=1, memory=PREPROCESS_MEMORY,
                         fn_kwargs={"processor": processor, "max_pixels": settings.max_image_pixels,
-                                   "pixel_dtype": settings.pixel_dtype, "prepare_piece": prepare})
+                                   "pixel_dtype": settings.pixel_dtype, "prepare_piece": prepare,
+                                   "high_bit_depth": encoder_kwargs.get("high_bit_depth", "clip")})
     ds = ds.map_batches(EncoderActor, batch_size=min(settings.batch_size, shard_size), batch_format="numpy",
                         compute=ray.data.ActorPoolStrategy(size=actors), num_gpus=per_actor,
                         num_cpus=settings.cpus_per_encoder,
@@ -230,6 +232,9 @@ def _collect(ds, shards, output, encoder_kwargs, report, on_shard, progress) -> 
             if len(rows) < len(shards[shard]) or any(len(p) < int(p[0].get("pieces", 1)) for p in rows.values()):
                 continue
             tensors, failed, metadata = {}, {}, {}
+            weights = {str(p["weights"]) for parts in rows.values() for p in parts if p.get("weights")}
+            if weights:  # the actors' Encoder.weights: "random" when the tower ran random weights
+                metadata["weights"] = ",".join(sorted(weights))
             for pos in sorted(rows):
                 r, key = rows[pos][0], str(rows[pos][0]["key"])
                 errors = [str(p["error"]) for p in rows[pos] if p["error"]]

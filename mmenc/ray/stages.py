@@ -4,7 +4,7 @@ Arrow binary columns: any dtype, bfloat16 included, any row length).
 Rows: key (str), shard (int), pos (int, the image's place in its shard), error (str, "" when fine).
 After `preprocess_batch`: pixels (bytes, [patches, C*tp*p*p] in pixel_dtype), grid (int64 [3]).
 After `EncoderActor`: embedding (bytes, [tokens, out_hidden] in the tower's dtype, as computed),
-tokens, hidden, dtype (its name), grid.
+tokens, hidden, dtype (its name), weights ("checkpoint" or "random", Encoder.weights), grid.
 """
 import numpy as np
 import torch
@@ -35,10 +35,11 @@ def read_bytes(key: str) -> bytes:
 
 
 def preprocess_batch(batch: dict, *, processor, max_pixels: int | None, pixel_dtype: str,
-                     prepare_piece=None) -> dict:
+                     prepare_piece=None, high_bit_depth: str = "clip") -> dict:
     """CPU stage: read, decode, resize and patchify each image alone, so a bad file fails alone
     (its row gets `error`, naming the key, and empty pixels). prepare_piece(key, piece, pixel_dtype=)
-    -> (pixel bytes, grid [3]): for the rows of video pieces (`video` column set; mmenc.ray.video_rows)."""
+    -> (pixel bytes, grid [3]): for the rows of video pieces (`video` column set; mmenc.ray.video_rows).
+    high_bit_depth: 16-bit images as load_image takes them ("clip" or "scale", the Encoder's setting)."""
     pixels, grids, errors = [], [], []
     for j, key in enumerate(batch["key"]):
         if "video" in batch and (batch["video"][j] or batch["error"][j]):  # a video piece, or a video's error
@@ -53,7 +54,7 @@ def preprocess_batch(batch: dict, *, processor, max_pixels: int | None, pixel_dt
                 errors[-1] = f"{key!r}: {str(e).removeprefix(repr(str(key)) + ': ')}"
             continue
         try:
-            image = load_image(read_bytes(key), max_pixels=max_pixels)
+            image = load_image(read_bytes(key), max_pixels=max_pixels, high_bit_depth=high_bit_depth)
             pv, grid = processor([image])  # [patches, C*tp*p*p] float32, [1, 3]
         except (ImageLoadError, OSError, ValueError) as e:
             pixels.append(b"")
@@ -92,4 +93,5 @@ class EncoderActor:
                 tokens[i], hidden[i] = emb.shape
         result = {k: v for k, v in batch.items() if k != "pixels"}
         return {**result, "embedding": np.array(embeddings, dtype=object), "tokens": tokens, "hidden": hidden,
-                "dtype": np.array([dtype] * n, dtype=object)}
+                "dtype": np.array([dtype] * n, dtype=object),
+                "weights": np.array([self.encoder.weights] * n, dtype=object)}
