@@ -10,9 +10,9 @@ with an alias table for its checkpoints' key names), the modules its tower build
     load_weights(weights: Iterable[(name, tensor)]) -> set of loaded parameter names
 Tensor names in `load_weights` are the checkpoint's, with the family's tower prefix removed.
 Tensor parallelism is read from mmenc.distributed.parallel_state by the parallel linears when a
-tower is built, and the MultiModalConfig (attention backend, custom ops, batch invariance) from the
-build context (mmenc.config.use_multimodal_config, set by build_tower) by the attention layers; no
-tower or block takes a tp size or a config of how it runs. Model files name no platform and no backend.
+tower is built, and the MultiModalConfig (attention backend, custom ops, batch invariance) by the
+attention layers from the build context build_tower sets (mmenc.config); no tower or block takes a
+tp size or a config of how it runs. Model files name no platform and no backend.
 """
 import dataclasses
 import functools
