@@ -32,7 +32,7 @@ import torch
 
 from mmenc.bench.alloc_sim import CachingAllocatorModel, extrapolate, gpu_like_norms, trace
 from mmenc.bench.measure import parse_grid_spec
-from mmenc.config import MultiModalConfig
+from mmenc.config import MultiModalConfig, use_multimodal_config
 from mmenc.layers.row_blocks import MAX_INTERMEDIATE_BYTES, set_max_intermediate_bytes
 from mmenc.models.registry import get_builtin_config
 
@@ -44,7 +44,8 @@ def build(model: str, depth: int | None, dtype: torch.dtype, mm: MultiModalConfi
     if depth is not None:
         config = type(config)(**{**vars(config), "depth": depth})
     torch.manual_seed(0)
-    tower = spec.tower_cls(config, mm, device="cpu", dtype=dtype).eval()
+    with use_multimodal_config(mm):
+        tower = spec.tower_cls(config, device="cpu", dtype=dtype).eval()
     with torch.no_grad():
         for p in tower.parameters():
             p.normal_(0, 0.02)

@@ -1,7 +1,15 @@
-"""Typed, validated configuration. Imports only the ground floor (mmenc.backends)."""
+"""Typed, validated configuration. Imports only the ground floor (mmenc.backends).
+
+The MultiModalConfig a tower is built under is a build context, not a constructor argument: the
+engine builds inside `use_multimodal_config(config)` and the layers that depend on it (the encoder
+attention) read `current_multimodal_config()` when they are constructed, the way the parallel
+linears read the tensor-parallel state. Towers and blocks never take or hold it.
+"""
+import contextlib
+import contextvars
 import dataclasses
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 from mmenc.backends.backend_enum import AttentionBackendEnum
@@ -88,3 +96,28 @@ class MultiModalConfig:
                   f"linear={self.linear_backend.name if self.linear_backend is not None else 'auto'}",
                   f"quantization={self.quantization}", f"fused_kernels={self.fused_kernels}"]
         return hashlib.sha256("|".join(fields).encode()).hexdigest()[:16]
+
+
+_CURRENT: contextvars.ContextVar["MultiModalConfig | None"] = contextvars.ContextVar("mmenc_multimodal_config",
+                                                                                      default=None)
+_DEFAULT = MultiModalConfig()
+
+
+@contextlib.contextmanager
+def use_multimodal_config(config: MultiModalConfig) -> Iterator[MultiModalConfig]:
+    """Build under `config`: inside the block, current_multimodal_config() returns it. Nestable (the
+    inner config holds until its block ends); the previous one comes back on exit, exceptions included.
+    A context variable, so each thread and asyncio task sees its own."""
+    if not isinstance(config, MultiModalConfig):
+        raise TypeError(f"use_multimodal_config expects a MultiModalConfig, got {type(config).__name__}: {config!r}")
+    token = _CURRENT.set(config)
+    try:
+        yield config
+    finally:
+        _CURRENT.reset(token)
+
+
+def current_multimodal_config() -> MultiModalConfig:
+    """The config of the innermost use_multimodal_config block; MultiModalConfig() outside any."""
+    config = _CURRENT.get()
+    return config if config is not None else _DEFAULT

@@ -6,7 +6,7 @@ import torch
 
 from mmenc.backends import AttentionBackendEnum, BackendChoice, make_cu_seqlens
 from mmenc.backends.dispatch import attend
-from mmenc.config import MultiModalConfig
+from mmenc.config import MultiModalConfig, current_multimodal_config
 from mmenc.custom_op import CustomOp
 from mmenc.platforms import platform_for
 
@@ -19,9 +19,11 @@ class MMEncoderAttention(CustomOp):
     """Encoder self-attention whose kernel backend the platform of its device chooses, once.
 
     The choice (`.choice`, a BackendChoice: `.backend` plus the short-segment `.short_backend`) is
-    made at construction for `device` (None: the current platform's device type). Tensors that
-    arrive on a device of another type (the tower was moved with .to()) get the choice of that
-    device's platform, made once per device type.
+    made at construction for `device` (None: the current platform's device type), from
+    `multimodal_config` (the requested backend, custom_ops, batch_invariant); None reads the build
+    context, `mmenc.config.current_multimodal_config()` (what build_tower builds under; the default
+    MultiModalConfig() outside one). Tensors that arrive on a device of another type (the tower was
+    moved with .to()) get the choice of that device's platform, made once per device type.
 
     forward(query, key, value, cu_seqlens=None, max_seqlen=None):
         query [B, S, Hq*D] or [B, S, Hq, D]; key, value likewise with Hkv heads; one floating
@@ -35,7 +37,7 @@ class MMEncoderAttention(CustomOp):
                  num_kv_heads: int | None = None, prefix: str = "",
                  multimodal_config: MultiModalConfig | None = None, dtype: torch.dtype | None = None,
                  device: torch.device | str | None = None):
-        config = multimodal_config or MultiModalConfig()
+        config = multimodal_config if multimodal_config is not None else current_multimodal_config()
         platform = platform_for(device)
         super().__init__(custom_ops=config.custom_ops, platform=platform)
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from mmenc.config import MultiModalConfig
+from mmenc.config import MultiModalConfig, current_multimodal_config, use_multimodal_config
 from mmenc.layers.norm import LayerNorm, RMSNorm
 from mmenc.loader import checkpoint_folder, load_tower_weights, read_config, read_json_if_present
 from mmenc.logger import init_logger
@@ -235,6 +235,10 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
     random weights (seeded, with a warning) and reads no weights. dtype: "auto" is the checkpoint's torch_dtype on an
     accelerator and float32 on CPU. device: None is the current platform's device ("meta" builds
     without memory, for shapes). The tensor-parallel size is the parallel state's (module docstring).
+    multimodal_config: how the tower runs (None: current_multimodal_config(), MultiModalConfig() outside
+    a use_multimodal_config block); the tower is built inside
+    use_multimodal_config(multimodal_config), where its attention layers read it, and the steps after
+    loading (linear kernels, fused kernels, batch invariance, compile, CUDA graphs) take it from here.
     """
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format={load_format!r} is not valid; expected one of {LOAD_FORMATS}")
@@ -244,8 +248,9 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
         _hint_cpu_bfloat16(hf_config)
     dtype = resolve_dtype(dtype, hf_config, device)
     config = spec.config_from_hf(hf_config)
-    tower = spec.tower_cls(config, multimodal_config=multimodal_config or MultiModalConfig(), device=device,
-                           dtype=dtype)
+    mm_config = multimodal_config if multimodal_config is not None else current_multimodal_config()
+    with use_multimodal_config(mm_config):  # the layers read it while they are built (mmenc.config)
+        tower = spec.tower_cls(config, device=device, dtype=dtype)
     if device.type != "meta":
         if load_format == "dummy":
             logger.warning("%s: load_format='dummy': the tower has RANDOM weights (seed %d); its embeddings "
@@ -253,7 +258,6 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
             init_dummy_weights(tower)
         else:
             load_tower_weights(tower, folder, tower_weight_prefixes(spec, hf_config))
-    mm_config = multimodal_config or MultiModalConfig()
     linear_backend = None
     if device.type != "meta":  # after loading, before tiling or compiling: the platform's linear kernels
         from mmenc.engine.quantize import prepare_tower_linears

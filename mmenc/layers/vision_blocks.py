@@ -22,7 +22,6 @@ import torch.nn as nn
 
 from mmenc.attention import MMEncoderAttention
 from mmenc.backends.linear.fp8 import QuantizedRows
-from mmenc.config import MultiModalConfig
 from mmenc.layers import fused
 from mmenc.layers.activation import ActAndMul, activation_kind, get_act_fn
 from mmenc.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, QKVParallelLinear,
@@ -83,16 +82,15 @@ class VisionAttention(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, head_dim: int | None = None, qkv_bias: bool = True,
                  proj_bias: bool = True, rotary_interleaved: bool = False, qk_norm: str | None = None,
-                 qk_norm_eps: float = 1e-6,
-                 multimodal_config: MultiModalConfig | None = None, prefix: str = "", device=None, dtype=None):
+                 qk_norm_eps: float = 1e-6, prefix: str = "", device=None, dtype=None):
         super().__init__()
         head_dim = dim // num_heads if head_dim is None else head_dim
         self.rotary_interleaved = rotary_interleaved
         self.qkv = QKVParallelLinear(dim, head_dim, num_heads, bias=qkv_bias, prefix=_join(prefix, "qkv"),
                                      device=device, dtype=dtype)
         self.num_heads, self.head_dim, self.local_heads = num_heads, head_dim, self.qkv.num_heads_per_rank
-        self.attn = MMEncoderAttention(self.local_heads, head_dim, prefix=_join(prefix, "attn"),
-                                       multimodal_config=multimodal_config, dtype=dtype, device=device)
+        self.attn = MMEncoderAttention(self.local_heads, head_dim, prefix=_join(prefix, "attn"), dtype=dtype,
+                                       device=device)
         self.proj = RowParallelLinear(num_heads * head_dim, dim, bias=proj_bias, prefix=_join(prefix, "proj"),
                                       device=device, dtype=dtype)
         if qk_norm not in (None, "head", "all"):
@@ -218,8 +216,8 @@ class VisionBlock(nn.Module):
                  mlp: str = "gated", act: str = "silu", qkv_bias: bool = True, mlp_bias: bool = True,
                  proj_bias: bool | None = None, head_dim: int | None = None, rotary_interleaved: bool = False,
                  layer_scale: bool = False, qk_norm: str | None = None, qk_norm_eps: float = 1e-6,
-                 max_intermediate_bytes: int | None = MAX_INTERMEDIATE_BYTES,
-                 multimodal_config: MultiModalConfig | None = None, prefix: str = "", device=None, dtype=None):
+                 max_intermediate_bytes: int | None = MAX_INTERMEDIATE_BYTES, prefix: str = "", device=None,
+                 dtype=None):
         super().__init__()
         self.max_intermediate_bytes = max_intermediate_bytes
         self.norm1 = make_norm(norm, dim, norm_eps, device=device, dtype=dtype)
@@ -227,7 +225,6 @@ class VisionBlock(nn.Module):
         self.attn = VisionAttention(dim, num_heads, head_dim, qkv_bias=qkv_bias,
                                     proj_bias=qkv_bias if proj_bias is None else proj_bias,
                                     rotary_interleaved=rotary_interleaved, qk_norm=qk_norm, qk_norm_eps=qk_norm_eps,
-                                    multimodal_config=multimodal_config,
                                     prefix=_join(prefix, "attn"), device=device, dtype=dtype)
         mlps = {"gated": GatedVisionMLP, "plain": VisionMLP}
         if mlp not in mlps:

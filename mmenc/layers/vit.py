@@ -27,7 +27,6 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid, frame_lengths, num_patches
 from mmenc.layers.norm import LayerNorm
 from mmenc.layers.pos_embed import InterpolatedPosEmbed
@@ -73,13 +72,13 @@ def check_vit_config(config: Any) -> None:
                          f"expected at least one patch per side")
 
 
-def vit_encoder(config: Any, depth: int, multimodal_config: MultiModalConfig | None, **dd) -> "ViTEncoder":
+def vit_encoder(config: Any, depth: int, **dd) -> "ViTEncoder":
     """The ViTEncoder of a CLIP or SigLIP vision_config (config.tower), `depth` layers of it."""
     clip = config.tower == "clip"
     return ViTEncoder(dim=config.hidden_size, num_heads=config.num_heads, mlp_hidden=config.intermediate_size,
                       depth=depth, act=config.hidden_act, norm_eps=config.layer_norm_eps,
                       patch_features=config.patch_features, position_side=config.image_size // config.patch_size,
-                      patch_bias=not clip, class_token=clip, pre_norm=clip, multimodal_config=multimodal_config, **dd)
+                      patch_bias=not clip, class_token=clip, pre_norm=clip, **dd)
 
 
 def tower_tensors(weights: Iterable[tuple[str, torch.Tensor]], built_depth: int
@@ -135,8 +134,7 @@ class ViTEncoder(nn.Module):
 
     def __init__(self, *, dim: int, num_heads: int, mlp_hidden: int, depth: int, act: str, norm_eps: float,
                  patch_features: int, position_side: int, patch_bias: bool, class_token: bool, pre_norm: bool,
-                 positions: str = "bicubic", multimodal_config: MultiModalConfig | None = None, prefix: str = "encoder",
-                 device=None, dtype=None):
+                 positions: str = "bicubic", prefix: str = "encoder", device=None, dtype=None):
         super().__init__()
         dd = {"device": device, "dtype": dtype}
         if positions not in ("bicubic", "bucket") or (positions == "bucket" and class_token):
@@ -150,7 +148,7 @@ class ViTEncoder(nn.Module):
         self.pre_norm = LayerNorm(dim, norm_eps, **dd) if pre_norm else None
         self.layers = nn.ModuleList([
             VisionBlock(dim, num_heads, mlp_hidden, norm="layer", norm_eps=norm_eps, mlp="plain", act=act,
-                        multimodal_config=multimodal_config, prefix=f"{prefix}.layers.{i}", **dd)
+                        prefix=f"{prefix}.layers.{i}", **dd)
             for i in range(depth)])
 
     @property

@@ -16,7 +16,6 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ReplicatedLinear
 from mmenc.layers.merge import merge_block_order
@@ -107,12 +106,11 @@ class AyaVisionTower(VisionTower):
     plan_cache_size = 32
     check_patch_features = True
 
-    def __init__(self, config: AyaVisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
-        super().__init__(config, multimodal_config, device, dtype)
+    def __init__(self, config: AyaVisionConfig, device=None, dtype=None):
+        super().__init__(config, device, dtype)
         dd, merged = self.factory_kwargs, config.hidden_size * self.merge ** 2
         self.layer = feature_index(config.feature_layer, config.depth)
-        self.encoder = vit_encoder(config, self.layer, multimodal_config, **dd)
+        self.encoder = vit_encoder(config, self.layer, **dd)
         self.layernorm = LayerNorm(merged, config.adapter_eps, **dd)
         self.linear_1 = ReplicatedLinear(merged, config.alignment_size, bias=True, prefix="linear_1", **dd)
         self.linear_2 = ReplicatedLinear(config.alignment_size // 2, config.out_hidden_size, bias=True,

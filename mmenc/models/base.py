@@ -3,14 +3,16 @@
 A family file holds only its own math: a typed config (a frozen dataclass on `TowerConfigBase`,
 with an alias table for its checkpoints' key names), the modules its tower builds, `make_plan`
 (what a forward derives from the grid) and `forward`. `VisionTower` owns the rest:
-    Tower(config, multimodal_config=None, device=None, dtype=None)
+    Tower(config, device=None, dtype=None)
     forward(pixel_values [T, C*tp*p*p] float, grid_thw int64 [N, 3] on CPU) -> TowerOutput
     plan(grid_thw, device) -> the family's plan, cached per (grid, device)
     output_tokens(grid_thw) -> embedding rows per image
     load_weights(weights: Iterable[(name, tensor)]) -> set of loaded parameter names
 Tensor names in `load_weights` are the checkpoint's, with the family's tower prefix removed.
 Tensor parallelism is read from mmenc.distributed.parallel_state by the parallel linears when a
-tower is built; no tower or block takes a tp size. Model files name no platform and no backend.
+tower is built, and the MultiModalConfig (attention backend, custom ops, batch invariance) by the
+attention layers from the build context build_tower sets (mmenc.config); no tower or block takes a
+tp size or a config of how it runs. Model files name no platform and no backend.
 """
 import dataclasses
 import functools
@@ -22,7 +24,6 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
-from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid, read_grid
 from mmenc.layers.linear import linear_plan, prepare_plan, restore_linears
 from mmenc.layers.weights import WeightMap, load_named_weights
@@ -160,8 +161,8 @@ class TowerOutput:
 
 class VisionTower(nn.Module):
     """The base of every tower (see the module docstring). A family calls `super().__init__(config,
-    multimodal_config, device, dtype)` first, builds its modules with `**self.factory_kwargs`, and
-    implements `make_plan(grid, device)` and `forward`, which starts with `plan = self.plan_for(...)`.
+    device, dtype)` first, builds its modules with `**self.factory_kwargs`, and implements
+    `make_plan(grid, device)` and `forward`, which starts with `plan = self.plan_for(...)`.
 
     weight_map: the family's checkpoint -> parameter renames; plan_cache_size: plans kept (LRU).
     """
@@ -170,11 +171,9 @@ class VisionTower(nn.Module):
     plan_cache_size: ClassVar[int] = 8
     check_patch_features: ClassVar[bool] = False  # check_pixels also checks each row's C*p*p values
 
-    def __init__(self, config: TowerConfigBase, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
+    def __init__(self, config: TowerConfigBase, device=None, dtype=None):
         super().__init__()
         self.config = config
-        self.multimodal_config = multimodal_config
         self.factory_kwargs = {"device": device, "dtype": dtype}  # for building modules; not updated by .to()
         self.merge = config.spatial_merge_size
         self._plans = LRUCache(self.plan_cache_size)  # (grid, device) -> plan (device tensors)

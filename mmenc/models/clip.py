@@ -18,7 +18,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ReplicatedLinear
 from mmenc.layers.norm import LayerNorm
@@ -82,15 +81,14 @@ class ClipVisionTower(VisionTower):
 
     weight_map = WeightMap([*vit_weight_rules("encoder."), ("projection.", "visual_projection.", None)])
 
-    def __init__(self, config: ClipVisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
-        super().__init__(config, multimodal_config, device, dtype)
+    def __init__(self, config: ClipVisionConfig, device=None, dtype=None):
+        super().__init__(config, device, dtype)
         dim, dd = config.hidden_size, self.factory_kwargs
         self.encoder = ViTEncoder(dim=dim, num_heads=config.num_heads, mlp_hidden=config.intermediate_size,
                                   depth=config.depth, act=config.hidden_act, norm_eps=config.layer_norm_eps,
                                   patch_features=config.patch_features,
                                   position_side=config.image_size // config.patch_size, patch_bias=False,
-                                  class_token=True, pre_norm=True, multimodal_config=multimodal_config, **dd)
+                                  class_token=True, pre_norm=True, **dd)
         self.post_layernorm = LayerNorm(dim, config.layer_norm_eps, **dd)
         self.visual_projection = (ReplicatedLinear(dim, config.projection_dim, bias=False, prefix="visual_projection",
                                                    **dd) if config.projection_dim else None)

@@ -21,7 +21,6 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
-from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from mmenc.layers.norm import LayerNorm, RMSNorm
@@ -119,15 +118,14 @@ class Ernie4_5VisionTower(VisionTower):
     weight_map = WeightMap([(f"{mlp}_linear.{i}.", f"{mlp}_linear.{name}.", None)
                             for mlp in ("spatial", "temporal") for i, name in ((0, "fc1"), (2, "fc2"), (3, "ln"))])
 
-    def __init__(self, config: Ernie4_5VisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
-        super().__init__(config, multimodal_config, device, dtype)
+    def __init__(self, config: Ernie4_5VisionConfig, device=None, dtype=None):
+        super().__init__(config, device, dtype)
         dim, eps, dd = config.hidden_size, config.rms_norm_eps, self.factory_kwargs
         self.patch_embed = PatchEmbed(config.patch_features, dim, bias=False, **dd)
         self.rotary = VisionRotary2D(config.head_dim, config.rope_theta, merge_size=self.merge)
         self.blocks = nn.ModuleList([
             VisionBlock(dim, config.num_heads, config.intermediate_size, norm="layer", norm_eps=eps, mlp="plain",
-                        act=config.hidden_act, multimodal_config=multimodal_config, prefix=f"blocks.{i}", **dd)
+                        act=config.hidden_act, prefix=f"blocks.{i}", **dd)
             for i in range(config.depth)])
         self.ln = LayerNorm(dim, eps, **dd)
         merged = dim * self.merge ** 2

@@ -21,7 +21,6 @@ import dataclasses
 import torch
 import torch.nn as nn
 
-from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.merge import ConvDownsample, GatedMerger
 from mmenc.layers.norm import RMSNorm
@@ -73,15 +72,13 @@ class Glm4vVisionConfig(TowerConfigBase):
 class Glm4vBlock(nn.Module):
     """x + attn(norm1(x)), then x + mlp(norm2(x)); RMSNorm, SwiGLU, no biases but the optional qkv one."""
 
-    def __init__(self, config: Glm4vVisionConfig, multimodal_config: MultiModalConfig | None, prefix: str,
-                 device=None, dtype=None):
+    def __init__(self, config: Glm4vVisionConfig, prefix: str, device=None, dtype=None):
         super().__init__()
         dim, eps = config.hidden_size, config.rms_norm_eps
         self.norm1 = RMSNorm(dim, eps, device=device, dtype=dtype)
         self.norm2 = RMSNorm(dim, eps, device=device, dtype=dtype)
         self.attn = VisionAttention(dim, config.num_heads, qkv_bias=config.attention_bias, proj_bias=False,
-                                    multimodal_config=multimodal_config, prefix=f"{prefix}.attn", device=device,
-                                    dtype=dtype)
+                                    prefix=f"{prefix}.attn", device=device, dtype=dtype)
         self.mlp = GatedVisionMLP(dim, config.out_hidden_size, act=config.hidden_act, bias=False,
                                   prefix=f"{prefix}.mlp", device=device, dtype=dtype)
 
@@ -104,16 +101,15 @@ class Glm4vVisionTower(VisionTower):
     ])
     plan_cache_size = 32
 
-    def __init__(self, config: Glm4vVisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
-        super().__init__(config, multimodal_config, device, dtype)
+    def __init__(self, config: Glm4vVisionConfig, device=None, dtype=None):
+        super().__init__(config, device, dtype)
         dim, eps, m, dd = config.hidden_size, config.rms_norm_eps, self.merge, self.factory_kwargs
         self.patch_embed = PatchEmbed(config.patch_features, dim, bias=True, **dd)
         self.post_conv_layernorm = RMSNorm(dim, eps, **dd)
         self.pos_embed = InterpolatedPosEmbed(config.num_positions, dim, mode="bicubic", align_corners=False,
                                               merge_size=m, **dd)
         self.rotary = VisionRotary2D(config.head_dim, config.rope_theta, merge_size=m)
-        self.blocks = nn.ModuleList([Glm4vBlock(config, multimodal_config, f"blocks.{i}", **dd)
+        self.blocks = nn.ModuleList([Glm4vBlock(config, f"blocks.{i}", **dd)
                                      for i in range(config.depth)])
         self.post_layernorm = RMSNorm(dim, eps, **dd)
         # merge x merge conv, stride merge: one matmul over a block's m*m contiguous patches

@@ -14,7 +14,6 @@ import dataclasses
 import torch
 import torch.nn as nn
 
-from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.merge import ConvDownsample, GatedMerger
 from mmenc.layers.norm import RMSNorm
@@ -62,16 +61,15 @@ class GlmOcrVisionTower(VisionTower):
     weight_map = WeightMap([(".gate_proj.", ".gate_up_proj.", 0), (".up_proj.", ".gate_up_proj.", 1)])
     plan_cache_size = 32
 
-    def __init__(self, config: GlmOcrVisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
-        super().__init__(config, multimodal_config, device, dtype)
+    def __init__(self, config: GlmOcrVisionConfig, device=None, dtype=None):
+        super().__init__(config, device, dtype)
         dim, eps, bias, dd = config.hidden_size, config.rms_norm_eps, config.attention_bias, self.factory_kwargs
         self.patch_embed = PatchEmbed(config.patch_features, dim, bias=True, **dd)
         self.rotary = VisionRotary2D(config.head_dim, config.rope_theta, merge_size=self.merge)
         self.blocks = nn.ModuleList([
             VisionBlock(dim, config.num_heads, config.intermediate_size, norm="rms", norm_eps=eps, mlp="gated",
                         act=config.hidden_act, qkv_bias=bias, mlp_bias=bias, qk_norm="head", qk_norm_eps=eps,
-                        multimodal_config=multimodal_config, prefix=f"blocks.{i}", **dd)
+                        prefix=f"blocks.{i}", **dd)
             for i in range(config.depth)])
         self.post_layernorm = RMSNorm(dim, eps, **dd)
         self.downsample = ConvDownsample(dim, config.out_hidden_size, self.merge, **dd)

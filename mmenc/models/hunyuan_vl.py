@@ -22,7 +22,6 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.config import MultiModalConfig
 from mmenc.layers.activation import get_act_fn
 from mmenc.layers.grid import Grid, frame_lengths, num_patches
 from mmenc.layers.linear import ReplicatedLinear
@@ -156,9 +155,8 @@ class HunyuanVisionTower(VisionTower):
     ])
     plan_cache_size = 32
 
-    def __init__(self, config: HunyuanVisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
-        super().__init__(config, multimodal_config, device, dtype)
+    def __init__(self, config: HunyuanVisionConfig, device=None, dtype=None):
+        super().__init__(config, device, dtype)
         dim, dd = config.hidden_size, self.factory_kwargs
         self.embeddings = nn.Module()
         self.embeddings.patch_embedding = PatchEmbed(config.patch_features, dim, bias=True, **dd)
@@ -169,7 +167,7 @@ class HunyuanVisionTower(VisionTower):
         # 14a) the peak with the graph pool went from 3.14 to 2.79 GiB (transformers: 3.00) for 0.9% more time.
         self.layers = nn.ModuleList([
             VisionBlock(dim, config.num_heads, config.intermediate_size, norm="layer", norm_eps=config.rms_norm_eps,
-                        mlp="plain", act=config.hidden_act, multimodal_config=multimodal_config,
+                        mlp="plain", act=config.hidden_act,
                         max_intermediate_bytes=LOW_INTERMEDIATE_BYTES, prefix=f"layers.{i}", **dd)
             for i in range(config.depth)])
         self.perceive = HunyuanPerceive(config, **dd)

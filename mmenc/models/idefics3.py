@@ -19,7 +19,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ReplicatedLinear
 from mmenc.layers.merge import merge_block_order
@@ -91,16 +90,14 @@ class Idefics3Tower(VisionTower):
     plan_cache_size = 32
     check_patch_features = True
 
-    def __init__(self, config: Idefics3VisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
-        super().__init__(config, multimodal_config, device, dtype)
+    def __init__(self, config: Idefics3VisionConfig, device=None, dtype=None):
+        super().__init__(config, device, dtype)
         dim, dd = config.hidden_size, self.factory_kwargs
         self.encoder = ViTEncoder(dim=dim, num_heads=config.num_heads, mlp_hidden=config.intermediate_size,
                                   depth=config.depth, act=config.hidden_act, norm_eps=config.layer_norm_eps,
                                   patch_features=config.patch_features,
                                   position_side=config.image_size // config.patch_size, patch_bias=True,
-                                  class_token=False, pre_norm=False, positions="bucket",
-                                  multimodal_config=multimodal_config, **dd)
+                                  class_token=False, pre_norm=False, positions="bucket", **dd)
         self.post_layernorm = LayerNorm(dim, config.layer_norm_eps, **dd)
         self.proj = ReplicatedLinear(dim * self.merge ** 2, config.out_hidden_size, bias=False, prefix="proj", **dd)
 

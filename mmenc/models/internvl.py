@@ -26,7 +26,6 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid, frame_lengths, num_patches
 from mmenc.layers.norm import LayerNorm
 from mmenc.layers.pos_embed import InterpolatedPosEmbed
@@ -198,9 +197,8 @@ class InternVisionTower(VisionTower):
     plan_cache_size = 32
     check_patch_features = True
 
-    def __init__(self, config: InternVisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
-        super().__init__(config, multimodal_config, device, dtype)
+    def __init__(self, config: InternVisionConfig, device=None, dtype=None):
+        super().__init__(config, device, dtype)
         dim, dd = config.hidden_size, self.factory_kwargs
         self.patch_embed = PatchEmbed(config.patch_features, dim, bias=True, **dd)
         self.cls_token = nn.Parameter(torch.zeros(dim, **dd), requires_grad=False)
@@ -210,7 +208,7 @@ class InternVisionTower(VisionTower):
         self.encoder.layer = nn.ModuleList([
             VisionBlock(dim, config.num_heads, config.intermediate_size, norm=_NORMS[config.norm],
                         norm_eps=config.norm_eps, mlp="plain", act=config.hidden_act, qkv_bias=config.qkv_bias,
-                        proj_bias=True, layer_scale=True, qk_norm="all" if config.qk_norm else None, multimodal_config=multimodal_config,
+                        proj_bias=True, layer_scale=True, qk_norm="all" if config.qk_norm else None,
                         prefix=f"encoder.layer.{i}", **dd)
             for i in range(config.depth)])
         self.layernorm = LayerNorm(dim, config.norm_eps, **dd) if config.final_norm else None

@@ -30,7 +30,6 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid, num_patches
 from mmenc.layers.merge import merge_block_order
 from mmenc.layers.norm import LayerNorm
@@ -229,9 +228,8 @@ class KimiVisionTower(VisionTower):
     plan_cache_size = 32
     check_patch_features = True
 
-    def __init__(self, config: KimiVisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
-        super().__init__(config, multimodal_config, device, dtype)
+    def __init__(self, config: KimiVisionConfig, device=None, dtype=None):
+        super().__init__(config, device, dtype)
         dim, dd = config.hidden_size, self.factory_kwargs
         self.patch_embed = KimiPatchEmbed(config, **dd)
         self.rotary = VisionRotary2D(config.head_dim, config.rope_theta, merge_size=self.merge, interleaved=True,
@@ -239,8 +237,7 @@ class KimiVisionTower(VisionTower):
         self.encoder = nn.Module()
         self.encoder.blocks = nn.ModuleList([
             VisionBlock(dim, config.num_heads, config.intermediate_size, norm="layer", norm_eps=config.norm_eps,
-                        mlp="plain", act=config.hidden_act, rotary_interleaved=True,
-                        multimodal_config=multimodal_config, prefix=f"encoder.blocks.{i}", **dd)
+                        mlp="plain", act=config.hidden_act, rotary_interleaved=True, prefix=f"encoder.blocks.{i}", **dd)
             for i in range(config.depth)])
         self.encoder.final_layernorm = LayerNorm(dim, config.norm_eps, **dd)
         self.merger = PatchMerger(config.out_hidden_size, dim, self.merge, norm="layer",

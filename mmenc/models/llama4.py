@@ -25,7 +25,6 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.config import MultiModalConfig
 from mmenc.layers.activation import get_act_fn
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
@@ -143,9 +142,8 @@ class Llama4VisionTower(VisionTower):
         ("linear_1.", "projector.", None),
     ])
 
-    def __init__(self, config: Llama4VisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
-        super().__init__(config, multimodal_config, device, dtype)
+    def __init__(self, config: Llama4VisionConfig, device=None, dtype=None):
+        super().__init__(config, device, dtype)
         dim, dd = config.hidden_size, self.factory_kwargs
         self.patch_embedding = PatchEmbed(config.patch_features, dim, bias=False, prefix="patch_embedding", **dd)
         self.class_embedding = nn.Parameter(torch.empty(dim, **dd))
@@ -154,8 +152,7 @@ class Llama4VisionTower(VisionTower):
         self.layernorm_post = LayerNorm(dim, config.norm_eps, **dd)
         self.model = nn.ModuleDict({"layers": nn.ModuleList([
             VisionBlock(dim, config.num_heads, config.intermediate_size, norm="layer", norm_eps=config.norm_eps,
-                        mlp="plain", act="gelu", rotary_interleaved=True, multimodal_config=multimodal_config,
-                        prefix=f"model.layers.{i}", **dd)
+                        mlp="plain", act="gelu", rotary_interleaved=True, prefix=f"model.layers.{i}", **dd)
             for i in range(config.depth)])})
         self.adapter_fc1 = ColumnParallelLinear(config.intermediate_size, config.projector_input_dim, bias=False,
                                                 prefix="adapter_fc1", **dd)

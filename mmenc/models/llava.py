@@ -31,7 +31,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmenc.config import MultiModalConfig
 from mmenc.utils.device_copy import to_device
 
 from mmenc.layers.activation import get_act_fn
@@ -210,12 +209,11 @@ class LlavaTower(VisionTower):
     plan_cache_size = 32
     check_patch_features = True
 
-    def __init__(self, config: LlavaVisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
-        super().__init__(config, multimodal_config, device, dtype)
+    def __init__(self, config: LlavaVisionConfig, device=None, dtype=None):
+        super().__init__(config, device, dtype)
         dd, out = self.factory_kwargs, config.out_hidden_size
         self.layers_used = config.feature_indices
-        self.encoder = vit_encoder(config, max(self.layers_used), multimodal_config, **dd)
+        self.encoder = vit_encoder(config, max(self.layers_used), **dd)
         features = config.hidden_size * len(self.layers_used)
         self.projector_layernorm = (LayerNorm(features, config.projector_norm_eps, **dd) if config.projector_norm_eps
                                     else None)

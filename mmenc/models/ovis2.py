@@ -28,7 +28,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ReplicatedLinear
 from mmenc.layers.norm import LayerNorm, RMSNorm
@@ -146,9 +145,8 @@ class Ovis2VisionTower(VisionTower):
         ("transformer.rms_norm.", "post_norm.", None),
     ])
 
-    def __init__(self, config: Ovis2VisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
-        super().__init__(config, multimodal_config, device, dtype)
+    def __init__(self, config: Ovis2VisionConfig, device=None, dtype=None):
+        super().__init__(config, device, dtype)
         dim, m, dd = config.hidden_size, self.merge, self.factory_kwargs
         self.patch_embed = PatchEmbed(config.patch_features, dim, bias=True, **dd)
         self.embed_norm = RMSNorm(dim, config.norm_eps, **dd)
@@ -156,7 +154,7 @@ class Ovis2VisionTower(VisionTower):
         self.transformer = nn.ModuleDict({"encoder": nn.ModuleDict({"layers": nn.ModuleList([
             VisionBlock(dim, config.num_heads, config.intermediate_size, norm="rms", norm_eps=config.norm_eps,
                         mlp="gated", act=config.hidden_act, qkv_bias=config.qkv_bias, mlp_bias=config.mlp_bias,
-                        multimodal_config=multimodal_config, prefix=f"transformer.encoder.layers.{i}", **dd)
+                        prefix=f"transformer.encoder.layers.{i}", **dd)
             for i in range(config.depth)])})})
         self.post_norm = RMSNorm(dim, config.norm_eps, **dd)
         tokens = config.vocab_size - config.num_visual_indicator_tokens

@@ -19,7 +19,6 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid, frame_lengths, num_patches
 from mmenc.layers.merge import merge_block_order
 from mmenc.layers.norm import LayerNorm
@@ -86,9 +85,8 @@ class PaddleOCRVisionTower(VisionTower):
     ])
     plan_cache_size = 32
 
-    def __init__(self, config: PaddleOCRVisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
-        super().__init__(config, multimodal_config, device, dtype)
+    def __init__(self, config: PaddleOCRVisionConfig, device=None, dtype=None):
+        super().__init__(config, device, dtype)
         dim, m, dd = config.hidden_size, self.merge, self.factory_kwargs
         vm = self.vision_model = nn.Module()  # the checkpoint's module tree: vision_model.{embeddings,encoder,...}
         vm.embeddings = nn.Module()
@@ -99,8 +97,7 @@ class PaddleOCRVisionTower(VisionTower):
         vm.encoder = nn.Module()
         vm.encoder.layers = nn.ModuleList([
             VisionBlock(dim, config.num_heads, config.intermediate_size, norm="layer", norm_eps=config.layer_norm_eps,
-                        mlp="plain", act=config.hidden_act, multimodal_config=multimodal_config,
-                        prefix=f"vision_model.encoder.layers.{i}", **dd)
+                        mlp="plain", act=config.hidden_act, prefix=f"vision_model.encoder.layers.{i}", **dd)
             for i in range(config.depth)])
         vm.post_layernorm = LayerNorm(dim, config.layer_norm_eps, **dd)
         self.merger = PatchMerger(config.out_hidden_size, dim, m, norm="layer", norm_eps=1e-5, act="gelu", **dd)

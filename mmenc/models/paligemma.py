@@ -22,7 +22,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ReplicatedLinear
 from mmenc.layers.norm import GemmaRMSNorm, LayerNorm
@@ -111,11 +110,10 @@ class GemmaSiglipTower(VisionTower):
     plan_cache_size = 32
     check_patch_features = True
 
-    def __init__(self, config: GemmaSiglipConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
-        super().__init__(config, multimodal_config, device, dtype)
+    def __init__(self, config: GemmaSiglipConfig, device=None, dtype=None):
+        super().__init__(config, device, dtype)
         dd, dim = self.factory_kwargs, config.hidden_size
-        self.encoder = vit_encoder(config, config.depth, multimodal_config, **dd)
+        self.encoder = vit_encoder(config, config.depth, **dd)
         self.post_layernorm = LayerNorm(dim, config.layer_norm_eps, **dd)
         gemma3 = config.projector == "gemma3"
         self.norm = GemmaRMSNorm(dim, config.layer_norm_eps, **dd) if gemma3 else None

@@ -25,7 +25,6 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
-from mmenc.config import MultiModalConfig
 from mmenc.layers.activation import get_act_fn
 from mmenc.layers.grid import Grid
 from mmenc.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
@@ -156,9 +155,8 @@ class PixtralVisionTower(VisionTower):
     plan_cache_size = 32
     check_patch_features = True
 
-    def __init__(self, config: PixtralVisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
-        super().__init__(config, multimodal_config, device, dtype)
+    def __init__(self, config: PixtralVisionConfig, device=None, dtype=None):
+        super().__init__(config, device, dtype)
         dim, out, dd = config.hidden_size, config.out_hidden_size, self.factory_kwargs
         self.patch_embed = PatchEmbed(config.patch_features, dim, bias=False, **dd)
         self.ln_pre = RMSNorm(dim, 1e-5, **dd)
@@ -166,8 +164,7 @@ class PixtralVisionTower(VisionTower):
         self.transformer = nn.Module()
         self.transformer.layers = nn.ModuleList([
             VisionBlock(dim, config.num_heads, config.intermediate_size, norm="rms", norm_eps=1e-5, mlp="gated",
-                        act=config.hidden_act, qkv_bias=False, mlp_bias=False, multimodal_config=multimodal_config,
-                        prefix=f"transformer.layers.{i}", **dd)
+                        act=config.hidden_act, qkv_bias=False, mlp_bias=False, prefix=f"transformer.layers.{i}", **dd)
             for i in range(config.depth)])
         if config.projector == "mistral3":
             self.norm = RMSNorm(dim, config.projector_norm_eps, **dd)

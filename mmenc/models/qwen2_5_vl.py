@@ -15,7 +15,6 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid, frame_lengths
 from mmenc.layers.plan import PackPlan
 from mmenc.layers.rotary import VisionRotary2D
@@ -101,17 +100,15 @@ class Qwen2_5_VisionTower(VisionTower):
         ("merger.mlp.2.", "merger.fc2.", None),
     ])
 
-    def __init__(self, config: Qwen2_5_VisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
-        super().__init__(config, multimodal_config, device, dtype)
+    def __init__(self, config: Qwen2_5_VisionConfig, device=None, dtype=None):
+        super().__init__(config, device, dtype)
         dim, dd = config.hidden_size, self.factory_kwargs
         self.full_attention = frozenset(config.fullatt_block_indexes)
         self.patch_embed = PatchEmbed(config.patch_features, dim, bias=False, **dd)
         self.rotary = VisionRotary2D(config.head_dim, config.rope_theta, merge_size=self.merge)
         self.blocks = nn.ModuleList([
             VisionBlock(dim, config.num_heads, config.intermediate_size, norm="rms", norm_eps=config.norm_eps,
-                        mlp="gated", act=config.hidden_act, multimodal_config=multimodal_config,
-                        prefix=f"blocks.{i}", **dd)
+                        mlp="gated", act=config.hidden_act, prefix=f"blocks.{i}", **dd)
             for i in range(config.depth)])
         self.merger = PatchMerger(config.out_hidden_size, dim, self.merge, norm="rms", norm_eps=config.norm_eps, **dd)
         self._items = LRUCache(256)  # (t, h, w) -> window order, window lengths, positions (host)

@@ -10,7 +10,6 @@ from typing import ClassVar
 import torch
 import torch.nn as nn
 
-from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.plan import PackPlan, frame_plan
 from mmenc.layers.rotary import VisionRotary2D
@@ -54,15 +53,14 @@ class Qwen2VisionTower(VisionTower):
     # the merger's nn.Sequential indices become fc1 / fc2
     weight_map = WeightMap([("merger.mlp.0.", "merger.fc1.", None), ("merger.mlp.2.", "merger.fc2.", None)])
 
-    def __init__(self, config: Qwen2VisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
-        super().__init__(config, multimodal_config, device, dtype)
+    def __init__(self, config: Qwen2VisionConfig, device=None, dtype=None):
+        super().__init__(config, device, dtype)
         dim, dd = config.embed_dim, self.factory_kwargs
         self.patch_embed = PatchEmbed(config.patch_features, dim, bias=False, **dd)
         self.rotary = VisionRotary2D(config.head_dim, config.rope_theta, merge_size=self.merge)
         self.blocks = nn.ModuleList([
             VisionBlock(dim, config.num_heads, int(dim * config.mlp_ratio), norm="layer", mlp="plain",
-                        act=config.hidden_act, multimodal_config=multimodal_config, prefix=f"blocks.{i}", **dd)
+                        act=config.hidden_act, prefix=f"blocks.{i}", **dd)
             for i in range(config.depth)])
         self.merger = PatchMerger(config.hidden_size, dim, self.merge, norm="layer", **dd)
 

@@ -26,7 +26,6 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
-from mmenc.config import MultiModalConfig
 from mmenc.layers.grid import Grid
 from mmenc.layers.plan import PackPlan, frame_plan
 from mmenc.layers.pos_embed import InterpolatedPosEmbed
@@ -87,9 +86,8 @@ class Qwen3VisionTower(VisionTower):
     deepstack_module: ClassVar[str] = "deepstack_merger_list"  # the DeepStack mergers' checkpoint name
     plan_cache_size = 32
 
-    def __init__(self, config: Qwen3VisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
-        super().__init__(config, multimodal_config, device, dtype)
+    def __init__(self, config: Qwen3VisionConfig, device=None, dtype=None):
+        super().__init__(config, device, dtype)
         dim, m, dd = config.hidden_size, self.merge, self.factory_kwargs
         self.patch_embed = PatchEmbed(config.patch_features, dim, bias=True, **dd)
         self.pos_embed = InterpolatedPosEmbed(config.num_position_embeddings, dim, mode="bilinear",
@@ -97,8 +95,7 @@ class Qwen3VisionTower(VisionTower):
         self.rotary = VisionRotary2D(config.head_dim, config.rope_theta, merge_size=m)
         self.blocks = nn.ModuleList([
             VisionBlock(dim, config.num_heads, config.intermediate_size, norm="layer", norm_eps=config.norm_eps,
-                        mlp="plain", act=config.hidden_act, multimodal_config=multimodal_config,
-                        prefix=f"blocks.{i}", **dd)
+                        mlp="plain", act=config.hidden_act, prefix=f"blocks.{i}", **dd)
             for i in range(config.depth)])
         merger = dict(norm="layer", norm_eps=config.norm_eps, act="gelu", **dd)
         self.merger = PatchMerger(config.out_hidden_size, dim, m, **merger)

@@ -25,7 +25,6 @@ import torch
 import torch.nn as nn
 
 from mmenc.attention import make_cu_seqlens
-from mmenc.config import MultiModalConfig
 from mmenc.layers.activation import get_act_fn
 from mmenc.layers.grid import Grid, frame_lengths, num_patches
 from mmenc.layers.linear import ReplicatedLinear
@@ -184,17 +183,15 @@ class SiglipVisionTower(VisionTower):
 
     weight_map = SIGLIP_WEIGHT_MAP
 
-    def __init__(self, config: SiglipVisionConfig, multimodal_config: MultiModalConfig | None = None,
-                 device=None, dtype=None):
-        super().__init__(config, multimodal_config, device, dtype)
+    def __init__(self, config: SiglipVisionConfig, device=None, dtype=None):
+        super().__init__(config, device, dtype)
         dim, dd = config.hidden_size, self.factory_kwargs
         self.patch_embed = PatchEmbed(config.patch_features, dim, bias=True, **dd)
         self.pos_embed = InterpolatedPosEmbed(config.num_positions, dim, mode=config.pos_mode, **dd)
         self.encoder = nn.Module()
         self.encoder.layers = nn.ModuleList([
             VisionBlock(dim, config.num_heads, config.intermediate_size, norm="layer", norm_eps=config.layer_norm_eps,
-                        mlp="plain", act=config.hidden_act, multimodal_config=multimodal_config,
-                        prefix=f"encoder.layers.{i}", **dd)
+                        mlp="plain", act=config.hidden_act, prefix=f"encoder.layers.{i}", **dd)
             for i in range(config.depth)])
         self.post_layernorm = LayerNorm(dim, config.layer_norm_eps, **dd)
         self.head = AttentionPoolingHead(config, **dd) if config.use_head else None

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 import torch
 
 from mmenc.backends.linear.fp8 import Fp8Linear
-from mmenc.config import MultiModalConfig
 from mmenc.engine.quantize import quantized_linears
 from mmenc.layers.fused import use_fused_kernels
 from mmenc.layers.linear import prepare_linears
@@ -36,8 +35,7 @@ def build_random_tower(model: str, dtype: torch.dtype, device, depth: int | None
         if "fullatt_block_indexes" in vision:  # keep the full-attention layers' spacing
             step = max(1, full // len(vision["fullatt_block_indexes"]))
             vision["fullatt_block_indexes"] = [i for i in range(step - 1, depth, step)] or [depth - 1]
-    tower = spec.tower_cls(spec.config_from_hf(hf_config), multimodal_config=MultiModalConfig(), device=device,
-                           dtype=dtype)
+    tower = spec.tower_cls(spec.config_from_hf(hf_config), device=device, dtype=dtype)
     init_comparable_weights_(tower, seed=seed)
     return tower.eval()
 
