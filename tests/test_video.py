@@ -126,6 +126,37 @@ def test_pipeline_pieces_equal_the_whole_video(clips, kind):
     assert {i for c in chunks for i in c.indices} == {0, 2}
 
 
+def test_a_batch_of_one_path_many_times_finishes_and_equals_each_alone(tmp_path, monkeypatch):
+    """Six copies of one path in worker processes (each copy its own video: its own pieces and decoder):
+    every copy's pixels are the clip's alone. The workers here keep no released segment (as when video
+    pieces of tens of MB overflow what they keep), so each release destroys one and tells the parent;
+    reading such a notice blocked the parent's receiver on that worker, and the batch never finished
+    (issue 26: 16 x a 60 s clip)."""
+    import functools
+    import threading
+
+    from mmenc.preprocess import pipeline, procs
+
+    monkeypatch.setattr(pipeline, "ProcessWorkers", functools.partial(procs.ProcessWorkers, keep_free_bytes=0))
+    clip = write_clip(tmp_path / "c.mp4", frames=40, size=(64, 96), fps=10, codec="libx264", gop=12)
+    vp = get_video_processor("qwen2_5_vl")
+    whole, grid, _ = vp(clip, VideoOptions(fps=5))  # 20 frames, 10 units
+    chunks, n = [], 6
+    with Preprocessor(get_processor("qwen2_5_vl"), workers=3, worker_kind="process", video_processor=vp,
+                      video_piece_patches=2 * int(grid[0, 1:].prod())) as pre:
+        run = threading.Thread(target=lambda: chunks.extend(pre.iter_chunks(
+            [Video(clip, fps=5)] * n, max_batch_patches=6 * int(grid[0, 1:].prod()))), daemon=True)
+        run.start()
+        run.join(timeout=120)
+        assert not run.is_alive(), f"the batch did not finish in 120 s ({len(chunks)} chunks came)"
+    rows = whole.shape[0]
+    got = torch.cat([c.pixel_values for c in chunks])
+    assert [i for c in chunks for i in c.indices] == sorted(i for c in chunks for i in c.indices)
+    assert got.shape[0] == n * rows
+    for k in range(n):
+        assert torch.equal(got[k * rows:(k + 1) * rows], whole), k
+
+
 def test_encoder_streams_a_video_and_skips_a_bad_one(tmp_path, clips):
     """Encoder.encode / encode_iter: a video in pieces over several tower calls equals one call; a file that
     does not decode is a per-item failure (encode(errors="skip") -> None, encode_iter -> LoadFailure)."""

@@ -41,8 +41,9 @@ from PIL import Image
 
 from mmenc.logger import init_logger
 from mmenc.preprocess.prepare import ImageWork, Ready
+from mmenc.preprocess.proc_worker import KEEP_FREE_BYTES
 from mmenc.preprocess.video import VideoPiece
-from mmenc.shm import Channel, socket_pair
+from mmenc.shm import NOTHING, Channel, socket_pair
 
 logger = init_logger(__name__)
 
@@ -67,11 +68,14 @@ class _Worker:
 class ProcessWorkers:
     """n worker processes running `work.prepare`; see the module docstring. Thread safe."""
 
-    def __init__(self, work: ImageWork, n: int, *, stop_timeout_s: float = 10.0):
+    def __init__(self, work: ImageWork, n: int, *, stop_timeout_s: float = 10.0, keep_free_bytes: int | None = None):
+        """keep_free_bytes: released shared segments each worker keeps for reuse (None: the worker's
+        KEEP_FREE_BYTES); a segment beyond is destroyed and the parent told to drop its mapping."""
         if n < 1:
             raise ValueError(f"n={n} worker processes; expected >= 1")
         self.n, self.stop_timeout_s = n, stop_timeout_s
         self._work = work
+        self._keep_free_bytes = KEEP_FREE_BYTES if keep_free_bytes is None else keep_free_bytes
         self._lock = threading.Lock()
         self._seq = itertools.count()
         self._closed = False
@@ -157,7 +161,7 @@ class ProcessWorkers:
             raise
         worker = _Worker(proc, Channel(ours))
         try:
-            worker.channel.send(("init", self._work))
+            worker.channel.send(("init", self._work, self._keep_free_bytes))
         except BaseException:  # e.g. a processor that does not pickle
             proc.kill()
             proc.wait()
@@ -203,10 +207,12 @@ class ProcessWorkers:
                         selector.register(w.channel.sock, selectors.EVENT_READ, w)
                     continue
                 worker: _Worker = key.data
-                try:
-                    message = worker.channel.recv()
+                try:  # only what is there: a worker's segment notice alone must not block the others' answers
+                    message = worker.channel.recv(wait=False)
                 except OSError:
                     message = None
+                if message is NOTHING:
+                    continue
                 if message is None:
                     selector.unregister(worker.channel.sock)
                     self._lost(worker)
