@@ -55,6 +55,41 @@ def test_cursors_go_on_from_the_previous_piece(clips):
     assert not cursors._busy
 
 
+def test_lanes_start_after_key_frames_and_pieces_keep_to_them(tmp_path):
+    """A 12 s clip with a key frame every 25 frames, sampled at 5 fps: lanes start at the first unit past a
+    key frame (from the index, no decoding), about equal, never more than asked; each lane's pieces are
+    consecutive and only its last closes the decoder; without key frames lanes are LANE_MIN_SECONDS long."""
+    import dataclasses
+
+    from mmenc.preprocess.video import LANE_MIN_SECONDS, video_lanes
+
+    clip = write_clip(tmp_path / "k.mp4", frames=120, size=(32, 48), fps=10, codec="libx264", gop=25)
+    meta = probe(clip)
+    assert meta.keyframes[0] == 0 and len(meta.keyframes) >= 4
+    vp = get_video_processor("qwen2_5_vl")
+    plan = vp.plan(meta, VideoOptions(fps=5))  # 60 frames, 30 units of 2 frames, every other source frame
+    for lanes in (1, 2, 3, 4, 64):
+        bounds = video_lanes(plan, lanes)
+        assert bounds[0] == 0 and bounds[-1] == plan.units and bounds == sorted(set(bounds))
+        assert len(bounds) - 1 <= min(lanes, len(meta.keyframes))
+        for u in bounds[1:-1]:  # a lane's first frame is just past a key frame
+            first = plan.indices[u * plan.unit_frames]
+            assert any(0 <= first - k - 8 < 2 * plan.unit_frames for k in meta.keyframes), (u, first, meta.keyframes)
+    assert 4 <= len(video_lanes(plan, 64)) - 1 <= len(meta.keyframes)  # a key frame near the end adds none
+    pieces = vp.pieces(clip, "k", plan, max_rows=2 * plan.unit_rows, video_id="v", lanes=3)
+    assert [p.lane for p in pieces] == sorted(p.lane for p in pieces) and pieces[-1].lane == 2
+    assert [p.lane_last for p in pieces] == [a.lane != b.lane for a, b in zip(pieces, pieces[1:])] + [True]
+    assert sum(len(p.frames) for p in pieces) == len(plan.indices)
+    whole, _, _ = vp(clip, VideoOptions(fps=5))
+    cursors = DecodeCursors()
+    got = vp.finish([vp.prepare_piece(p, cursors) for p in pieces], [p.plan for p in pieces])[0]
+    assert torch.equal(got, whole) and not cursors._idle  # every lane's decoder closed after its last piece
+    bare = dataclasses.replace(plan, metadata=dataclasses.replace(meta, keyframes=()))
+    assert meta.duration < 2 * LANE_MIN_SECONDS and video_lanes(bare, 64) == [0, 30]
+    longer = dataclasses.replace(bare, metadata=dataclasses.replace(bare.metadata, duration=2.5 * LANE_MIN_SECONDS))
+    assert video_lanes(longer, 64) == [0, 15, 30] and video_lanes(longer, 1) == [0, 30]
+
+
 def test_video_detection(clips):
     assert looks_like_video("a/b.MP4") and looks_like_video(clips[".mkv"]) and not looks_like_video("a.jpg")
     for suffix in (".mp4", ".webm", ".avi", ".mov"):

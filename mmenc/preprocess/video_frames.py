@@ -3,7 +3,7 @@ piece stopped.
 
     frames = decode("clip.mp4", [0, 15, 30], meta)   # RGB uint8 [3, H, W, 3]; meta: video_decode.probe
     cursors = DecodeCursors()                         # shared by the pieces of the videos being read
-    decode(path, piece_frames, meta, name, cursors=cursors, key=video_id, keep=not last_piece)
+    decode(path, piece_frames, meta, name, cursors=cursors, key=(video_id, lane), keep=not lane_last)
 
 What a frame index means: the i-th frame in presentation order, counting from the first, as
 transformers' PyAV reader counts them (it decodes from the start and keeps the frames whose count is
@@ -17,9 +17,11 @@ Cursors: a seek lands on the key frame before a piece, so pieces shorter than th
 (often 250 frames, 8 s at 30 fps) decode the same frames again. With `cursors`, a video's open
 decoder is kept after a piece (`keep`) and the next piece of the same `key` goes on from it when its
 first frame is at most CONTINUE_SECONDS ahead; a piece whose video's decoder is in use by another
-thread waits for it (the pieces of one video are then decoded one after the other, without repeats,
-while other work, resize and patchify included, runs beside). Worker threads share one DecodeCursors;
-each worker process has its own (it pickles empty)."""
+thread waits for it (the pieces of one key are then decoded one after the other, without repeats,
+while other work, resize and patchify included, runs beside). A key is a video's decode lane
+(VideoPiece.lane: a run of its pieces from a key frame on), so a long video's lanes decode in
+parallel. Worker threads share one DecodeCursors; each worker process has its own (it pickles empty),
+and a lane's pieces go to one worker process (mmenc.preprocess.procs)."""
 import threading
 from collections.abc import Callable, Sequence
 from fractions import Fraction
