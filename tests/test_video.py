@@ -90,6 +90,21 @@ def test_lanes_start_after_key_frames_and_pieces_keep_to_them(tmp_path):
     assert video_lanes(longer, 64) == [0, 15, 30] and video_lanes(longer, 1) == [0, 30]
 
 
+@pytest.mark.parametrize("suffix", [".mp4", ".webm"])
+def test_unwanted_frames_skip_the_decoder_where_nothing_refers_to_them(clips, suffix):
+    """H.264: packets of frames not wanted before the last wanted one go with skip_frame NONREF (B-frames
+    nothing refers to are not decoded); the frames are still the counting reader's. VP9: nothing skipped."""
+    path = clips[suffix]
+    meta, frames = probe(path), sequential(path)
+    cursors = DecodeCursors()
+    for picks in ([0, 1, 30], [31, 32]):
+        got = decode(path, picks, meta, cursors=cursors, key="v", keep=True)
+        assert np.array_equal(got, np.stack([frames[i] for i in picks])), picks
+    skips = cursors._idle["v"].skips
+    assert skips > 0 if suffix == ".mp4" else skips == 0
+    cursors.clear()
+
+
 def test_video_detection(clips):
     assert looks_like_video("a/b.MP4") and looks_like_video(clips[".mkv"]) and not looks_like_video("a.jpg")
     for suffix in (".mp4", ".webm", ".avi", ".mov"):
