@@ -33,7 +33,6 @@ from mmenc.preprocess.prepare import ImageWork
 from mmenc.preprocess.staging import layout_copy
 from mmenc.shm import Channel, Segment, SegmentPool
 
-KEEP_FREE_BYTES = 32 << 20  # released segments a worker keeps for reuse by default (the rest are destroyed)
 
 
 def serve(channel: Channel) -> None:

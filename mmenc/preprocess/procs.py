@@ -42,7 +42,6 @@ from PIL import Image
 
 from mmenc.logger import init_logger
 from mmenc.preprocess.prepare import ImageWork, Ready
-from mmenc.preprocess.proc_worker import KEEP_FREE_BYTES
 from mmenc.preprocess.video import VideoPiece
 from mmenc.shm import NOTHING, Channel, socket_pair
 
@@ -50,6 +49,7 @@ logger = init_logger(__name__)
 
 ENCODED_TYPES = (str, os.PathLike, bytes, bytearray, memoryview)
 MAX_LANES = 4096  # video lanes remembered (their worker) at most
+KEEP_FREE_BYTES = 32 << 20  # released segments a worker keeps for reuse by default (the rest are destroyed)
 
 
 def runs_in_process(item: Any) -> bool:
@@ -71,8 +71,8 @@ class ProcessWorkers:
     """n worker processes running `work.prepare`; see the module docstring. Thread safe."""
 
     def __init__(self, work: ImageWork, n: int, *, stop_timeout_s: float = 10.0, keep_free_bytes: int | None = None):
-        """keep_free_bytes: released shared segments each worker keeps for reuse (None: the worker's
-        KEEP_FREE_BYTES); a segment beyond is destroyed and the parent told to drop its mapping."""
+        """keep_free_bytes: released shared segments each worker keeps for reuse (None: KEEP_FREE_BYTES);
+        a segment beyond is destroyed and the parent told to drop its mapping."""
         if n < 1:
             raise ValueError(f"n={n} worker processes; expected >= 1")
         self.n, self.stop_timeout_s = n, stop_timeout_s
