@@ -31,6 +31,7 @@ _CONTINUED, _LAST = b"C", b"L"
 _MAX_FDS = 250  # under the kernel's SCM_MAX_FD (253)
 _MIN_SEGMENT = 1 << 16
 _FORGET = "__forget__"
+NOTHING = ("__nothing__", [])  # Channel.recv(wait=False) after a message of the channel's own
 
 
 @dataclasses.dataclass(eq=False)
@@ -141,13 +142,18 @@ class Channel:
         if not pool.give_back(segment):
             self.forget(segment)
 
-    def recv(self):
-        """(header, [(segment id, tensor), ...]), or None once the peer has closed its end."""
+    def recv(self, wait: bool = True):
+        """(header, [(segment id, tensor), ...]), or None once the peer has closed its end. The channel's
+        own messages (the peer destroyed a segment: forget its mapping) are handled here; after one,
+        wait=False returns NOTHING instead of blocking for the next message: a caller that selects over
+        several channels must read only what is there (blocking here starved every other channel)."""
         while True:
             message = self._recv_one()
             if message is None or message[0][0] != _FORGET:
                 return message
             self._mapped.pop(message[0][1], None)
+            if not wait:
+                return NOTHING
 
     def _recv_one(self):
         parts, fds = [], []

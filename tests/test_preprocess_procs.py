@@ -167,6 +167,32 @@ def test_resize_per_image_crosses_to_the_worker_and_back(tmp_path):
     assert not work.prepare(0, path, "device").resized and work.prepare(0, path).resized
 
 
+def test_a_destroyed_segment_notice_does_not_block_the_other_workers(tmp_path):
+    """A worker that destroys a released segment (its pool keeps none here; video pieces of tens of MB
+    did it with the default) tells the parent to forget it. The one receiver thread read that notice
+    and then blocked on that worker's socket for a next message that never came, so another worker's
+    answer was never read: a batch of 16 copies of a 60 s clip sat idle on the H200 (issue 26)."""
+    path = tmp_path / "a.png"
+    Image.fromarray(np.random.default_rng(7).integers(0, 256, (37, 53, 3), dtype=np.uint8)).save(path)
+    work = ImageWork(get_processor("qwen2_vl"), decode="cpu", resize="device", device_type="cuda", max_pixels=-1)
+    workers = ProcessWorkers(work, 2, keep_free_bytes=0)
+    try:
+        first, second = workers.submit(0, path), workers.submit(1, path)  # the second starts worker 2
+        a, b = first.result(timeout=120), second.result(timeout=120)
+        assert len(workers.pids) == 2
+        b.release()  # worker 2 destroys the segment and sends its notice; worker 1 is idle
+        time.sleep(0.5)
+        third = workers.submit(2, path)  # the fewest in flight: worker 1 (all idle, the first)
+        c = third.result(timeout=30)  # before the fix: TimeoutError, the receiver waiting on worker 2
+        assert torch.equal(c.pixels, a.pixels)
+        a.release()
+        c.release()
+        assert workers.lent == 0
+    finally:
+        workers.close()
+    assert _gone(workers.pids)
+
+
 def test_early_stop_and_errors_leave_nothing_behind(tmp_path):
     rng = np.random.default_rng(1)
     paths = []

@@ -55,6 +55,56 @@ def test_cursors_go_on_from_the_previous_piece(clips):
     assert not cursors._busy
 
 
+def test_lanes_start_after_key_frames_and_pieces_keep_to_them(tmp_path):
+    """A 12 s clip with a key frame every 25 frames, sampled at 5 fps: lanes start at the first unit past a
+    key frame (from the index, no decoding), about equal, never more than asked; each lane's pieces are
+    consecutive and only its last closes the decoder; without key frames lanes are LANE_MIN_SECONDS long."""
+    import dataclasses
+
+    from mmenc.preprocess.video import LANE_MIN_SECONDS, video_lanes
+
+    clip = write_clip(tmp_path / "k.mp4", frames=120, size=(32, 48), fps=10, codec="libx264", gop=25)
+    meta = probe(clip)
+    assert meta.keyframes[0] == 0 and len(meta.keyframes) >= 4
+    vp = get_video_processor("qwen2_5_vl")
+    plan = vp.plan(meta, VideoOptions(fps=5))  # 60 frames, 30 units of 2 frames, every other source frame
+    for lanes in (1, 2, 3, 4, 64):
+        bounds = video_lanes(plan, lanes)
+        assert bounds[0] == 0 and bounds[-1] == plan.units and bounds == sorted(set(bounds))
+        assert len(bounds) - 1 <= min(lanes, len(meta.keyframes))
+        for u in bounds[1:-1]:  # a lane's first frame is just past a key frame
+            first = plan.indices[u * plan.unit_frames]
+            assert any(0 <= first - k - 8 < 2 * plan.unit_frames for k in meta.keyframes), (u, first, meta.keyframes)
+    assert 4 <= len(video_lanes(plan, 64)) - 1 <= len(meta.keyframes)  # a key frame near the end adds none
+    pieces = vp.pieces(clip, "k", plan, max_rows=2 * plan.unit_rows, video_id="v", lanes=3)
+    assert [p.lane for p in pieces] == sorted(p.lane for p in pieces) and pieces[-1].lane == 2
+    assert [p.lane_last for p in pieces] == [a.lane != b.lane for a, b in zip(pieces, pieces[1:])] + [True]
+    assert sum(len(p.frames) for p in pieces) == len(plan.indices)
+    whole, _, _ = vp(clip, VideoOptions(fps=5))
+    cursors = DecodeCursors()
+    got = vp.finish([vp.prepare_piece(p, cursors) for p in pieces], [p.plan for p in pieces])[0]
+    assert torch.equal(got, whole) and not cursors._idle  # every lane's decoder closed after its last piece
+    bare = dataclasses.replace(plan, metadata=dataclasses.replace(meta, keyframes=()))
+    assert meta.duration < 2 * LANE_MIN_SECONDS and video_lanes(bare, 64) == [0, 30]
+    longer = dataclasses.replace(bare, metadata=dataclasses.replace(bare.metadata, duration=2.5 * LANE_MIN_SECONDS))
+    assert video_lanes(longer, 64) == [0, 15, 30] and video_lanes(longer, 1) == [0, 30]
+
+
+@pytest.mark.parametrize("suffix", [".mp4", ".webm"])
+def test_unwanted_frames_skip_the_decoder_where_nothing_refers_to_them(clips, suffix):
+    """H.264: packets of frames not wanted before the last wanted one go with skip_frame NONREF (B-frames
+    nothing refers to are not decoded); the frames are still the counting reader's. VP9: nothing skipped."""
+    path = clips[suffix]
+    meta, frames = probe(path), sequential(path)
+    cursors = DecodeCursors()
+    for picks in ([0, 1, 30], [31, 32]):
+        got = decode(path, picks, meta, cursors=cursors, key="v", keep=True)
+        assert np.array_equal(got, np.stack([frames[i] for i in picks])), picks
+    skips = cursors._idle["v"].skips
+    assert skips > 0 if suffix == ".mp4" else skips == 0
+    cursors.clear()
+
+
 def test_video_detection(clips):
     assert looks_like_video("a/b.MP4") and looks_like_video(clips[".mkv"]) and not looks_like_video("a.jpg")
     for suffix in (".mp4", ".webm", ".avi", ".mov"):
@@ -124,6 +174,37 @@ def test_pipeline_pieces_equal_the_whole_video(clips, kind):
     failures = [f for c in chunks for f in c.failures]
     assert [(f.index, f.name) for f in failures] == [(1, "'missing.mp4'")] and "no such file" in failures[0].message
     assert {i for c in chunks for i in c.indices} == {0, 2}
+
+
+def test_a_batch_of_one_path_many_times_finishes_and_equals_each_alone(tmp_path, monkeypatch):
+    """Six copies of one path in worker processes (each copy its own video: its own pieces and decoder):
+    every copy's pixels are the clip's alone. The workers here keep no released segment (as when video
+    pieces of tens of MB overflow what they keep), so each release destroys one and tells the parent;
+    reading such a notice blocked the parent's receiver on that worker, and the batch never finished
+    (issue 26: 16 x a 60 s clip)."""
+    import functools
+    import threading
+
+    from mmenc.preprocess import pipeline, procs
+
+    monkeypatch.setattr(pipeline, "ProcessWorkers", functools.partial(procs.ProcessWorkers, keep_free_bytes=0))
+    clip = write_clip(tmp_path / "c.mp4", frames=40, size=(64, 96), fps=10, codec="libx264", gop=12)
+    vp = get_video_processor("qwen2_5_vl")
+    whole, grid, _ = vp(clip, VideoOptions(fps=5))  # 20 frames, 10 units
+    chunks, n = [], 6
+    with Preprocessor(get_processor("qwen2_5_vl"), workers=3, worker_kind="process", video_processor=vp,
+                      video_piece_patches=2 * int(grid[0, 1:].prod())) as pre:
+        run = threading.Thread(target=lambda: chunks.extend(pre.iter_chunks(
+            [Video(clip, fps=5)] * n, max_batch_patches=6 * int(grid[0, 1:].prod()))), daemon=True)
+        run.start()
+        run.join(timeout=120)
+        assert not run.is_alive(), f"the batch did not finish in 120 s ({len(chunks)} chunks came)"
+    rows = whole.shape[0]
+    got = torch.cat([c.pixel_values for c in chunks])
+    assert [i for c in chunks for i in c.indices] == sorted(i for c in chunks for i in c.indices)
+    assert got.shape[0] == n * rows
+    for k in range(n):
+        assert torch.equal(got[k * rows:(k + 1) * rows], whole), k
 
 
 def test_encoder_streams_a_video_and_skips_a_bad_one(tmp_path, clips):

@@ -24,5 +24,8 @@ def test_video_bench_rows_and_json(tmp_path, capsys):
     saved = json.loads(out.read_text())
     assert [r["impl"] for r in saved["rows"]] == [r.impl for r in rows] and saved["peak_gib_by_seconds"] == {}
     err = capsys.readouterr().err
-    assert "transformers skipped" in err and err.count("frames/s)") == len(rows)
+    assert "transformers skipped" in err and err.count(" frames/s") == len(rows)
+    assert err.count("waiting for preprocessing") == 2 and "peak" not in err  # encode rows; the CPU has no peak
+    assert all((0 <= r.wait_share <= 1) if r.impl == "mmenc encode(files)" else r.wait_share is None for r in rows)
+    assert all(r.peak_gib is None for r in rows) and "wait_share" in saved["rows"][0]
     assert "of the tower alone (target >= 90%)" in format_video(rows, {})

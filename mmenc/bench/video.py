@@ -13,12 +13,15 @@ and times, at `--video-fps` (default 2) sampling, for one clip and for a batch o
                        (needs torchvision; skipped without it)
 
 and the peak device memory of encode beyond its outputs, for clips of several lengths (flat in the
-video's length: pieces stream). Frames/s count sampled frames.
+video's length: pieces stream). Frames/s count sampled frames. Per row also: for encode, the share of
+its wall time the calling thread waited for the preprocessing workers (the decode share the tower sees;
+0% when preprocessing keeps ahead), and on CUDA the row's peak device memory.
 """
 import dataclasses
 import json
 import pathlib
 import sys
+import time
 
 import torch
 
@@ -30,10 +33,17 @@ from mmenc.preprocess.video_sampling import VideoOptions
 
 @dataclasses.dataclass
 class VideoRow:
+    """One measurement. wait_share: of the timed calls' wall time, the share the calling thread sat
+    waiting for the preprocessing workers (decode, resize) or staging a chunk (Encoder tally chunk_wait_s;
+    encode rows only); peak_gib: device memory at its peak during the row's calls beyond what was
+    allocated before them (CUDA only)."""
+
     name: str
     impl: str
     ms: float
     frames: int
+    wait_share: float | None = None
+    peak_gib: float | None = None
 
     @property
     def frames_per_s(self) -> float:
@@ -76,8 +86,22 @@ def run_video(encoder, hf_tower, *, seconds: float, size: tuple[int, int], fps: 
     hf_call = hf_callable(hf_tower, encoder, clip, options)
 
     def timed(name: str, impl: str, fn, frames: int, warm: int, timed_calls: int) -> None:
-        rows.append(VideoRow(name, impl, wall_ms(fn, device, warm, timed_calls), frames))
-        print(f"mmenc bench --video: {name}, {impl}: {rows[-1].ms:.1f} ms ({rows[-1].frames_per_s:.1f} frames/s)",
+        calls: list[tuple[float, float]] = []  # (chunk_wait_s, wall s) per call
+
+        def call():
+            before, start = encoder.tally.snapshot(), time.perf_counter()
+            fn()
+            calls.append((encoder.tally.since(before).get("chunk_wait_s", 0.0), time.perf_counter() - start))
+
+        base = _reset_peak(device)
+        ms = wall_ms(call, device, warm, timed_calls)
+        waited = calls[warm:] or calls
+        share = sum(w for w, _ in waited) / max(sum(t for _, t in waited), 1e-9) if impl == "mmenc encode(files)" \
+            else None
+        rows.append(VideoRow(name, impl, ms, frames, share, _peak_gib(device, base)))
+        extra = (f", waiting for preprocessing {share:.0%}" if share is not None else "") + (
+            f", peak {rows[-1].peak_gib:.3f} GiB" if rows[-1].peak_gib is not None else "")
+        print(f"mmenc bench --video: {name}, {impl}: {rows[-1].ms:.1f} ms ({rows[-1].frames_per_s:.1f} frames/s{extra})",
               file=sys.stderr, flush=True)
         write_json(json_path, rows, {})
 
@@ -101,6 +125,21 @@ def run_video(encoder, hf_tower, *, seconds: float, size: tuple[int, int], fps: 
     print(format_video(rows, peaks))
     write_json(json_path, rows, peaks)
     return rows
+
+
+def _reset_peak(device: torch.device) -> int | None:
+    if device.type != "cuda":
+        return None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def _peak_gib(device: torch.device, base: int | None) -> float | None:
+    if base is None:
+        return None
+    torch.cuda.synchronize(device)
+    return round((torch.cuda.max_memory_allocated(device) - base) / 2 ** 30, 3)
 
 
 def write_json(json_path: str | None, rows: list[VideoRow], peaks: dict) -> None:
@@ -154,11 +193,15 @@ def memory_by_length(encoder, lengths: list[float], size, fps: float, folder: pa
 
 
 def format_video(rows: list[VideoRow], peaks: dict) -> str:
-    lines = [f"{'workload':<32} {'impl':<32} {'ms':>10} {'frames/s':>10} {'vs tower':>9}"]
+    lines = [f"{'workload':<32} {'impl':<32} {'ms':>10} {'frames/s':>10} {'vs tower':>9} {'wait':>5} {'peak GiB':>9}"]
     tower = {r.name: r.ms for r in rows if r.impl == "mmenc tower alone"}
     for r in rows:
         ratio = f"{tower[r.name] / r.ms:.2f}" if r.name in tower and r.impl != "mmenc tower alone" else ""
-        lines.append(f"{r.name:<32} {r.impl:<32} {r.ms:>10.1f} {r.frames_per_s:>10.1f} {ratio:>9}")
+        wait = f"{r.wait_share:.0%}" if r.wait_share is not None else ""
+        peak = f"{r.peak_gib:.3f}" if r.peak_gib is not None else ""
+        lines.append(f"{r.name:<32} {r.impl:<32} {r.ms:>10.1f} {r.frames_per_s:>10.1f} {ratio:>9} {wait:>5} {peak:>9}")
+    lines.append("wait: share of encode's wall time its calling thread waited for the preprocessing workers (decode, "
+                 "resize) or staged a chunk; peak GiB: device memory beyond what was allocated before the row")
     for name in tower:
         by = {r.impl: r.ms for r in rows if r.name == name}
         encode = by.get("mmenc encode(files)")

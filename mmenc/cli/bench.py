@@ -62,7 +62,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--stream-images", type=int, default=None, metavar="N",
                    help="with --e2e: images in the stream case (default: 2000 on a GPU, 12 on a CPU; 0: skip)")
     p.add_argument("--preprocess-workers", type=int, default=None, metavar="N",
-                   help="with --e2e: decode/resize workers, threads or processes (default: one per usable core)")
+                   help="with --e2e or --video: decode/resize workers, threads or processes (default: one per usable core)")
     p.add_argument("--preprocess-decode", choices=["auto", "cpu", "torchvision", "gpu"], default="auto",
                    help="with --e2e: how JPEGs are decoded (cpu: PIL; torchvision: its libjpeg-turbo on the CPU; "
                         "gpu: nvJPEG; auto: torchvision when it imports, else PIL; default: %(default)s)")
@@ -256,6 +256,18 @@ def run_video_bench(args, encoder, hf, json_path) -> int:
 
     from mmenc.bench.video import run_video
 
+    if args.preprocess_workers is not None:  # the video rows' workers (a scaling run: 1, 2, 4, ... of them)
+        from mmenc.preprocess.pipeline import Preprocessor
+
+        old = encoder.preprocessor
+        encoder.preprocessor = Preprocessor(encoder.processor, device=old.device, workers=args.preprocess_workers,
+                                            worker_kind=encoder.settings.preprocess_worker_kind,
+                                            resize=encoder.settings.preprocess_resize,
+                                            video_processor=encoder.video_processor)
+        old.close()
+    pre = encoder.preprocessor
+    print(f"mmenc bench --video: preprocessing: {pre.workers} {pre.worker_kind} workers, resize={pre.resize}",
+          file=sys.stderr)
     width, height = (int(x) for x in args.video_size.lower().split("x"))
     lengths = [float(x) for x in args.video_lengths.split(",") if x]
     with tempfile.TemporaryDirectory() as tmp:

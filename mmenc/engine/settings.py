@@ -79,12 +79,12 @@ class EncoderSettings:
         "and bytes in worker processes, so the thread launching the tower does not share the GIL with the "
         "decoders; PIL images and arrays stay in threads), 'auto' (processes on a CUDA device with 8 or more "
         "workers, else threads)", choices=("auto", "thread", "process"), commands=("encode", "bench"),
-        scope={"bench": "with --e2e: "})
+        scope={"bench": "with --e2e or --video: "})
     preprocess_resize: str = setting(
         "auto", "where images are resized: 'cpu' (in the decode workers), 'device' (on the tower's device, the CPU "
         "kernel's bytes), 'split' (each call's first image per worker on the device, the rest in the workers), "
         "'auto' (split with worker processes on CUDA, device with threads; see docs/preprocessing.md)",
-        choices=("auto", "cpu", "device", "split"), commands=("encode", "bench"), scope={"bench": "with --e2e: "})
+        choices=("auto", "cpu", "device", "split"), commands=("encode", "bench"), scope={"bench": "with --e2e or --video: "})
     high_bit_depth: Literal["clip", "scale"] = setting(
         "clip", "16-bit images (16-bit grayscale PNGs): 'clip' converts them as transformers does (values over 255 "
         "clip, so they come out almost white; a warning says so), for parity; 'scale' maps 0..65535 onto 0..255",

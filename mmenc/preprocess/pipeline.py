@@ -256,7 +256,7 @@ class Preprocessor:
         max_rows = schedule.max_patches if schedule is not None else None
         piece_rows = self.video_piece_patches or (max(1, max_rows // 4) if max_rows else 1 << 62)
         first = min(piece_rows, schedule.first_limit()) if schedule is not None else None
-        units = VideoUnits(self.video, piece_rows, first)
+        units = VideoUnits(self.video, piece_rows, first, lanes=self.workers)  # a long video: its lanes in parallel
         source = units.expand(items)
         limit = schedule.first_limit() if schedule is not None else None
         pending: collections.deque[Future] = collections.deque()

@@ -2,7 +2,8 @@
 mmenc.preprocess.procs.ProcessWorkers with FD its end of a Unix socket pair (a mmenc.shm.Channel).
 
 Protocol (headers; tensors ride in shared segments, see mmenc.shm):
-  parent -> worker  ("init", ImageWork)                    first message, once
+  parent -> worker  ("init", ImageWork, keep_free_bytes)   first message, once (keep_free_bytes: released
+                                                           segments kept for reuse; the rest are destroyed)
                     ("task", seq, index, item, pil_limit, resize)  prepare one input (a path or bytes;
                                                            resize: ImageWork.prepare's, or None)
                     ("release", segment_id)                the parent copied a result away
@@ -32,17 +33,17 @@ from mmenc.preprocess.prepare import ImageWork
 from mmenc.preprocess.staging import layout_copy
 from mmenc.shm import Channel, Segment, SegmentPool
 
-KEEP_FREE_BYTES = 32 << 20  # released segments a worker keeps for reuse (the rest are destroyed)
 
 
 def serve(channel: Channel) -> None:
     first = channel.recv()
     if first is None:
         return
-    (kind, work), _ = first
+    (kind, work, keep_free_bytes), _ = first
     if kind != "init" or not isinstance(work, ImageWork):
-        raise RuntimeError(f"first message {kind!r}: expected ('init', ImageWork) from mmenc.preprocess.procs")
-    pool = SegmentPool(max_free_bytes=KEEP_FREE_BYTES)
+        raise RuntimeError(f"first message {kind!r}: expected ('init', ImageWork, keep_free_bytes) from "
+                           f"mmenc.preprocess.procs")
+    pool = SegmentPool(max_free_bytes=keep_free_bytes)
     lent: dict[int, Segment] = {}  # segments the parent holds, by id
     lock = threading.Lock()
     tasks: queue.SimpleQueue = queue.SimpleQueue()

@@ -19,7 +19,8 @@ of the segment) and `Ready.release()` gives the segment back once the calling th
 /dev/shm as soon as created: nothing is left behind, even if a process is killed.
 
 Workers start as needed (a new one while every running one is busy, up to n), and inputs go to
-the worker with the fewest in flight; one receiver thread turns the answers into the futures'
+the worker with the fewest in flight, except a video piece, which goes to the worker that took its
+lane's first piece (its decoder goes on there: VideoPiece.lane); one receiver thread turns the answers into the futures'
 results. A worker that dies fails the inputs it held (RuntimeError naming
 them) and takes no more; the others go on.
 """
@@ -42,11 +43,13 @@ from PIL import Image
 from mmenc.logger import init_logger
 from mmenc.preprocess.prepare import ImageWork, Ready
 from mmenc.preprocess.video import VideoPiece
-from mmenc.shm import Channel, socket_pair
+from mmenc.shm import NOTHING, Channel, socket_pair
 
 logger = init_logger(__name__)
 
 ENCODED_TYPES = (str, os.PathLike, bytes, bytearray, memoryview)
+MAX_LANES = 4096  # video lanes remembered (their worker) at most
+KEEP_FREE_BYTES = 32 << 20  # released segments a worker keeps for reuse by default (the rest are destroyed)
 
 
 def runs_in_process(item: Any) -> bool:
@@ -67,11 +70,14 @@ class _Worker:
 class ProcessWorkers:
     """n worker processes running `work.prepare`; see the module docstring. Thread safe."""
 
-    def __init__(self, work: ImageWork, n: int, *, stop_timeout_s: float = 10.0):
+    def __init__(self, work: ImageWork, n: int, *, stop_timeout_s: float = 10.0, keep_free_bytes: int | None = None):
+        """keep_free_bytes: released shared segments each worker keeps for reuse (None: KEEP_FREE_BYTES);
+        a segment beyond is destroyed and the parent told to drop its mapping."""
         if n < 1:
             raise ValueError(f"n={n} worker processes; expected >= 1")
         self.n, self.stop_timeout_s = n, stop_timeout_s
         self._work = work
+        self._keep_free_bytes = KEEP_FREE_BYTES if keep_free_bytes is None else keep_free_bytes
         self._lock = threading.Lock()
         self._seq = itertools.count()
         self._closed = False
@@ -82,6 +88,7 @@ class ProcessWorkers:
         self._env["PYTHONPATH"] = os.pathsep.join([root] + ([self._env["PYTHONPATH"]] if self._env.get("PYTHONPATH")
                                                             else []))
         self._workers: list[_Worker] = []
+        self._lanes: dict[tuple, _Worker] = {}  # video lanes in progress -> the worker decoding them
         self._started: queue.SimpleQueue = queue.SimpleQueue()  # new workers for the receiver to watch
         self._wake_r, self._wake_w = socket.socketpair()
         self._receiver = threading.Thread(target=self._receive, name="mmenc-preprocess-receiver", daemon=True)
@@ -107,7 +114,10 @@ class ProcessWorkers:
             if self._closed:
                 raise RuntimeError("ProcessWorkers is closed; create a new Preprocessor")
             alive = [w for w in self._workers if w.alive]
-            if len(self._workers) < self.n and not self._lost_one and all(w.inflight for w in alive):
+            lane = item.decoder_key if isinstance(item, VideoPiece) else None
+            if lane is not None and (held := self._lanes.get(lane)) is not None and held.alive:
+                worker = held  # a video lane's pieces go where its decoder is open
+            elif len(self._workers) < self.n and not self._lost_one and all(w.inflight for w in alive):
                 worker = self._start_one()  # started as needed: a small call starts few processes
             elif not alive:
                 raise RuntimeError(f"all {len(self._workers)} preprocessing worker processes have exited (see the "
@@ -115,6 +125,13 @@ class ProcessWorkers:
                                    f"Preprocessor to start new ones")
             else:
                 worker = min(alive, key=lambda w: len(w.inflight))
+            if lane is not None:
+                if item.lane_last:
+                    self._lanes.pop(lane, None)
+                else:
+                    self._lanes[lane] = worker
+                    while len(self._lanes) > MAX_LANES:  # lanes whose last piece never came (a consumer stopped)
+                        self._lanes.pop(next(iter(self._lanes)))
             seq = next(self._seq)
             worker.inflight[seq] = (fut, index, item)
         try:
@@ -157,7 +174,7 @@ class ProcessWorkers:
             raise
         worker = _Worker(proc, Channel(ours))
         try:
-            worker.channel.send(("init", self._work))
+            worker.channel.send(("init", self._work, self._keep_free_bytes))
         except BaseException:  # e.g. a processor that does not pickle
             proc.kill()
             proc.wait()
@@ -203,10 +220,12 @@ class ProcessWorkers:
                         selector.register(w.channel.sock, selectors.EVENT_READ, w)
                     continue
                 worker: _Worker = key.data
-                try:
-                    message = worker.channel.recv()
+                try:  # only what is there: a worker's segment notice alone must not block the others' answers
+                    message = worker.channel.recv(wait=False)
                 except OSError:
                     message = None
+                if message is NOTHING:
+                    continue
                 if message is None:
                     selector.unregister(worker.channel.sock)
                     self._lost(worker)

@@ -115,7 +115,10 @@ class VideoPiece:
     """Whole temporal units [first_unit, first_unit + len) of one video: what one worker prepares.
     frames: the piece's frame indices (the last piece is padded to a whole unit when patchified);
     piece / pieces: its position; info: the video's VideoInfo (on every piece, for the consumer);
-    video_id: unique per video of a call (its pieces share a decoder through DecodeCursors; "": none)."""
+    video_id: unique per video of a call ("": none); lane: the decode lane it belongs to (a run of
+    consecutive pieces that one worker decodes one after the other, going on from the lane's previous
+    piece through DecodeCursors, from a key frame; lanes of a video decode in parallel); lane_last: it
+    ends its lane (the lane's decoder is closed after it)."""
 
     source: Any
     name: str
@@ -126,10 +129,51 @@ class VideoPiece:
     pieces: int
     info: VideoInfo
     video_id: str = ""
+    lane: int = 0
+    lane_last: bool = True
 
     @property
     def last(self) -> bool:
         return self.piece == self.pieces - 1
+
+    @property
+    def decoder_key(self) -> tuple[str, int] | None:
+        """The DecodeCursors key of its lane (None without a video_id: it seeks alone)."""
+        return (self.video_id, self.lane) if self.video_id else None
+
+
+KEY_MARGIN_FRAMES = 8  # a lane starts this far past a key frame's index estimate (decode-order timestamps run early)
+LANE_MIN_SECONDS = 10.0  # without key frames in the index, lanes of at least this much video (each seeks once)
+
+
+def video_lanes(plan: VideoPlan, lanes: int) -> list[int]:
+    """Unit boundaries [0, ..., units] of at most `lanes` decode lanes of about equal length. A lane starts at
+    the first unit after a key frame (metadata.keyframes), so a lane's seek decodes few frames before its
+    first one and no lane decodes another's; without key frames, lanes of at least LANE_MIN_SECONDS
+    (each may decode up to a key-frame interval again)."""
+    units, meta = plan.units, plan.metadata
+    starts = [plan.indices[u * plan.unit_frames] for u in range(units)]
+    if meta.keyframes:
+        candidates = sorted({u for k in meta.keyframes[1:] for u in [_first_at(starts, k + KEY_MARGIN_FRAMES)]
+                             if 0 < u < units})
+    else:
+        seconds = meta.duration or units
+        most = max(1, min(units, int(seconds // LANE_MIN_SECONDS)))
+        candidates = [round(units * k / most) for k in range(1, most)]
+    lanes = max(1, min(lanes, len(candidates) + 1))
+    bounds = [0]
+    for k in range(1, lanes):  # the candidate nearest each k/lanes of the video, keeping them ascending
+        target = units * k / lanes
+        ahead = [c for c in candidates if c > bounds[-1]]
+        if not ahead:
+            break
+        bounds.append(min(ahead, key=lambda c: abs(c - target)))
+    return bounds + [units]
+
+
+def _first_at(starts: list[int], frame: int) -> int:
+    """The first unit whose first frame is at or after `frame` (len(starts) if none)."""
+    return next((u for u, f in enumerate(starts) if f >= frame), len(starts))
 
 
 class VideoProcessor:
@@ -185,22 +229,28 @@ class VideoProcessor:
                          size=(meta.height, meta.width), resized=plan.resize)
 
     def pieces(self, source: Any, name: str, plan: VideoPlan, max_rows: int,
-               first_rows: int | None = None, video_id: str = "") -> list[VideoPiece]:
+               first_rows: int | None = None, video_id: str = "", lanes: int = 1) -> list[VideoPiece]:
         """The video cut into pieces of whole temporal units, each at most max_rows rows (at least one unit);
         with first_rows, the first piece takes at most that many and each next one twice the previous
-        (so the tower's first call waits for a short decode only, as the chunk schedule's first call)."""
+        (so the tower's first call waits for a short decode only, as the chunk schedule's first call).
+        lanes: at most this many decode lanes (video_lanes: runs of units starting at key frames, so
+        that no lane decodes frames another one does); a piece never spans two lanes."""
         most = max(1, max_rows // plan.unit_rows)
         per = min(most, max(1, (first_rows or max_rows) // plan.unit_rows))
-        spans, u0 = [], 0
-        while u0 < plan.units:
-            spans.append((u0, min(plan.units, u0 + per)))
-            u0, per = spans[-1][1], min(most, per * 2)
+        spans = []  # (first unit, end unit, lane, ends its lane)
+        bounds = video_lanes(plan, lanes)
+        for lane, (l0, l1) in enumerate(zip(bounds, bounds[1:])):
+            u0 = l0
+            while u0 < l1:
+                u1 = min(l1, u0 + per)
+                spans.append((u0, u1, lane, u1 == l1))
+                u0, per = u1, min(most, per * 2)
         info = self.info(plan)
         out = []
-        for k, (u0, u1) in enumerate(spans):
+        for k, (u0, u1, lane, lane_last) in enumerate(spans):
             frames = plan.indices[u0 * plan.unit_frames:u1 * plan.unit_frames]
             out.append(VideoPiece(source, name, plan.metadata, frames, self._piece_plan(plan, frames, u1 - u0),
-                                  k, len(spans), info, video_id))
+                                  k, len(spans), info, video_id, lane, lane_last))
         return out
 
     def _piece_plan(self, plan: VideoPlan, frames: Sequence[int], units: int) -> PiecePlan:
@@ -217,7 +267,7 @@ class VideoProcessor:
         """Decode (seeking, or going on from the video's previous piece through `cursors`) and resize ->
         uint8 [frames, C, *padded] (what crosses to the device)."""
         frames = decode(piece.source, piece.frames, piece.metadata, piece.name, cursors=cursors,
-                        key=piece.video_id or None, keep=not piece.last)  # [n, H, W, 3]
+                        key=piece.decoder_key, keep=not piece.lane_last)  # [n, H, W, 3]
         return self.resize(torch.from_numpy(frames).permute(0, 3, 1, 2), piece.plan)
 
     def resize(self, frames: torch.Tensor, plan: ImagePlan) -> torch.Tensor:

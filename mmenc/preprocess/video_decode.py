@@ -32,7 +32,9 @@ class VideoMetadata:
     """What sampling needs to know of a video (transformers' VideoMetadata fields).
 
     total_num_frames: frames in the stream; fps: its average rate (None if the container has none);
-    duration: seconds (total_num_frames / fps); height, width: decoded frame size."""
+    duration: seconds (total_num_frames / fps); height, width: decoded frame size; keyframes: where
+    the container's index has key frames, as frame indices (from their decode timestamps, so up to the
+    stream's reordering depth early; () without an index): where a video's decode lanes can start."""
 
     total_num_frames: int
     fps: float | None
@@ -40,6 +42,7 @@ class VideoMetadata:
     height: int
     width: int
     backend: str = "pyav"
+    keyframes: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.total_num_frames < 1:
@@ -114,13 +117,29 @@ def probe(source: Any, name: str = "video") -> VideoMetadata:
             except av.FFmpegError as e:
                 raise VideoDecodeError(f"{name}: cannot read the video's packets ({e})") from e
         height, width = stream.codec_context.height, stream.codec_context.width
+        keyframes = index_keyframes(stream)
     finally:
         container.close()
     if frames <= 0 or not height or not width:
         raise VideoDecodeError(f"{name}: the video stream has no frames ({frames}) or no size ({size_text(width, height)})")
     fps = float(rate) if rate else None
     return VideoMetadata(total_num_frames=frames, fps=fps, duration=frames / fps if fps else None,
-                         height=int(height), width=int(width))
+                         height=int(height), width=int(width), keyframes=keyframes)
+
+
+def index_keyframes(stream) -> tuple[int, ...]:
+    """Frame indices of the key frames in the container's index (MP4/MOV sample tables, Matroska cues;
+    nothing is read or decoded), ascending; () without an index, a rate or a time base."""
+    rate, tb, start = stream.average_rate, stream.time_base, stream.start_time
+    if not rate or tb is None:
+        return ()
+    try:
+        entries = stream.index_entries
+        stamps = [e.timestamp for e in entries if e.is_keyframe]
+    except (AttributeError, TypeError):  # an older PyAV without index_entries
+        return ()
+    per_frame = 1 / (float(rate) * float(tb))  # timestamp units per frame
+    return tuple(sorted({max(0, round((t - (start or 0)) / per_frame)) for t in stamps}))
 
 
 def time_at(index: int, metadata: VideoMetadata) -> str:

@@ -39,12 +39,16 @@ def video_name(video: Video, index: int) -> str:
 
 class VideoUnits:
     """Expands the videos of one call into pieces of at most `piece_patches` rows (whole temporal units),
-    the first of each video at most `first_patches` (None: piece_patches), doubling from there.
-    video_processor: the model's (None: a video input is a failure saying the model takes none)."""
+    the first of each video at most `first_patches` (None: piece_patches), doubling from there, in at most
+    `lanes` decode lanes per video (VideoProcessor.pieces: one per worker lets a long video's key-frame
+    intervals decode in parallel). video_processor: the model's (None: a video input is a failure saying
+    the model takes none)."""
 
-    def __init__(self, video_processor: Any, piece_patches: int | None, first_patches: int | None = None):
+    def __init__(self, video_processor: Any, piece_patches: int | None, first_patches: int | None = None,
+                 lanes: int = 1):
         self.video, self.piece_patches = video_processor, piece_patches or DEFAULT_PIECE_PATCHES
         self.first_patches = first_patches  # a video's first piece (then doubling): VideoProcessor.pieces
+        self.lanes = max(1, lanes)
         self._failed: set[int] = set()
         self._videos: set[int] = set()
 
@@ -73,7 +77,7 @@ class VideoUnits:
         metadata = probe(video.source, name)
         plan = self.video.plan(metadata, video.options, name)
         return self.video.pieces(video.source, name, plan, self.piece_patches, self.first_patches,
-                                 video_id=uuid.uuid4().hex)
+                                 video_id=uuid.uuid4().hex, lanes=self.lanes)
 
     def skip(self, result: Any) -> bool:
         """Whether a prepared result (Ready or LoadFailure) belongs to a video that has failed already
