@@ -22,7 +22,8 @@ Encoder and calls it with the same inputs, and every rank receives the full resu
 Which of these runs the tower is one executor object (mmenc.engine.executors), chosen here once.
 Tools and the service use only the Encoder's public surface (docs/engine.md, "For tools and the
 service"): `launch` (the service's tower call), `graph_stats` / `configure_graphs` / `clear_graphs` /
-`graphs_off` (CUDA graphs), `tower_call_hook` (tracing), `tally`, `input_device`.
+`graphs_off` (CUDA graphs), `tower_call_hook` (tracing), `tally`, `input_device`, `dtype`, `tower`,
+`replace_tower` (a stand-in).
 `encode` and `encode_iter` are pipelined: the Preprocessor's threads decode and resize the next
 chunk while the tower runs this one, and the host reads no device value between chunks
 (docs/engine.md, Pipelining).
@@ -342,6 +343,31 @@ class Encoder:
         """Whether `launch` returns as soon as the tower's kernels are queued (a tower on an accelerator in
         this process); False with worker processes, torchrun ranks and on the CPU, where it returns done."""
         return self._executor.launches_asynchronously and self.device.type != "cpu"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The tower's dtype: its weights', its outputs', and what `launch` casts pixel_values to."""
+        return self.loaded.dtype
+
+    @property
+    def tower(self) -> torch.nn.Module:
+        """The tower module in this process (mmenc.models.base.VisionTower: `config`, `modules()`,
+        `load_weights`), for tools that set its layers' knobs, hook them or load weights into them. With
+        worker processes it is a meta-device copy that answers shape questions only (the workers hold
+        the weights)."""
+        return self.loaded.tower
+
+    def replace_tower(self, tower: torch.nn.Module, dtype: torch.dtype | None = None) -> None:
+        """From now on run `tower(pixel_values, grid_thw) -> TowerOutput` in place of the built tower, without
+        CUDA graphs (a benchmark's stand-in); dtype: what pixel_values are cast to and what `dtype` says
+        (default: unchanged). Only for a tower in this process: ValueError with worker processes or torchrun."""
+        if self.tensor_parallel_size != 1:
+            raise ValueError(f"replace_tower: the tower runs in {self.tensor_parallel_size} processes "
+                             f"(tensor_parallel_size={self.tensor_parallel_size}); use tensor_parallel_size=1")
+        with self._lock:
+            self.loaded.tower, self.loaded.graphs = tower, None
+            if dtype is not None:
+                self.loaded.dtype = dtype
 
     @torch.inference_mode()
     def launch(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
