@@ -45,10 +45,9 @@ import urllib.request
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from mmenc.cli.common import add_encoder_args, encoder_kwargs  # noqa: E402
-from mmenc.engine.encoder import DEFAULT_MODEL  # noqa: E402
-from mmenc.serving.b64 import b64decode  # noqa: E402  pybase64 when installed: the checker is not the limit
+from mmenc.cli.common import add_encoder_args, encoder_kwargs
+from mmenc.engine.encoder import DEFAULT_MODEL
+from mmenc.serving.b64 import b64decode  # pybase64 when installed: the checker is not the limit
 
 HOST = "127.0.0.1"
 
@@ -87,7 +86,7 @@ def reference_tensor(piece, fmt: str) -> torch.Tensor:
 
 def make_encoder(args):
     if args.stand_in_tower:
-        from serve_stand_in import stand_in_encoder
+        from serve_stand_in import stand_in_encoder  # this script's folder (Python's sys.path[0] for a script)
 
         return stand_in_encoder(args.stand_in_tower, **encoder_kwargs(args, DEFAULT_MODEL))
     from mmenc.engine.encoder import Encoder

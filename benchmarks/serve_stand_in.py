@@ -20,16 +20,14 @@ that is time the launcher waited for the GIL held by the server's other threads.
 --stand-in-tower HIDDEN starts this instead of `mmenc serve` and encodes its references with it.
 """
 import argparse
-import os
 import sys
 import time
 
 import torch
 from torch import nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from mmenc.models.base import TowerOutput  # noqa: E402
-from mmenc.serving.preprocess import normalize_rows  # noqa: E402
+from mmenc.models.base import TowerOutput
+from mmenc.serving.preprocess import normalize_rows
 
 
 class StandInTower(nn.Module):
