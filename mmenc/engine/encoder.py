@@ -46,6 +46,7 @@ from mmenc.engine.videos import VideoEmbedding
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
 from mmenc.preprocess.images import ImageLoadError, LoadFailure
+from mmenc.preprocess.inputs import as_items
 from mmenc.preprocess.pipeline import Preprocessor, default_workers, usable_cores
 from mmenc.preprocess.schedule import ChunkSchedule
 from mmenc.tally import Tally
@@ -73,14 +74,7 @@ class Encoder:
         worker_timeout_s, strict, preprocess_workers, preprocess_worker_kind, preprocess_resize,
         first_chunk_patches, chunk_growth, high_bit_depth. Validated once, there (ValueError naming the value).
         Safe to call from many threads: calls run one at a time (docs/engine.md, Threads)."""
-        if settings is not None and not isinstance(settings, EncoderSettings):
-            raise TypeError(f"Encoder(model, settings): settings is {type(settings).__name__} {settings!r}; pass an "
-                            f"EncoderSettings, or the options by keyword (dtype=..., device=...)")
-        unknown = sorted(set(options) - set(EncoderSettings.__dataclass_fields__))
-        if unknown:
-            raise TypeError(f"Encoder() got unknown options {unknown}; the options are EncoderSettings' fields: "
-                            f"{', '.join(EncoderSettings.__dataclass_fields__)}")
-        settings = EncoderSettings(**options) if settings is None else dataclasses.replace(settings, **options)
+        settings = EncoderSettings.merged(settings, options)
         if model is None:
             model, settings = DEFAULT_MODEL, dataclasses.replace(settings, load_format="dummy")
         self.settings, self.mm_config = settings, settings.mm_config
@@ -478,23 +472,3 @@ class Encoder:
             self._empty = empty_output(meta, self.device)
         return self._empty
 
-
-def as_items(images: Any) -> Iterable[Any]:
-    """`images` as an iterable of inputs: one input alone (a str or os.PathLike path, bytes, a PIL image,
-    an [H, W] or [H, W, C] numpy array, a Video) becomes a list of one, so "cat.jpg" is not read as the
-    characters c, a, t; any other iterable as it is. TypeError for what is neither."""
-    import os
-
-    import numpy as np
-    from PIL import Image
-
-    from mmenc.preprocess.video import Video
-
-    if isinstance(images, (str, bytes, bytearray, memoryview, os.PathLike, Image.Image, Video)):
-        return [images]
-    if isinstance(images, np.ndarray) and images.ndim in (2, 3):
-        return [images]
-    if isinstance(images, dict) or not isinstance(images, Iterable):
-        raise TypeError(f"images must be one input (a path, bytes, a PIL image, a numpy array, a Video) or an "
-                        f"iterable of them, got {type(images).__name__}")
-    return images
