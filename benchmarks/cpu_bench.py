@@ -86,24 +86,24 @@ def build(model: str, dtype: str, impls: list[str], vllm_python: str | None, thr
     hf = build_hf_tower(base.loaded)
     init_comparable_weights_(hf.module)
     state = {n: t for n, t in hf.module.state_dict().items() if "inv_freq" not in n}
-    pooled = hasattr(base.loaded.tower, "pool")
+    pooled = hasattr(base.tower, "pool")
     calls, memory = {}, {}
     for impl in impls:
         if impl in ("mmenc", "native", "compile"):
             enc = base if impl == "mmenc" else Encoder(model, device="cpu", dtype=dtype, load_format="dummy",
                                                        linear_backend="native" if impl == "native" else None,
                                                        compile=impl == "compile")
-            enc.loaded.tower.load_weights(state.items())
+            enc.tower.load_weights(state.items())
             def encode(enc=enc):
                 return enc.encode_pixels(px, grid, pooled=pooled)
             calls[f"{impl} ({enc.linear_backend()})"] = timed(encode)
-            memory[impl] = linear_states_nbytes(enc.loaded.tower)
+            memory[impl] = linear_states_nbytes(enc.tower)
         elif impl == "hf":
             calls["transformers"] = timed(_hf_call(hf, pooled, px, grid))
         elif impl == "vllm" and vllm_python:
             from mmenc.bench.vllm_cpu import VllmTower
 
-            tower = VllmTower(vllm_python, base.loaded.hf_config, state, base.loaded.dtype, threads)
+            tower = VllmTower(vllm_python, base.loaded.hf_config, state, base.dtype, threads)
             calls["vllm"] = _vllm_call(tower, px, grid)
     tensors = sum(t.nbytes for t in state.values())
     return calls, {"checkpoint_tower_bytes": tensors, **{f"{k}_weight_bytes": v for k, v in memory.items()}}

@@ -30,7 +30,6 @@ import io
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,8 @@ import threading
 import time
 
 import numpy as np
+
+from mmenc.testing.processes import free_port, session_cpu_s
 
 HOST = "127.0.0.1"
 PRESETS = {  # vision towers; the text tower is one small layer (its width must match for SiglipModel)
@@ -100,12 +101,6 @@ def bodies(model: str, jpegs: list[bytes], per_request: int) -> list[bytes]:
                         "modality": "image"}).encode() for i in range(0, len(urls), per_request)]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 def start_server(target: str, args, port: int, log) -> subprocess.Popen:
     if target.startswith("mmenc"):  # "mmenc-bf16": the same with --dtype bfloat16
         dtype = ["--dtype", "bfloat16"] if target == "mmenc-bf16" else []
@@ -146,22 +141,6 @@ def stop_server(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-
-
-def session_cpu_s(sid: int) -> float:
-    """User + system CPU seconds of every live process in session `sid` (the server and its children)."""
-    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid:  # after the command: state ppid pgrp session ... utime(12) stime(13)
-            total += (int(fields[11]) + int(fields[12])) / tick
-    return total
 
 
 def post(conn: http.client.HTTPConnection, body: bytes) -> tuple[int, bytes]:

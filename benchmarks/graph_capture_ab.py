@@ -4,15 +4,14 @@ caches before each capture), and the time of a capture call. Same compiled Qwen2
 weights, bf16), a fresh cache per variant, alternated twice. Run from the repository root:
     python benchmarks/graph_capture_ab.py
 """
-import os
+import argparse
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from mmenc.engine.cuda_graphs import CudaGraphCache  # noqa: E402
-from mmenc.engine.encoder import Encoder  # noqa: E402
+from mmenc.engine.cuda_graphs import CudaGraphCache
+from mmenc.engine.encoder import Encoder
 
 
 def old_record(self, key, static_in, grid_thw):
@@ -29,14 +28,6 @@ def old_record(self, key, static_in, grid_thw):
     return g, out
 
 
-enc = Encoder("Qwen/Qwen2.5-VL-7B-Instruct", load_format="dummy", dtype="bfloat16", device="cuda", compile=True, cuda_graphs=True)
-loaded = enc.loaded
-tower = loaded.graphs.tower
-work = {"8x1036px": [[1, 74, 74]] * 8, "32x448px": [[1, 32, 32]] * 32}
-inputs = {k: (torch.randn(sum(t * h * w for t, h, w in g), 1176, device="cuda", dtype=torch.bfloat16), torch.tensor(g))
-          for k, g in work.items()}
-
-
 def timed(fn, n):
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
@@ -48,23 +39,39 @@ def timed(fn, n):
     return s.elapsed_time(e) / n
 
 
-with torch.inference_mode():
-    for k, (pv, g) in inputs.items():  # compile + eager reference
-        for _ in range(2):
-            tower(pv, g)
-        print(f"{k} eager compiled {timed(lambda: tower(pv, g), 5):.2f} ms", flush=True)
-    for variant in ("new", "old", "new", "old"):
-        cache = CudaGraphCache(tower, "cuda")
-        if variant == "old":
-            cache._record = old_record.__get__(cache)
-        for k, (pv, g) in inputs.items():
-            cache(pv, g)  # eager sighting
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            cache(pv, g)  # capture + replay
-            torch.cuda.synchronize()
-            cap = (time.perf_counter() - t0) * 1e3
-            ms = timed(lambda: cache(pv, g), 10)
-            print(f"{variant:<4} {k:<9} capture call {cap:7.1f} ms   replay {ms:7.2f} ms   {dict(cache.stats)}", flush=True)
-        cache = None
-        torch.cuda.empty_cache()
+def main(argv=None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
+    if not torch.cuda.is_available():
+        print("graph_capture_ab.py: needs a CUDA device", file=sys.stderr)
+        return 2
+    enc = Encoder("Qwen/Qwen2.5-VL-7B-Instruct", load_format="dummy", dtype="bfloat16", device="cuda", compile=True, cuda_graphs=True)
+    tower = enc.tower  # compiled; the tower its own CudaGraphCache runs
+    work = {"8x1036px": [[1, 74, 74]] * 8, "32x448px": [[1, 32, 32]] * 32}
+    inputs = {k: (torch.randn(sum(t * h * w for t, h, w in g), 1176, device="cuda", dtype=torch.bfloat16), torch.tensor(g))
+              for k, g in work.items()}
+
+    with torch.inference_mode():
+        for k, (pv, g) in inputs.items():  # compile + eager reference
+            for _ in range(2):
+                tower(pv, g)
+            print(f"{k} eager compiled {timed(lambda: tower(pv, g), 5):.2f} ms", flush=True)
+        for variant in ("new", "old", "new", "old"):
+            cache = CudaGraphCache(tower, "cuda")
+            if variant == "old":
+                cache._record = old_record.__get__(cache)
+            for k, (pv, g) in inputs.items():
+                cache(pv, g)  # eager sighting
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                cache(pv, g)  # capture + replay
+                torch.cuda.synchronize()
+                cap = (time.perf_counter() - t0) * 1e3
+                ms = timed(lambda: cache(pv, g), 10)
+                print(f"{variant:<4} {k:<9} capture call {cap:7.1f} ms   replay {ms:7.2f} ms   {dict(cache.stats)}", flush=True)
+            cache = None
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -109,7 +109,7 @@ def build(model: str, device: str, dtype: str, spec: dict, compile_: bool) -> En
         enc = Encoder(model, load_format="dummy", dtype=dtype, device=device, compile=compile_, cuda_graphs=graphs,
                       batch_invariant=spec["bi"], mm_encoder_attn_backend=spec.get("backend"))
     if spec["tile"] != KEEP:  # tiles-N and the like: one tile size for every linear unless "narrow" says
-        use_token_tiles(enc.loaded.tower, spec["tile"], narrow_tile=spec.get("narrow"))
+        use_token_tiles(enc.tower, spec["tile"], narrow_tile=spec.get("narrow"))
     return enc
 
 
@@ -125,7 +125,7 @@ def row_alignment(on: bool):
 
 
 def attention_desc(enc: Encoder) -> str:
-    descs = sorted({m.describe_backend() for m in enc.loaded.tower.modules() if hasattr(m, "describe_backend")})
+    descs = sorted({m.describe_backend() for m in enc.tower.modules() if hasattr(m, "describe_backend")})
     return " / ".join(descs)
 
 
@@ -150,32 +150,31 @@ def _time_variant(name, spec, mode, args, inputs, device) -> list[dict]:
     compile_ = mode == "compiled"
     enc = build(args.model, args.device, args.dtype, spec, compile_)
     rows = []
-    graphs = enc.loaded.graphs
+    graphs = enc.graph_stats() is not None
     if mode == "compiled":
-        passes = [graphs is not None]
+        passes = [graphs]
     elif device.type == "cuda":
         passes = [False, True] if spec.get("eager", True) else [True]
     else:
         passes = [False]
     for use_graphs in passes:
-        enc.loaded.graphs = graphs if use_graphs else None
         label = "compiled+graphs" if compile_ and use_graphs else ("compiled" if compile_
                                                                      else ("graphs" if use_graphs else "eager"))
         for wl, (pixels, grid) in inputs.items():
             warmup, iters = (args.warmup + 2, args.iters) if use_graphs or compile_ else (1, max(1, args.iters - 2))
-            ms = time_ms(lambda: enc.encode_pixels(pixels, grid), device, warmup, iters)
+            with contextlib.nullcontext() if use_graphs else enc.graphs_off():
+                ms = time_ms(lambda: enc.encode_pixels(pixels, grid), device, warmup, iters)
             rows.append(dict(variant=name, mode=label, workload=wl, ms=ms, attention=attention_desc(enc),
-                             tile="/".join(map(str, sorted({m.token_tile for m in enc.loaded.tower.modules()
+                             tile="/".join(map(str, sorted({m.token_tile for m in enc.tower.modules()
                                                             if isinstance(m, _LinearBase)}, key=str)))))
             print(f"    {name:<18} {label:<16} {wl:<10} {ms:8.2f} ms", file=sys.stderr, flush=True)
-    enc.loaded.graphs = None
+    enc.clear_graphs()
     return rows
 
 
 def capture_ops(args, inputs, device) -> dict:
     """One window and one full attention call's packed inputs, and every linear's (in, out, bias), per workload."""
     enc = build(args.model, args.device, args.dtype, dict(bi=False, tile=KEEP), False)
-    enc.loaded.graphs = None
     got: dict[str, dict] = {}
     current = {}
 
@@ -193,18 +192,18 @@ def capture_ops(args, inputs, device) -> dict:
         packed = tuple(t.detach().reshape(-1, h, d).contiguous() for t in (q, k, v))
         current.setdefault(("window", "full")[len(seen)], packed + (cu, int(mx), module.scale, module.choice))
 
-    hooks = [m.register_forward_pre_hook(pre_hook, with_kwargs=True) for m in enc.loaded.tower.modules()
+    hooks = [m.register_forward_pre_hook(pre_hook, with_kwargs=True) for m in enc.tower.modules()
              if hasattr(m, "describe_backend") and hasattr(m, "num_heads")]
     linears = sorted({(m.weight.shape[1], m.weight.shape[0], m.bias is not None)
-                      for m in enc.loaded.tower.modules() if isinstance(m, _LinearBase)})
+                      for m in enc.tower.modules() if isinstance(m, _LinearBase)})
     for wl, (pixels, grid) in inputs.items():
         current = {}
-        with torch.no_grad():
+        with torch.no_grad(), enc.graphs_off():
             enc.encode_pixels(pixels, grid)
         got[wl] = dict(current, tokens=int(grid.prod(-1).sum()))
     for h in hooks:
         h.remove()
-    return dict(per_workload=got, linears=linears, dtype=enc.loaded.dtype)
+    return dict(per_workload=got, linears=linears, dtype=enc.dtype)
 
 
 def time_ops(ops: dict, args, device) -> list[dict]:
@@ -300,9 +299,7 @@ def main() -> int:
         raise SystemExit(f"--variants/--compiled: unknown {unknown}; expected names from {list(table)}")
     compiled = [n for n in compiled if device.type == "cuda" or not table[n].get("cuda")]  # CUDA-only variants
     probe = build(args.model, args.device, args.dtype, dict(bi=False, tile=KEEP), False)
-    cfg = probe.loaded.config
-    channels = cfg.in_channels * cfg.temporal_patch_size * cfg.patch_size ** 2
-    dtype = probe.loaded.dtype
+    channels, dtype = probe.tower.config.patch_features, probe.dtype
     del probe
     torch.manual_seed(0)
     inputs = {wl: random_pixels(g, channels, device, dtype) for wl, g in workloads.items()}

@@ -19,12 +19,9 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 
 def make_corpus(folder: str, images: int, size: int) -> list[str]:
-    from serve_load import make_pool
+    from serve_load import make_pool  # this script's folder (Python's sys.path[0] for a script)
 
     os.makedirs(folder, exist_ok=True)
     paths = [os.path.join(folder, f"img{i:06d}.jpg") for i in range(images)]

@@ -34,7 +34,6 @@ import multiprocessing as mp
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,10 +44,10 @@ import urllib.request
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from mmenc.cli.common import add_encoder_args, encoder_kwargs  # noqa: E402
-from mmenc.engine.encoder import DEFAULT_MODEL  # noqa: E402
-from mmenc.serving.b64 import b64decode  # noqa: E402  pybase64 when installed: the checker is not the limit
+from mmenc.cli.common import add_encoder_args, encoder_kwargs
+from mmenc.engine.encoder import DEFAULT_MODEL
+from mmenc.serving.b64 import b64decode  # pybase64 when installed: the checker is not the limit
+from mmenc.testing.processes import child_pids, cpu_seconds, free_port
 
 HOST = "127.0.0.1"
 
@@ -87,7 +86,7 @@ def reference_tensor(piece, fmt: str) -> torch.Tensor:
 
 def make_encoder(args):
     if args.stand_in_tower:
-        from serve_stand_in import stand_in_encoder
+        from serve_stand_in import stand_in_encoder  # this script's folder (Python's sys.path[0] for a script)
 
         return stand_in_encoder(args.stand_in_tower, **encoder_kwargs(args, DEFAULT_MODEL))
     from mmenc.engine.encoder import Encoder
@@ -121,12 +120,6 @@ def offline(args, pool: list[bytes]) -> tuple[dict, float, int]:
     return refs, batches * args.offline_batch / seconds, batches * args.offline_batch
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
 def start_server(args, port: int, log_path: str) -> subprocess.Popen:
     here = os.path.dirname(os.path.abspath(__file__))
     entry = (["-m", "mmenc.cli.main"] if not args.stand_in_tower else
@@ -158,30 +151,6 @@ def get(port: int, path: str, timeout: float = 5.0) -> tuple[int, bytes]:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far (Linux /proc; nan elsewhere)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def child_pids(pid: int) -> list[int]:
-    """The live processes whose parent is `pid` (Linux /proc; `mmenc serve --frontends N`: its front ends)."""
-    found = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if entry.isdigit() and int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(entry))
-    return found
 
 
 def start_py_spy(cfg: dict) -> subprocess.Popen:

@@ -20,30 +20,28 @@ that is time the launcher waited for the GIL held by the server's other threads.
 --stand-in-tower HIDDEN starts this instead of `mmenc serve` and encodes its references with it.
 """
 import argparse
-import os
 import sys
 import time
 
 import torch
 from torch import nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from mmenc.models.base import TowerOutput  # noqa: E402
-from mmenc.serving.preprocess import normalize_rows  # noqa: E402
+from mmenc.models.base import TowerOutput
+from mmenc.serving.preprocess import normalize_rows
 
 
 class StandInTower(nn.Module):
     """(pixel_values [P, F] float, or uint8 patches [P, *row_shape], grid_thw [N, 3]) ->
     TowerOutput(embeddings bf16 [P / merge**2, hidden]); output_tokens as the replaced tower's."""
 
-    def __init__(self, loaded, processor, hidden: int, probe_ops: int = 200):
+    def __init__(self, replaced: nn.Module, processor, hidden: int, probe_ops: int = 200):
         super().__init__()
         self.probe_ops, self.probe_seconds = probe_ops, None  # a Histogram, set by stand_in_batcher
-        merge = getattr(loaded.config, "spatial_merge_size", None)
+        merge = getattr(replaced.config, "spatial_merge_size", None)
         if merge is None:
             raise ValueError(f"the stand-in needs a tower with spatial_merge_size (Qwen-VL family); "
-                             f"{type(loaded.config).__name__} has none")
-        self.merge, self.processor, self.replaced = merge * merge, processor, loaded.tower
+                             f"{type(replaced.config).__name__} has none")
+        self.merge, self.processor, self.replaced = merge * merge, processor, replaced
         generator = torch.Generator().manual_seed(0)
         self.row = (torch.randn(hidden, generator=generator) * 1e-3).to(torch.bfloat16)
 
@@ -74,8 +72,7 @@ def stand_in_encoder(hidden: int, **encoder_kwargs):
     if enc.device.type != "cpu" or enc.tensor_parallel_size != 1:
         raise ValueError(f"the stand-in tower runs on the CPU in one process; got device {enc.device}, "
                          f"tensor_parallel_size {enc.tensor_parallel_size}: pass --device cpu")
-    enc.loaded.tower = StandInTower(enc.loaded, enc.processor, hidden)
-    enc.loaded.graphs, enc.loaded.dtype = None, torch.bfloat16
+    enc.replace_tower(StandInTower(enc.tower, enc.processor, hidden), dtype=torch.bfloat16)
     return enc
 
 
@@ -86,7 +83,7 @@ def stand_in_batcher(enc, settings, metrics):
 
     from prometheus_client import Histogram
 
-    tower = enc.loaded.tower
+    tower = enc.tower
     tower.probe_seconds = Histogram("mmenc_standin_probe_seconds", f"{tower.probe_ops} tiny torch ops at the "
                                     "start of each stand-in call (GIL waits of a launcher)", registry=metrics.registry)
 

@@ -15,11 +15,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from mmenc.testing.processes import child_pids, free_port  # noqa: F401  (the serve tests import them from here)
 
 
 def png(h: int, w: int, seed: int = 0) -> bytes:
@@ -168,24 +164,6 @@ def serve_flags(settings) -> list[str]:
     flags += ["--api-key", settings.api_key] if settings.api_key else []
     flags += ["--ec-storage", settings.ec_storage] if settings.ec_storage else []
     return flags
-
-
-def child_pids(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (Linux /proc)."""
-    import os
-
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.append(int(entry))
-    return sorted(found)
 
 
 @contextlib.contextmanager

@@ -142,13 +142,13 @@ def test_linears_and_attention_switch_with_the_config(tmp_path):
     empty = enc.encode_pixels(torch.empty(0, ck.FAMILIES["Qwen2_5_VLForConditionalGeneration"].patch_features),
                               torch.empty(0, 3, dtype=torch.int64))  # the meta-device tower runs the tiled op too
     assert empty.shape == (0, enc.loaded.config.out_hidden_size)
-    tower = enc.loaded.tower
+    tower = enc.tower
     linears = [m for m in tower.modules() if hasattr(m, "token_tile")]
     assert linears and all(m.token_tile is not None for m in linears)  # blocks, patch embedding, merger
     assert {type(m).__name__ for m in tower.modules() if getattr(m, "token_tile", None)} >= {"ReplicatedLinear"}
     attn = [m for m in tower.modules() if type(m).__name__ == "MMEncoderAttention"]
     assert attn and all(m.choice.batch_invariant for m in attn)
-    plain = Encoder(folder, device="cpu").loaded.tower
+    plain = Encoder(folder, device="cpu").tower
     assert all(getattr(m, "token_tile", None) is None for m in plain.modules())
 
 
@@ -381,7 +381,7 @@ def _gpu_worst_difference(model: str, case: ck.FamilyCase, mode: str, tile: int 
     if tile is not None:
         from mmenc.layers.linear import use_token_tiles
 
-        use_token_tiles(enc.loaded.tower, tile)
+        use_token_tiles(enc.tower, tile)
     runs = 3 if mode == "graphs" else 1  # graphs: warm-up, capture, then the replay is checked
 
     def encode(grids, index, max_patches=None):
@@ -574,10 +574,10 @@ def test_invariant_activations_ignore_an_elements_position(act, dtype):
 def test_invariant_activations_only_on_cpu_invariant_towers(tmp_path):
     pytest.importorskip("transformers")
     folder = str(ck.FAMILIES["Siglip2Model"].save(tmp_path)[0])
-    kinds = {m.kind for m in Encoder(folder, device="cpu", batch_invariant=True).loaded.tower.modules()
+    kinds = {m.kind for m in Encoder(folder, device="cpu", batch_invariant=True).tower.modules()
              if isinstance(m, InvariantActivation)}
     assert kinds == {"gelu_tanh"}  # the blocks' MLPs and the attention-pooling head's
-    plain = Encoder(folder, device="cpu").loaded.tower
+    plain = Encoder(folder, device="cpu").tower
     assert not any(isinstance(m, InvariantActivation) for m in plain.modules())
     with pytest.raises(ValueError, match="not an invariant activation"):
         InvariantActivation("relu")

@@ -127,7 +127,7 @@ def test_non_finite_embeddings_warn_or_raise(folder, encoder, mmenc_caplog):
     assert "image indices in the call: 1)" in mmenc_caplog.text
     strict = Encoder(folder, device="cpu", strict=True, linear_backend="native")  # weights written in place
     with torch.no_grad():
-        next(strict.loaded.tower.parameters()).fill_(float("nan"))  # NaN weights: every image
+        next(strict.tower.parameters()).fill_(float("nan"))  # NaN weights: every image
     with pytest.raises(NonFiniteOutputError, match=r"for 3 of 3 image\(s\).*indices in the call: 0, 1, 2"):
         strict.encode(_images())
 

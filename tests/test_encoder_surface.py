@@ -92,14 +92,46 @@ def test_graphs_off_runs_the_tower_itself(encoder, monkeypatch):
         encoder.configure_graphs(recent_calls=0)
 
 
+def test_tower_and_dtype_describe_the_tower_in_this_process(encoder):
+    assert encoder.dtype == torch.float32
+    assert encoder.tower.config.patch_features == random_pixels(GRID).shape[1]
+    assert encoder.tower.output_tokens(GRID) == encoder.output_tokens(GRID)
+
+
+def test_replace_tower_runs_the_stand_in(q25):
+    from mmenc.engine.encoder import Encoder
+    from mmenc.models.base import TowerOutput
+
+    seen = []
+
+    class StandIn(torch.nn.Module):  # the replaced tower's token counts, a constant answer
+        def __init__(self, replaced):
+            super().__init__()
+            self.output_tokens = replaced.output_tokens
+
+        def forward(self, pv, g):
+            seen.append(pv.dtype)
+            return TowerOutput(torch.ones(sum(self.output_tokens(g)), 4, dtype=torch.bfloat16))
+
+    with Encoder(q25, device="cpu") as encoder:
+        stand_in = StandIn(encoder.tower)
+        encoder.replace_tower(stand_in, dtype=torch.bfloat16)
+        got = encoder.encode_pixels(random_pixels(GRID), GRID)
+        assert encoder.tower is stand_in and encoder.dtype == torch.bfloat16 and encoder.graph_stats() is None
+    assert seen == [torch.bfloat16] and got.shape == (sum(encoder.output_tokens(GRID)), 4)
+
+
 # the Encoder's internals, which only mmenc/engine may touch
-REACHES = re.compile(r"\.runner\b|\._executor\b|loaded\.graphs\b|\.graphs\s*=|engine\.executors")
+REACHES = re.compile(r"\.runner\b|\._executor\b|loaded\.graphs\b|\.graphs\s*=|loaded\.tower\s*=|engine\.executors")
+BENCHMARKS = MMENC.parent / "benchmarks"
 
 
 def test_nothing_outside_the_engine_reaches_into_the_encoder():
+    files = [p for p in MMENC.rglob("*.py") if "engine" not in p.relative_to(MMENC).parts[:1]]
     found = [f"{path.relative_to(MMENC.parent)}:{number}: {line.strip()}"
-             for path in sorted(MMENC.rglob("*.py")) if "engine" not in path.relative_to(MMENC).parts[:1]
+             for path in sorted(files + list(BENCHMARKS.rglob("*.py")))
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if REACHES.search(line)]
     assert not found, ("code outside mmenc/engine reaches into the Encoder; use its surface (launch, graph_stats, "
-                       "configure_graphs, clear_graphs, graphs_off, tower_call_hook, input_device):\n"
+                       "configure_graphs, clear_graphs, graphs_off, tower_call_hook, input_device, dtype, tower, "
+                       "replace_tower):\n"
                        + "\n".join(found))

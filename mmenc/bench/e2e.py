@@ -159,7 +159,7 @@ def run_workload(name: str, encoder, paths: list[str], hf_proc, hf_tower, warmup
 
         def hf_e2e():
             pv, grid = hf_pixels()
-            return hf_tower(pv.to(device=device, dtype=encoder.loaded.dtype, non_blocking=True), grid)
+            return hf_tower(pv.to(device=device, dtype=encoder.dtype, non_blocking=True), grid)
 
         ref_pv, ref_grid = hf_pixels()
         summary["grids_equal_transformers"] = torch.equal(ref_grid.cpu(), grid_thw.cpu())

@@ -65,7 +65,7 @@ def tower_inputs(encoder, clip, options: VideoOptions, n: int):
     plan = vp.plan(probe(clip), options)
     pieces = vp.pieces(clip, "clip", plan, encoder.preprocessor.video_piece_patches or encoder.max_batch_patches // 4)
     pixel_values, grid = vp.finish([vp.prepare_piece(p) for p in pieces], [p.plan for p in pieces])
-    pixel_values = pixel_values.reshape(pixel_values.shape[0], -1).to(encoder.device, encoder.loaded.dtype)
+    pixel_values = pixel_values.reshape(pixel_values.shape[0], -1).to(encoder.device, encoder.dtype)
     return torch.cat([pixel_values] * n), torch.cat([grid] * n), len(plan.indices)
 
 
@@ -169,7 +169,7 @@ def hf_callable(hf_tower, encoder, clip, options: VideoOptions):
     def call():
         frames, metadata = load_video(str(clip), backend="pyav", sample_indices_fn=sample)
         out = proc(videos=[frames], do_sample_frames=False, return_tensors="pt", **extra, **quiet_kwargs(proc))
-        pv = out["pixel_values_videos"].to(encoder.device, encoder.loaded.dtype)
+        pv = out["pixel_values_videos"].to(encoder.device, encoder.dtype)
         return hf_tower(pv, out["video_grid_thw"])
 
     return call

@@ -22,7 +22,8 @@ Encoder and calls it with the same inputs, and every rank receives the full resu
 Which of these runs the tower is one executor object (mmenc.engine.executors), chosen here once.
 Tools and the service use only the Encoder's public surface (docs/engine.md, "For tools and the
 service"): `launch` (the service's tower call), `graph_stats` / `configure_graphs` / `clear_graphs` /
-`graphs_off` (CUDA graphs), `tower_call_hook` (tracing), `tally`, `input_device`.
+`graphs_off` (CUDA graphs), `tower_call_hook` (tracing), `tally`, `input_device`, `dtype`, `tower`,
+`replace_tower` (a stand-in).
 `encode` and `encode_iter` are pipelined: the Preprocessor's threads decode and resize the next
 chunk while the tower runs this one, and the host reads no device value between chunks
 (docs/engine.md, Pipelining).
@@ -45,6 +46,7 @@ from mmenc.engine.videos import VideoEmbedding
 from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
 from mmenc.preprocess.images import ImageLoadError, LoadFailure
+from mmenc.preprocess.inputs import as_items
 from mmenc.preprocess.pipeline import Preprocessor, default_workers, usable_cores
 from mmenc.preprocess.schedule import ChunkSchedule
 from mmenc.tally import Tally
@@ -72,14 +74,7 @@ class Encoder:
         worker_timeout_s, strict, preprocess_workers, preprocess_worker_kind, preprocess_resize,
         first_chunk_patches, chunk_growth, high_bit_depth. Validated once, there (ValueError naming the value).
         Safe to call from many threads: calls run one at a time (docs/engine.md, Threads)."""
-        if settings is not None and not isinstance(settings, EncoderSettings):
-            raise TypeError(f"Encoder(model, settings): settings is {type(settings).__name__} {settings!r}; pass an "
-                            f"EncoderSettings, or the options by keyword (dtype=..., device=...)")
-        unknown = sorted(set(options) - set(EncoderSettings.__dataclass_fields__))
-        if unknown:
-            raise TypeError(f"Encoder() got unknown options {unknown}; the options are EncoderSettings' fields: "
-                            f"{', '.join(EncoderSettings.__dataclass_fields__)}")
-        settings = EncoderSettings(**options) if settings is None else dataclasses.replace(settings, **options)
+        settings = EncoderSettings.merged(settings, options)
         if model is None:
             model, settings = DEFAULT_MODEL, dataclasses.replace(settings, load_format="dummy")
         self.settings, self.mm_config = settings, settings.mm_config
@@ -343,6 +338,31 @@ class Encoder:
         this process); False with worker processes, torchrun ranks and on the CPU, where it returns done."""
         return self._executor.launches_asynchronously and self.device.type != "cpu"
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The tower's dtype: its weights', its outputs', and what `launch` casts pixel_values to."""
+        return self.loaded.dtype
+
+    @property
+    def tower(self) -> torch.nn.Module:
+        """The tower module in this process (mmenc.models.base.VisionTower: `config`, `modules()`,
+        `load_weights`), for tools that set its layers' knobs, hook them or load weights into them. With
+        worker processes it is a meta-device copy that answers shape questions only (the workers hold
+        the weights)."""
+        return self.loaded.tower
+
+    def replace_tower(self, tower: torch.nn.Module, dtype: torch.dtype | None = None) -> None:
+        """From now on run `tower(pixel_values, grid_thw) -> TowerOutput` in place of the built tower, without
+        CUDA graphs (a benchmark's stand-in); dtype: what pixel_values are cast to and what `dtype` says
+        (default: unchanged). Only for a tower in this process: ValueError with worker processes or torchrun."""
+        if self.tensor_parallel_size != 1:
+            raise ValueError(f"replace_tower: the tower runs in {self.tensor_parallel_size} processes "
+                             f"(tensor_parallel_size={self.tensor_parallel_size}); use tensor_parallel_size=1")
+        with self._lock:
+            self.loaded.tower, self.loaded.graphs = tower, None
+            if dtype is not None:
+                self.loaded.dtype = dtype
+
     @torch.inference_mode()
     def launch(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> TowerOutput:
         """The tower call(s) for pixel_values [P, F] (on `input_device`) and grid_thw int64 [N >= 1, 3] (CPU),
@@ -452,23 +472,3 @@ class Encoder:
             self._empty = empty_output(meta, self.device)
         return self._empty
 
-
-def as_items(images: Any) -> Iterable[Any]:
-    """`images` as an iterable of inputs: one input alone (a str or os.PathLike path, bytes, a PIL image,
-    an [H, W] or [H, W, C] numpy array, a Video) becomes a list of one, so "cat.jpg" is not read as the
-    characters c, a, t; any other iterable as it is. TypeError for what is neither."""
-    import os
-
-    import numpy as np
-    from PIL import Image
-
-    from mmenc.preprocess.video import Video
-
-    if isinstance(images, (str, bytes, bytearray, memoryview, os.PathLike, Image.Image, Video)):
-        return [images]
-    if isinstance(images, np.ndarray) and images.ndim in (2, 3):
-        return [images]
-    if isinstance(images, dict) or not isinstance(images, Iterable):
-        raise TypeError(f"images must be one input (a path, bytes, a PIL image, a numpy array, a Video) or an "
-                        f"iterable of them, got {type(images).__name__}")
-    return images

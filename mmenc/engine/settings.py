@@ -134,6 +134,20 @@ class EncoderSettings:
         first = self.first_chunk_patches
         return min(self.max_batch_patches, first if first is not None else max(1, self.max_batch_patches // 16))
 
+    @classmethod
+    def merged(cls, settings: "EncoderSettings | None", options: dict[str, Any]) -> "EncoderSettings":
+        """`settings` (None: the defaults) with `options` (field=value, which win over it): what
+        `Encoder(model, settings, **options)` is built with. TypeError for a settings object of another type
+        or an option that is not a field, ValueError (from __post_init__) for a bad value."""
+        if settings is not None and not isinstance(settings, cls):
+            raise TypeError(f"Encoder(model, settings): settings is {type(settings).__name__} {settings!r}; pass an "
+                            f"EncoderSettings, or the options by keyword (dtype=..., device=...)")
+        unknown = sorted(set(options) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise TypeError(f"Encoder() got unknown options {unknown}; the options are EncoderSettings' fields: "
+                            f"{', '.join(cls.__dataclass_fields__)}")
+        return cls(**options) if settings is None else dataclasses.replace(settings, **options)
+
     def as_kwargs(self) -> dict[str, Any]:
         """The settings as Encoder keyword arguments (plain values: they travel to Ray workers)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

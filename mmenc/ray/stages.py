@@ -82,7 +82,7 @@ class EncoderActor:
         n = len(batch["key"])
         good = [i for i in range(n) if not batch["error"][i]]
         embeddings, tokens, hidden = [b""] * n, np.zeros(n, np.int64), np.zeros(n, np.int64)
-        dtype = str(self.encoder.loaded.dtype).removeprefix("torch.")
+        dtype = str(self.encoder.dtype).removeprefix("torch.")
         if good:
             grid = torch.as_tensor(np.stack([batch["grid"][i] for i in good]), dtype=torch.int64)  # [G, 3]
             pieces = [from_bytes(batch["pixels"][i], self.pixel_dtype, (int(g[:3].prod()), -1))  # [patches, row]

@@ -8,21 +8,14 @@ cases: [(checkpoint folder, pixel_values, grid_thw, single-process TowerOutput)]
 one process group, so a whole table of towers costs one spawn.
 """
 import os
-import socket
 
 import torch
 import torch.distributed as dist
 
 from mmenc.testing.compare import assert_same_output
+from mmenc.testing.processes import free_port  # noqa: F401  (MASTER_PORT; the SPMD tests import it from here)
 
 MODES = ("weights", "data")
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for MASTER_PORT)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_modes_match(rank: int, world: int, port: int, cases: list, tol: float = 1e-5) -> None:

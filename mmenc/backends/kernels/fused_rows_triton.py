@@ -18,6 +18,17 @@ def _activate(x, KIND: tl.constexpr):
 
 
 @triton.jit
+def _store_fp8_row(y, mask, cols, width, y_row_ptr, s_row_ptr):
+    """The FP8 epilogue of one row y (float32 [BLOCK], `mask` its n valid columns): scale = amax / 448
+    (E4M3's largest value) to s_row_ptr; y / scale in the output dtype to the row's first `width`
+    columns (zeros past n: the padding the FP8 GEMM reads)."""
+    scale = tl.maximum(tl.max(tl.abs(tl.where(mask, y, 0.0)), axis=0), 1e-12) / 448.0
+    q = tl.where(mask, y / scale, 0.0)
+    tl.store(y_row_ptr + cols, q.to(y_row_ptr.dtype.element_ty), mask=cols < width)
+    tl.store(s_row_ptr, scale)
+
+
+@triton.jit
 def norm_kernel(x_ptr, d_ptr, w_ptr, b_ptr, y_ptr, s_ptr, res_ptr, n, width, x_stride, d_stride, y_stride,
                 res_stride, eps, BLOCK: tl.constexpr, RMS: tl.constexpr, HAS_DELTA: tl.constexpr,
                 HAS_BIAS: tl.constexpr, QUANT: tl.constexpr):
@@ -41,12 +52,10 @@ def norm_kernel(x_ptr, d_ptr, w_ptr, b_ptr, y_ptr, s_ptr, res_ptr, n, width, x_s
     if HAS_BIAS:
         y = y + tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if QUANT:
-        scale = tl.maximum(tl.max(tl.abs(tl.where(mask, y, 0.0)), axis=0), 1e-12) / 448.0
-        q = tl.where(mask, y / scale, 0.0)
-        tl.store(y_ptr + row * y_stride + cols, q.to(y_ptr.dtype.element_ty), mask=cols < width)
-        tl.store(s_ptr + row, scale)
+        _store_fp8_row(y, mask, cols, width, y_ptr + row * y_stride, s_ptr + row)
     else:
         tl.store(y_ptr + row * y_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
 
 @triton.jit
 def act_kernel(x_ptr, b_ptr, y_ptr, s_ptr, rows, n, width, x_stride, y_stride, BLOCK: tl.constexpr,
@@ -70,9 +79,6 @@ def act_kernel(x_ptr, b_ptr, y_ptr, s_ptr, rows, n, width, x_stride, y_stride, B
             up = up + tl.load(b_ptr + n + cols, mask=mask, other=0.0).to(tl.float32)
         y = y * up
     if QUANT:
-        scale = tl.maximum(tl.max(tl.abs(tl.where(mask, y, 0.0)), axis=0), 1e-12) / 448.0
-        q = tl.where(mask, y / scale, 0.0)
-        tl.store(y_ptr + row * y_stride + cols, q.to(y_ptr.dtype.element_ty), mask=cols < width)
-        tl.store(s_ptr + row, scale)
+        _store_fp8_row(y, mask, cols, width, y_ptr + row * y_stride, s_ptr + row)
     else:
         tl.store(y_ptr + row * y_stride + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
