@@ -39,7 +39,8 @@ class ChatFamily:
         additions to CHAT_TEXT (rotary sections sized for head_dim 32).
     specials: the special tokens, in id order from 0 (ids of the config's token fields come from here);
         token_fields: config field -> special token; eos: the end-of-turn token.
-    image_placeholder: what the chat template writes for an image (the family's own markers).
+    image_placeholder: what the chat template writes for an image (the family's own markers);
+        video_placeholder: for a video ("": the checkpoint's template writes nothing for video parts).
     turn: (role) -> the text opening a turn, with "{role}"; turn_end: closing it; prefix: before the
         first turn.
     preprocessor: the published preprocessor_config.json values (tiny vision sizes leave them as they are).
@@ -56,21 +57,24 @@ class ChatFamily:
     turn_end: str
     preprocessor: dict
     prefix: str = ""
+    video_placeholder: str = ""
 
     def chat_template(self) -> str:
         """A Jinja chat template in the family's format: string contents, or lists of
-        {"type": "image"} / {"type": "text", "text": ...} parts (what vLLM renders)."""
+        {"type": "image"} / {"type": "video"} / {"type": "text", "text": ...} parts (what vLLM renders)."""
         turn = self.turn.replace("{role}", "{{ m['role'] }}")
         return (f"{self.prefix}{{% for m in messages %}}{turn}"
                 "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
                 f"{{% if p['type'] in ('image', 'image_url', 'image_embeds') %}}{self.image_placeholder}"
+                f"{{% elif p['type'] in ('video', 'video_url', 'video_embeds') %}}{self.video_placeholder}"
                 "{% elif p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}"
                 f"{self.turn_end}{{% endfor %}}{{% if add_generation_prompt %}}"
                 f"{self.turn.replace('{role}', 'assistant')}{{% endif %}}")
 
-    def user_prompt(self, text: str, images: int = 1) -> str:
-        """The prompt the template renders for one user turn of `images` images then `text`."""
-        return (f"{self.prefix}{self.turn.replace('{role}', 'user')}{self.image_placeholder * images}{text}"
+    def user_prompt(self, text: str, images: int = 1, videos: int = 0) -> str:
+        """The prompt the template renders for one user turn of `images` images, `videos` videos, then `text`."""
+        media = self.image_placeholder * images + self.video_placeholder * videos
+        return (f"{self.prefix}{self.turn.replace('{role}', 'user')}{media}{text}"
                 f"{self.turn_end}{self.turn.replace('{role}', 'assistant')}")
 
 
@@ -80,6 +84,7 @@ _QWEN_TOKENS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pa
                 "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
 _QWEN_CHAT = dict(specials=_QWEN_SPECIALS, token_fields=_QWEN_TOKENS, eos="<|im_end|>",
                   image_placeholder="<|vision_start|><|image_pad|><|vision_end|>",
+                  video_placeholder="<|vision_start|><|video_pad|><|vision_end|>",
                   turn="<|im_start|>{role}\n", turn_end="<|im_end|>\n")
 # Qwen2-VL-7B-Instruct's and Qwen2.5-VL-7B-Instruct's preprocessor_config.json (Qwen2.5: same values)
 _QWEN2_PRE = {"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
