@@ -10,9 +10,11 @@ its answer for the raw images (within harness.TOL, fp32), on the three ways mmen
 Families vLLM takes EC files from but no image_embeds inputs (mmenc.vllm_inputs.EC_ONLY_ARCHITECTURES) run
 the EC tests, and test_embeddings_refused checks that vLLM still refuses their embeddings (when it stops,
 the family moves to EMBEDS_ARCHITECTURES).
-Video (hook, not written yet: the service's video items are not on main): the same three paths with
-vLLM's {"video_embeds", "video_grid_thw"} (Qwen2-VL lineage: also "second_per_grid_ts" / timestamps) against
-its answer for the raw video, once `mmenc serve` answers video items in the `vllm` format.
+Video (mmenc.vllm_inputs.VIDEO_EMBEDS_ARCHITECTURES): a clip the stack writes (PyAV), encoded by mmenc,
+offline as {"video_embeds", "video_grid_thw", Qwen2.5-VL's "second_per_grid_ts", Qwen3-VL's "timestamps"}
+and as /v1/encode's video_embeds part in vLLM's chat API, against vLLM's answer for the frames mmenc sampled
+(decoded by mmenc, given to vLLM with their indices and fps); controls: zeroed embeddings, and for
+Qwen2.5-VL the embeddings without second_per_grid_ts.
 """
 import base64
 

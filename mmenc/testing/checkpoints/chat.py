@@ -43,7 +43,11 @@ class ChatFamily:
         video_placeholder: for a video ("": the checkpoint's template writes nothing for video parts).
     turn: (role) -> the text opening a turn, with "{role}"; turn_end: closing it; prefix: before the
         first turn.
-    preprocessor: the published preprocessor_config.json values (tiny vision sizes leave them as they are).
+    preprocessor: the published preprocessor_config.json values (tiny vision sizes leave them as they are,
+        but for a fixed-size tower, whose sizes are the tower's); processor: processor_config.json (None: none).
+    config: more top-level config fields (e.g. LLaVA's feature layer and strategy).
+    renames: (saved prefix, published prefix) of weight names, where transformers' save_pretrained writes
+        another layout than the published checkpoints (which vLLM loads).
     """
 
     config_class: str
@@ -58,6 +62,9 @@ class ChatFamily:
     preprocessor: dict
     prefix: str = ""
     video_placeholder: str = ""
+    processor: dict | None = None
+    config: dict = dataclasses.field(default_factory=dict)
+    renames: tuple[tuple[str, str], ...] = ()
 
     def chat_template(self) -> str:
         """A Jinja chat template in the family's format: string contents, or lists of
@@ -97,6 +104,13 @@ _QWEN3_PRE = {"size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch
 _GLM_PRE = {"size": {"shortest_edge": 12544, "longest_edge": 9633792}, "do_rescale": True, "patch_size": 14,
             "temporal_patch_size": 2, "merge_size": 2, "image_mean": _CLIP_MEAN, "image_std": _CLIP_STD,
             "image_processor_type": "Glm4vImageProcessor", "processor_class": "Glm4vProcessor"}
+# llava-hf/llava-1.5-7b-hf's preprocessor_config.json, 336 px scaled to the tiny tower's 56, and its processor_config.json
+_LLAVA_PRE = {"crop_size": {"height": 56, "width": 56}, "size": {"shortest_edge": 56}, "do_center_crop": True,
+              "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 3,
+              "rescale_factor": 1 / 255, "image_mean": _CLIP_MEAN, "image_std": _CLIP_STD,
+              "image_processor_type": "CLIPImageProcessor", "processor_class": "LlavaProcessor"}
+_LLAVA_PROCESSOR = {"patch_size": 14, "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1,
+                    "image_token": "<image>", "processor_class": "LlavaProcessor"}
 _GLM_SPECIALS = ("<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
                  "<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|begin_of_video|>", "<|end_of_video|>",
                  "<|video|>")
@@ -135,7 +149,25 @@ CHAT_FAMILIES: dict[str, ChatFamily] = {
         specials=_GLM_SPECIALS, token_fields=_GLM_TOKENS, eos="<|user|>",
         image_placeholder="<|begin_of_image|><|image|><|end_of_image|>", prefix="[gMASK]<sop>",
         turn="<|{role}|>\n", turn_end="", preprocessor=_GLM_PRE),
+    # LLaVA-1.5: CLIP (layer -2, CLS dropped: 4 x 4 = 16 tokens of a 56 px image), projector, Llama
+    "LlavaForConditionalGeneration": ChatFamily(
+        "LlavaConfig",
+        vision=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+                    num_attention_heads=2, image_size=56, patch_size=14, projection_dim=32, hidden_act="quick_gelu"),
+        text=dict(model_type="llama"), specials=("<pad>", "<s>", "</s>", "<image>"),
+        token_fields={"image_token_index": "<image>"}, eos="</s>", image_placeholder="<image>\n", prefix="<s>",
+        turn="{role}: ", turn_end="\n", preprocessor=_LLAVA_PRE, processor=_LLAVA_PROCESSOR,
+        config=dict(vision_feature_layer=-2, vision_feature_select_strategy="default"),
+        # transformers 5.19 saves the CLIP tower's weights without llava-hf's "vision_model." level
+        renames=(("vision_tower.", "vision_tower.vision_model."),)),
 }
+
+
+def _renamed(name: str, renames: tuple[tuple[str, str], ...]) -> str:
+    for old, new in renames:
+        if name.startswith(old) and not name.startswith(new):
+            return new + name[len(old):]
+    return name
 
 
 def _save_tokenizer(family: ChatFamily, folder: pathlib.Path) -> dict[str, int]:
@@ -169,7 +201,8 @@ def save_chat_checkpoint(architecture: str, folder, seed: int = 0) -> pathlib.Pa
     text = dict(CHAT_TEXT, vocab_size=64, eos_token_id=vocab[family.eos], pad_token_id=0, **family.text)
     tokens = {field: vocab[token] for field, token in family.token_fields.items()}
     config = getattr(transformers, family.config_class)(vision_config=dict(family.vision), text_config=text,
-                                                         tie_word_embeddings=False, dtype=torch.float32, **tokens)
+                                                         tie_word_embeddings=False, dtype=torch.float32, **tokens,
+                                                         **family.config)
     torch.manual_seed(seed)
     model = getattr(transformers, architecture)(config).eval()
     with torch.no_grad():
@@ -180,5 +213,13 @@ def save_chat_checkpoint(architecture: str, folder, seed: int = 0) -> pathlib.Pa
                 norm = name.endswith("weight") and ("norm" in name or "ln_q" in name)
                 p.normal_(std=0.1).add_(1.0 if norm else 0.0)
     _save(model, folder)
+    if family.renames:
+        from safetensors.torch import load_file, save_file
+
+        (file,) = folder.glob("*.safetensors")
+        tensors = {_renamed(k, family.renames): v for k, v in load_file(str(file)).items()}
+        save_file(tensors, str(file), metadata={"format": "pt"})
     (folder / "preprocessor_config.json").write_text(json.dumps(family.preprocessor, indent=2) + "\n")
+    if family.processor is not None:
+        (folder / "processor_config.json").write_text(json.dumps(family.processor, indent=2) + "\n")
     return folder
