@@ -13,6 +13,13 @@ images and refused). docs/serving.md, "Feeding vLLM", has the per-family table a
     pixel_values, grid = enc.preprocess(images)
     out = enc.encode_pixels(pixel_values, grid, return_extras=True)
     llm.generate({"prompt": prompt, "multi_modal_data": {"image": multi_modal_data(out, grid)}})
+
+Videos (VIDEO_EMBEDS_ARCHITECTURES): {"video_embeds", "video_grid_thw"}, plus Qwen2.5-VL's
+"second_per_grid_ts" (its M-RoPE time step: without it vLLM takes 1.0 and its answer changes) and Qwen3-VL's
+"timestamps" (required: they size the prompt's per-unit "<t seconds>" text):
+
+    (video,) = enc.encode(["clip.mp4"], return_extras=True)
+    llm.generate({"prompt": prompt, "multi_modal_data": {"video": video_multi_modal_data([video])}})
 """
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +29,13 @@ import torch
 # run by interop/vllm/ (vLLM 0.32.0): image_embeds inputs (offline and content parts) and EC files
 EMBEDS_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                         "Qwen3VLForConditionalGeneration")
+# how vLLM takes each EMBEDS family's image embeddings (multi_modal_data): "grid", a dict with the grid rows;
+# "tensors", one bare [tokens, hidden] tensor per image
+LAYOUTS = {"Qwen2VLForConditionalGeneration": "grid", "Qwen2_5_VLForConditionalGeneration": "grid",
+           "Qwen3VLForConditionalGeneration": "grid"}
+# videos as {"video_embeds", "video_grid_thw", ...} inputs (offline and video_embeds content parts)
+VIDEO_EMBEDS_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+                              "Qwen3VLForConditionalGeneration")
 # EC files only: vLLM refuses image_embeds inputs for these (see above), its EC consumer reads mmenc's files
 EC_ONLY_ARCHITECTURES = ("Glm4vForConditionalGeneration",)
 
@@ -33,15 +47,45 @@ def image_embeds(output: Any) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
 
-def multi_modal_data(outputs: Any | Sequence[Any], grid_thw: torch.Tensor) -> dict[str, torch.Tensor]:
-    """vLLM's `multi_modal_data["image"]` for N images: {"image_embeds": [sum tokens_i, width] on the CPU,
-    "image_grid_thw": int64 [N, 3]}. outputs: one TowerOutput of all N images (encode_pixels with
-    return_extras=True) or N ImageEmbedding (encode with return_extras=True), in grid_thw's order."""
-    if grid_thw.dim() != 2 or grid_thw.shape[1] != 3:
-        raise ValueError(f"grid_thw of shape {tuple(grid_thw.shape)}: expected [N, 3] (t, h, w) rows, "
-                         "as Encoder.preprocess returns")
+def multi_modal_data(outputs: Any | Sequence[Any], grid_thw: torch.Tensor | None = None) -> Any:
+    """vLLM's `multi_modal_data["image"]` for N images. With grid_thw (the Qwen2-VL lineage, LAYOUTS "grid"):
+    {"image_embeds": [sum tokens_i, width] on the CPU, "image_grid_thw": int64 [N, 3]}. Without (LAYOUTS
+    "tensors": LLaVA-1.5 and the families whose vLLM model takes a bare [bn, tokens, hidden] input): a list
+    of N [tokens_i, hidden] tensors on the CPU, what vLLM's default data parser reads as image embeddings.
+    outputs: one TowerOutput of all N images (encode_pixels with return_extras=True; grid layout only) or
+    N ImageEmbedding (encode with return_extras=True), in grid_thw's order."""
     pieces = [outputs] if hasattr(outputs, "embeddings") else list(outputs)
     if not pieces:
         raise ValueError("no outputs: pass the TowerOutput of encode_pixels or one ImageEmbedding per image")
+    if grid_thw is None:
+        return [image_embeds(piece).cpu() for piece in pieces]
+    if grid_thw.dim() != 2 or grid_thw.shape[1] != 3:
+        raise ValueError(f"grid_thw of shape {tuple(grid_thw.shape)}: expected [N, 3] (t, h, w) rows, "
+                         "as Encoder.preprocess returns")
     embeds = torch.cat([image_embeds(piece) for piece in pieces]).cpu()
     return {"image_embeds": embeds, "image_grid_thw": grid_thw.to(torch.int64).cpu()}
+
+
+def video_multi_modal_data(videos: Any | Sequence[Any]) -> dict[str, torch.Tensor]:
+    """vLLM's `multi_modal_data["video"]` for N videos (VideoEmbedding of Encoder.encode, return_extras=True
+    for Qwen3-VL's deepstack): {"video_embeds": [sum tokens_i, width], "video_grid_thw": int64 [N, 3]}, plus
+    "second_per_grid_ts" float64 [N] (Qwen2.5-VL: its M-RoPE time step) and "timestamps" float64 [N, t]
+    (Qwen3-VL: the "<t seconds>" text before each temporal unit) where the videos' VideoInfo has them."""
+    videos = [videos] if hasattr(videos, "embeddings") else list(videos)
+    if not videos:
+        raise ValueError("no videos: pass one VideoEmbedding per video")
+    rows = [row for v in videos for row in v.video.grid_thw]
+    if len(rows) != len(videos):
+        raise ValueError(f"{len(rows)} grid rows for {len(videos)} videos: vLLM takes one (t, h, w) row per video")
+    data = {"video_embeds": torch.cat([image_embeds(v) for v in videos]).cpu(),
+            "video_grid_thw": torch.tensor(rows, dtype=torch.int64)}
+    seconds = [v.video.second_per_grid_ts for v in videos]
+    if all(s is not None for s in seconds):
+        data["second_per_grid_ts"] = torch.tensor(seconds, dtype=torch.float64)
+    stamps = [v.video.timestamps for v in videos]
+    if all(t is not None for t in stamps):
+        if len({len(t) for t in stamps}) == 1:
+            data["timestamps"] = torch.tensor(stamps, dtype=torch.float64)
+        else:  # one row per video, of its own length
+            data["timestamps"] = [torch.tensor(t, dtype=torch.float64) for t in stamps]
+    return data

@@ -64,8 +64,8 @@ def test_serve_takes_videos_in_json_and_multipart(q25, clip, tmp_path, reference
         grid = [list(r) for r in reference.video.grid_thw]
         assert item["video_embeds"]["type"] == "video_embeds" and item["video"]["grid_thw"] == grid
         assert rel_err(load_b64_tensor(part["video_embeds"]), reference.embeddings) < 1e-5
-        assert load_b64_tensor(part["video_grid_thw"]).tolist() == grid
-        assert load_b64_tensor(part["second_per_grid_ts"]).tolist() == [reference.video.second_per_grid_ts]
+        assert [load_b64_tensor(part["video_grid_thw"]).tolist()] == grid  # [3]: one part's row, as vLLM stacks
+        assert load_b64_tensor(part["second_per_grid_ts"]).tolist() == reference.video.second_per_grid_ts  # a scalar
         assert list(ec.rglob("*")), "the video's embeddings were written to the EC storage"
         body, ctype = multipart([data], {"fps": "2", "format": "json", "uuids": "clip-1"})
         again = request(port, "POST", "/v1/encode", body, {"content-type": ctype})

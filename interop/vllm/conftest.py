@@ -1,6 +1,7 @@
 """One stack per family, shared by every test of that family: a tiny chat checkpoint, vLLM's OpenAI
 server (image embeddings on, EC consumer on mmenc's --ec-storage tree), `mmenc serve` on the same tree
-(for Qwen3-VL also with --frontends 2), one in-process vLLM LLM and one mmenc Encoder. The servers
+(for Qwen3-VL also with --frontends 2), one in-process vLLM LLM and one mmenc Encoder; for the video
+families also a clip (mmenc.testing.clips, PyAV). The servers
 start when the stack is made and boot while the offline tests run; the stack is torn down before the
 next family's (pytest groups the tests by family), so at most one family's processes run at once.
 Run by interop/vllm/run.sh with the interop venv's python (vLLM installed) and the checkout on PYTHONPATH.
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 from harness import ENGINE, QUIET_ENV, mmenc_server, vllm_server
-from mmenc.vllm_inputs import EC_ONLY_ARCHITECTURES, EMBEDS_ARCHITECTURES
+from mmenc.vllm_inputs import EC_ONLY_ARCHITECTURES, EMBEDS_ARCHITECTURES, VIDEO_EMBEDS_ARCHITECTURES
 
 os.environ.update(QUIET_ENV)
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the offline engine in this process: no second vLLM import
@@ -23,6 +24,9 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the offline engine in this
 FAMILIES = EMBEDS_ARCHITECTURES + EC_ONLY_ARCHITECTURES  # what mmenc.vllm_inputs claims is what runs here
 FRONTENDS = {"Qwen3VLForConditionalGeneration": 2}  # an extra `mmenc serve --frontends 2` for this family
 SIZES = ((84, 112), (56, 84))  # (h, w) of the two test images: different sizes, so a swap changes the grids
+# the test clip of the video families: 2 s at 4 fps, so Qwen2.5-VL's second_per_grid_ts (2 / 4) is not vLLM's
+# default of 1.0 and Qwen3-VL samples 4 of the 8 frames (2 fps)
+CLIP = dict(frames=8, size=(112, 112), fps=4)
 
 
 class Stack:
@@ -30,6 +34,7 @@ class Stack:
         from PIL import Image
 
         from mmenc.testing.checkpoints.chat import CHAT_FAMILIES, save_chat_checkpoint
+        from mmenc.testing.clips import write_clip
 
         self.architecture, self.family = architecture, CHAT_FAMILIES[architecture]
         self.folder = save_chat_checkpoint(architecture, root / "model")
@@ -42,7 +47,10 @@ class Stack:
             buf = io.BytesIO()
             image.save(buf, format="PNG")
             self.png.append(buf.getvalue())
-        self.vllm = vllm_server(self.folder, self.ec_dir, root / "vllm.log", max_images=len(SIZES))
+        self.takes_video = architecture in VIDEO_EMBEDS_ARCHITECTURES
+        self.limits = {"image": len(SIZES), **({"video": 1} if self.takes_video else {})}
+        self.clip = write_clip(root / "clip.mp4", **CLIP) if self.takes_video else None
+        self.vllm = vllm_server(self.folder, self.ec_dir, root / "vllm.log", self.limits)
         self.mmenc = {0: mmenc_server(self.folder, self.ec_dir, root / "mmenc.log")}
         for n in [FRONTENDS[architecture]] if architecture in FRONTENDS else []:
             self.mmenc[n] = mmenc_server(self.folder, self.ec_dir, root / f"mmenc-frontends{n}.log", frontends=n)
@@ -59,7 +67,7 @@ class Stack:
     def llm(self):
         from vllm import LLM
 
-        return LLM(model=str(self.folder), limit_mm_per_prompt={"image": len(SIZES)}, **ENGINE)
+        return LLM(model=str(self.folder), limit_mm_per_prompt=self.limits, **ENGINE)
 
     @functools.cached_property
     def encoder(self):

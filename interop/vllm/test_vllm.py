@@ -10,17 +10,21 @@ its answer for the raw images (within harness.TOL, fp32), on the three ways mmen
 Families vLLM takes EC files from but no image_embeds inputs (mmenc.vllm_inputs.EC_ONLY_ARCHITECTURES) run
 the EC tests, and test_embeddings_refused checks that vLLM still refuses their embeddings (when it stops,
 the family moves to EMBEDS_ARCHITECTURES).
-Video (hook, not written yet: the service's video items are not on main): the same three paths with
-vLLM's {"video_embeds", "video_grid_thw"} (Qwen2-VL lineage: also "second_per_grid_ts" / timestamps) against
-its answer for the raw video, once `mmenc serve` answers video items in the `vllm` format.
+Video (mmenc.vllm_inputs.VIDEO_EMBEDS_ARCHITECTURES): a clip the stack writes (PyAV), encoded by mmenc,
+offline as {"video_embeds", "video_grid_thw", Qwen2.5-VL's "second_per_grid_ts", Qwen3-VL's "timestamps"}
+and as /v1/encode's video_embeds part in vLLM's chat API, against vLLM's answer for the frames mmenc sampled
+(decoded by mmenc, given to vLLM with their indices and fps); controls: zeroed embeddings, and for
+Qwen2.5-VL the embeddings without second_per_grid_ts.
 """
+import base64
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from harness import (Answer, assert_agree, assert_differ, b64_tensor, chat, chat_body, from_request_output,
                      load_b64_tensor, png_data_url)
-from mmenc.vllm_inputs import multi_modal_data
+from mmenc.vllm_inputs import multi_modal_data, video_multi_modal_data
 
 TEXT = {1: "what is in the image", 2: "compare two images"}
 
@@ -161,3 +165,73 @@ def test_embeddings_refused(stack):
                                                                       TEXT[1]))
     assert status == 400, (status, reply)
     print(f"{stack.architecture} chat: {reply['error']['message']}")
+
+
+VIDEO_TEXT = "describe this picture"
+
+
+def _needs_video(stack) -> None:
+    if not stack.takes_video:
+        pytest.skip(f"{stack.architecture}: no video embeddings in this suite")
+
+
+def _generate_video(stack, data) -> Answer:
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=6, logprobs=1, ignore_eos=True, seed=0)
+    prompt = stack.family.user_prompt(VIDEO_TEXT, images=0, videos=1)
+    return from_request_output(stack.llm.generate({"prompt": prompt, "multi_modal_data": {"video": data}}, params,
+                                                  use_tqdm=False)[0])
+
+
+def _video(stack):
+    """mmenc's encoding of the clip (VideoEmbedding) and vLLM's own answer for the raw video: the frames
+    mmenc sampled, decoded by mmenc (PyAV), with their indices and the clip's fps (vLLM samples nothing more:
+    do_sample_frames False), so both sides see the same pixels and the same times."""
+    if "video" not in stack.answers:
+        from mmenc.preprocess.video_decode import probe
+        from mmenc.preprocess.video_frames import decode
+
+        (video,) = stack.encoder.encode([str(stack.clip)], return_extras=True)
+        data = stack.clip.read_bytes()
+        meta = probe(data)
+        frames = decode(data, video.video.frames_indices, meta)
+        metadata = {"fps": meta.fps, "total_num_frames": meta.total_num_frames, "duration": meta.duration,
+                    "frames_indices": list(video.video.frames_indices), "video_backend": "pyav",
+                    "width": meta.width, "height": meta.height, "do_sample_frames": False}
+        stack.answers["video"] = video, _generate_video(stack, [(frames, metadata)])
+    return stack.answers["video"]
+
+
+def test_offline_video_embeds(stack):
+    """Encoder.encode(clip) -> LLM.generate(multi_modal_data={"video": video_multi_modal_data}) gives vLLM's
+    answer for the raw frames; zeroed embeddings change it, and so does a wrong Qwen2.5-VL time step (vLLM
+    reads second_per_grid_ts beside embeddings for its M-RoPE positions)."""
+    _needs_video(stack)
+    video, want = _video(stack)
+    data = video_multi_modal_data([video])
+    assert_agree(_generate_video(stack, data), want, "offline video embeddings")
+    assert_differ(_generate_video(stack, {**data, "video_embeds": torch.zeros_like(data["video_embeds"])}), want,
+                  "offline zeroed video embeddings")
+    if "second_per_grid_ts" in data:
+        assert data["second_per_grid_ts"].tolist() == [0.5]
+        assert_differ(_generate_video(stack, {k: v for k, v in data.items() if k != "second_per_grid_ts"}), want,
+                      "offline video embeddings without second_per_grid_ts (vLLM takes 1.0)")
+
+
+def test_service_video_embeds_part(stack):
+    """/v1/encode of the clip (a data URL, format "vllm") -> its video_embeds part, unchanged, in vLLM's chat
+    request: vLLM's answer for the raw video; under a fresh uuid too (not vLLM's EC file of the key)."""
+    _needs_video(stack)
+    _, want = _video(stack)
+    url = "data:video/mp4;base64," + base64.b64encode(stack.clip.read_bytes()).decode()
+    status, reply = stack.mmenc[0].post("/v1/encode", {"images": [url], "format": "vllm"})
+    assert status == 200 and "error" not in reply["data"][0], reply
+    part = reply["data"][0]["video_embeds"]
+    fresh = {**part, "uuid": stack.uuid("video")}
+    for sent, how in ((part, "as sent"), (fresh, "fresh uuid")):
+        assert_agree(chat(stack.vllm, chat_body(stack.folder, [sent], VIDEO_TEXT)), want, f"service video part, {how}")
+    fields = fresh["video_embeds"]
+    zeroed = {**fresh, "uuid": stack.uuid("video-zeroed"),
+              "video_embeds": {**fields, "video_embeds": b64_tensor(load_b64_tensor(fields["video_embeds"]) * 0)}}
+    assert_differ(chat(stack.vllm, chat_body(stack.folder, [zeroed], VIDEO_TEXT)), want, "service zeroed video part")

@@ -55,19 +55,31 @@ def torch_b64(tensor: torch.Tensor, saver: TensorSaver | None = None) -> list[by
     return [b64encode(buf.getbuffer())]
 
 
+def _video_fields(video: dict, saver: TensorSaver | None) -> list[bytes]:
+    """The fields of a video's `vllm` part after its embeddings, as vLLM's chat API takes one part (it stacks
+    each field over the request's video parts): video_grid_thw int64 [3] (one grid row; [rows, 3] for a
+    family of several, which vLLM takes no embeddings of), second_per_grid_ts float64 [] (a scalar:
+    Qwen2.5-VL, Qwen3-Omni), timestamps float64 [t] (Qwen3-VL, GLM-4.1V, Kimi)."""
+    rows = video["grid_thw"]
+    out = [b'","video_grid_thw":"', *torch_b64(torch.tensor(rows[0] if len(rows) == 1 else rows, dtype=torch.int64),
+                                                saver)]
+    if video.get("second_per_grid_ts") is not None:
+        out += [b'","second_per_grid_ts":"',
+                *torch_b64(torch.tensor(float(video["second_per_grid_ts"]), dtype=torch.float64), saver)]
+    if video.get("timestamps") is not None:
+        out += [b'","timestamps":"', *torch_b64(torch.tensor(video["timestamps"], dtype=torch.float64), saver)]
+    return out
+
+
 def render_item(image: EncodedImage, fmt: str, meta: dict, saver: TensorSaver | None = None) -> list[bytes]:
     """One response item as JSON text fragments: `meta` (index, uuid, ...) plus the format's fields.
     The large base64 strings are spliced in as bytes (base64 needs no JSON escaping), so no JSON
     encoder scans megabytes of them, and stay separate fragments (see Body). saver: see torch_b64."""
     head = dumps(meta)[:-1] + b","  # '{...,' : the object stays open for the format's fields
-    if fmt == "vllm" and image.video is not None:  # what vLLM's multi_modal_data["video"] takes
-        grid = torch.tensor(image.video["grid_thw"], dtype=torch.int64)
-        second = image.video.get("second_per_grid_ts")
-        extra = [] if second is None else [b'","second_per_grid_ts":"',
-                                           *torch_b64(torch.tensor([second], dtype=torch.float64), saver)]
+    if fmt == "vllm" and image.video is not None:  # vLLM's video_embeds content part
         return [head, b'"video_embeds":{"type":"video_embeds","uuid":', dumps(meta.get("uuid")),
-                b',"video_embeds":{"video_embeds":"', *torch_b64(image.full, saver), b'","video_grid_thw":"',
-                *torch_b64(grid, saver), *extra, b'"}}}']
+                b',"video_embeds":{"video_embeds":"', *torch_b64(image.full, saver),
+                *_video_fields(image.video, saver), b'"}}}']
     if fmt == "vllm":
         grid = torch.tensor(image.grid_thw, dtype=torch.int64)  # [3]: vLLM stacks one per content part
         return [head, b'"image_embeds":{"type":"image_embeds","uuid":', dumps(meta.get("uuid")),

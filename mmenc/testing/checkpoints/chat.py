@@ -39,10 +39,15 @@ class ChatFamily:
         additions to CHAT_TEXT (rotary sections sized for head_dim 32).
     specials: the special tokens, in id order from 0 (ids of the config's token fields come from here);
         token_fields: config field -> special token; eos: the end-of-turn token.
-    image_placeholder: what the chat template writes for an image (the family's own markers).
+    image_placeholder: what the chat template writes for an image (the family's own markers);
+        video_placeholder: for a video ("": the checkpoint's template writes nothing for video parts).
     turn: (role) -> the text opening a turn, with "{role}"; turn_end: closing it; prefix: before the
         first turn.
-    preprocessor: the published preprocessor_config.json values (tiny vision sizes leave them as they are).
+    preprocessor: the published preprocessor_config.json values (tiny vision sizes leave them as they are,
+        but for a fixed-size tower, whose sizes are the tower's); processor: processor_config.json (None: none).
+    config: more top-level config fields (e.g. LLaVA's feature layer and strategy).
+    renames: (saved prefix, published prefix) of weight names, where transformers' save_pretrained writes
+        another layout than the published checkpoints (which vLLM loads).
     """
 
     config_class: str
@@ -56,21 +61,27 @@ class ChatFamily:
     turn_end: str
     preprocessor: dict
     prefix: str = ""
+    video_placeholder: str = ""
+    processor: dict | None = None
+    config: dict = dataclasses.field(default_factory=dict)
+    renames: tuple[tuple[str, str], ...] = ()
 
     def chat_template(self) -> str:
         """A Jinja chat template in the family's format: string contents, or lists of
-        {"type": "image"} / {"type": "text", "text": ...} parts (what vLLM renders)."""
+        {"type": "image"} / {"type": "video"} / {"type": "text", "text": ...} parts (what vLLM renders)."""
         turn = self.turn.replace("{role}", "{{ m['role'] }}")
         return (f"{self.prefix}{{% for m in messages %}}{turn}"
                 "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
                 f"{{% if p['type'] in ('image', 'image_url', 'image_embeds') %}}{self.image_placeholder}"
+                f"{{% elif p['type'] in ('video', 'video_url', 'video_embeds') %}}{self.video_placeholder}"
                 "{% elif p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}"
                 f"{self.turn_end}{{% endfor %}}{{% if add_generation_prompt %}}"
                 f"{self.turn.replace('{role}', 'assistant')}{{% endif %}}")
 
-    def user_prompt(self, text: str, images: int = 1) -> str:
-        """The prompt the template renders for one user turn of `images` images then `text`."""
-        return (f"{self.prefix}{self.turn.replace('{role}', 'user')}{self.image_placeholder * images}{text}"
+    def user_prompt(self, text: str, images: int = 1, videos: int = 0) -> str:
+        """The prompt the template renders for one user turn of `images` images, `videos` videos, then `text`."""
+        media = self.image_placeholder * images + self.video_placeholder * videos
+        return (f"{self.prefix}{self.turn.replace('{role}', 'user')}{media}{text}"
                 f"{self.turn_end}{self.turn.replace('{role}', 'assistant')}")
 
 
@@ -80,6 +91,7 @@ _QWEN_TOKENS = {"image_token_id": "<|image_pad|>", "video_token_id": "<|video_pa
                 "vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>"}
 _QWEN_CHAT = dict(specials=_QWEN_SPECIALS, token_fields=_QWEN_TOKENS, eos="<|im_end|>",
                   image_placeholder="<|vision_start|><|image_pad|><|vision_end|>",
+                  video_placeholder="<|vision_start|><|video_pad|><|vision_end|>",
                   turn="<|im_start|>{role}\n", turn_end="<|im_end|>\n")
 # Qwen2-VL-7B-Instruct's and Qwen2.5-VL-7B-Instruct's preprocessor_config.json (Qwen2.5: same values)
 _QWEN2_PRE = {"min_pixels": 3136, "max_pixels": 12845056, "patch_size": 14, "temporal_patch_size": 2, "merge_size": 2,
@@ -92,6 +104,13 @@ _QWEN3_PRE = {"size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch
 _GLM_PRE = {"size": {"shortest_edge": 12544, "longest_edge": 9633792}, "do_rescale": True, "patch_size": 14,
             "temporal_patch_size": 2, "merge_size": 2, "image_mean": _CLIP_MEAN, "image_std": _CLIP_STD,
             "image_processor_type": "Glm4vImageProcessor", "processor_class": "Glm4vProcessor"}
+# llava-hf/llava-1.5-7b-hf's preprocessor_config.json, 336 px scaled to the tiny tower's 56, and its processor_config.json
+_LLAVA_PRE = {"crop_size": {"height": 56, "width": 56}, "size": {"shortest_edge": 56}, "do_center_crop": True,
+              "do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True, "resample": 3,
+              "rescale_factor": 1 / 255, "image_mean": _CLIP_MEAN, "image_std": _CLIP_STD,
+              "image_processor_type": "CLIPImageProcessor", "processor_class": "LlavaProcessor"}
+_LLAVA_PROCESSOR = {"patch_size": 14, "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1,
+                    "image_token": "<image>", "processor_class": "LlavaProcessor"}
 _GLM_SPECIALS = ("<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
                  "<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|begin_of_video|>", "<|end_of_video|>",
                  "<|video|>")
@@ -130,7 +149,25 @@ CHAT_FAMILIES: dict[str, ChatFamily] = {
         specials=_GLM_SPECIALS, token_fields=_GLM_TOKENS, eos="<|user|>",
         image_placeholder="<|begin_of_image|><|image|><|end_of_image|>", prefix="[gMASK]<sop>",
         turn="<|{role}|>\n", turn_end="", preprocessor=_GLM_PRE),
+    # LLaVA-1.5: CLIP (layer -2, CLS dropped: 4 x 4 = 16 tokens of a 56 px image), projector, Llama
+    "LlavaForConditionalGeneration": ChatFamily(
+        "LlavaConfig",
+        vision=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+                    num_attention_heads=2, image_size=56, patch_size=14, projection_dim=32, hidden_act="quick_gelu"),
+        text=dict(model_type="llama"), specials=("<pad>", "<s>", "</s>", "<image>"),
+        token_fields={"image_token_index": "<image>"}, eos="</s>", image_placeholder="<image>\n", prefix="<s>",
+        turn="{role}: ", turn_end="\n", preprocessor=_LLAVA_PRE, processor=_LLAVA_PROCESSOR,
+        config=dict(vision_feature_layer=-2, vision_feature_select_strategy="default"),
+        # transformers 5.19 saves the CLIP tower's weights without llava-hf's "vision_model." level
+        renames=(("vision_tower.", "vision_tower.vision_model."),)),
 }
+
+
+def _renamed(name: str, renames: tuple[tuple[str, str], ...]) -> str:
+    for old, new in renames:
+        if name.startswith(old) and not name.startswith(new):
+            return new + name[len(old):]
+    return name
 
 
 def _save_tokenizer(family: ChatFamily, folder: pathlib.Path) -> dict[str, int]:
@@ -164,7 +201,8 @@ def save_chat_checkpoint(architecture: str, folder, seed: int = 0) -> pathlib.Pa
     text = dict(CHAT_TEXT, vocab_size=64, eos_token_id=vocab[family.eos], pad_token_id=0, **family.text)
     tokens = {field: vocab[token] for field, token in family.token_fields.items()}
     config = getattr(transformers, family.config_class)(vision_config=dict(family.vision), text_config=text,
-                                                         tie_word_embeddings=False, dtype=torch.float32, **tokens)
+                                                         tie_word_embeddings=False, dtype=torch.float32, **tokens,
+                                                         **family.config)
     torch.manual_seed(seed)
     model = getattr(transformers, architecture)(config).eval()
     with torch.no_grad():
@@ -175,5 +213,13 @@ def save_chat_checkpoint(architecture: str, folder, seed: int = 0) -> pathlib.Pa
                 norm = name.endswith("weight") and ("norm" in name or "ln_q" in name)
                 p.normal_(std=0.1).add_(1.0 if norm else 0.0)
     _save(model, folder)
+    if family.renames:
+        from safetensors.torch import load_file, save_file
+
+        (file,) = folder.glob("*.safetensors")
+        tensors = {_renamed(k, family.renames): v for k, v in load_file(str(file)).items()}
+        save_file(tensors, str(file), metadata={"format": "pt"})
     (folder / "preprocessor_config.json").write_text(json.dumps(family.preprocessor, indent=2) + "\n")
+    if family.processor is not None:
+        (folder / "processor_config.json").write_text(json.dumps(family.processor, indent=2) + "\n")
     return folder
