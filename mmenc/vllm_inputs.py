@@ -29,10 +29,6 @@ import torch
 # run by interop/vllm/ (vLLM 0.32.0): image_embeds inputs (offline and content parts) and EC files
 EMBEDS_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                         "Qwen3VLForConditionalGeneration")
-# how vLLM takes each EMBEDS family's image embeddings (multi_modal_data): "grid", a dict with the grid rows;
-# "tensors", one bare [tokens, hidden] tensor per image
-LAYOUTS = {"Qwen2VLForConditionalGeneration": "grid", "Qwen2_5_VLForConditionalGeneration": "grid",
-           "Qwen3VLForConditionalGeneration": "grid"}
 # videos as {"video_embeds", "video_grid_thw", ...} inputs (offline and video_embeds content parts)
 VIDEO_EMBEDS_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                               "Qwen3VLForConditionalGeneration")
@@ -48,9 +44,9 @@ def image_embeds(output: Any) -> torch.Tensor:
 
 
 def multi_modal_data(outputs: Any | Sequence[Any], grid_thw: torch.Tensor | None = None) -> Any:
-    """vLLM's `multi_modal_data["image"]` for N images. With grid_thw (the Qwen2-VL lineage, LAYOUTS "grid"):
-    {"image_embeds": [sum tokens_i, width] on the CPU, "image_grid_thw": int64 [N, 3]}. Without (LAYOUTS
-    "tensors": LLaVA-1.5 and the families whose vLLM model takes a bare [bn, tokens, hidden] input): a list
+    """vLLM's `multi_modal_data["image"]` for N images. With grid_thw (the Qwen2-VL lineage, every
+    EMBEDS_ARCHITECTURES family): {"image_embeds": [sum tokens_i, width] on the CPU, "image_grid_thw": int64
+    [N, 3]}. Without (LLaVA-1.5 and the families whose vLLM model takes a bare [bn, tokens, hidden] input): a list
     of N [tokens_i, hidden] tensors on the CPU, what vLLM's default data parser reads as image embeddings.
     outputs: one TowerOutput of all N images (encode_pixels with return_extras=True; grid layout only) or
     N ImageEmbedding (encode with return_extras=True), in grid_thw's order."""

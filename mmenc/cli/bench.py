@@ -250,6 +250,20 @@ def compiled_peer(hf):
     return peer
 
 
+def replace_preprocessor(encoder, workers: int | None, decode: str = "auto") -> None:
+    """The Encoder's preprocessing rebuilt with `workers` (None: one per usable core) and `decode` (the
+    --preprocess-workers / --preprocess-decode of --e2e and --video), keeping the worker kind and resize
+    place it chose, its video processor and its 16-bit handling; the old workers are closed."""
+    from mmenc.preprocess.pipeline import Preprocessor
+
+    old = encoder.preprocessor
+    encoder.preprocessor = Preprocessor(encoder.processor, device=old.device, workers=workers, decode=decode,
+                                        worker_kind=old.worker_kind, resize=old.resize,
+                                        video_processor=encoder.video_processor,
+                                        high_bit_depth=encoder.settings.high_bit_depth)
+    old.close()
+
+
 def run_video_bench(args, encoder, hf, json_path) -> int:
     import pathlib
     import tempfile
@@ -257,14 +271,7 @@ def run_video_bench(args, encoder, hf, json_path) -> int:
     from mmenc.bench.video import run_video
 
     if args.preprocess_workers is not None:  # the video rows' workers (a scaling run: 1, 2, 4, ... of them)
-        from mmenc.preprocess.pipeline import Preprocessor
-
-        old = encoder.preprocessor
-        encoder.preprocessor = Preprocessor(encoder.processor, device=old.device, workers=args.preprocess_workers,
-                                            worker_kind=encoder.settings.preprocess_worker_kind,
-                                            resize=encoder.settings.preprocess_resize,
-                                            video_processor=encoder.video_processor)
-        old.close()
+        replace_preprocessor(encoder, args.preprocess_workers)
     pre = encoder.preprocessor
     print(f"mmenc bench --video: preprocessing: {pre.workers} {pre.worker_kind} workers, resize={pre.resize}",
           file=sys.stderr)
@@ -300,14 +307,10 @@ def run_e2e(args, encoder, workloads: dict, hf, json_path) -> int:
 
     from mmenc.bench import e2e
     from mmenc.bench.trace import format_trace
-    from mmenc.preprocess.pipeline import Preprocessor
 
     loaded, device = encoder.loaded, encoder.device
     if args.preprocess_workers is not None or args.preprocess_decode != "auto":
-        old = encoder.preprocessor
-        encoder.preprocessor = Preprocessor(encoder.processor, device=old.device, workers=args.preprocess_workers,
-                                            decode=args.preprocess_decode, worker_kind=old.worker_kind)
-        old.close()
+        replace_preprocessor(encoder, args.preprocess_workers, args.preprocess_decode)
     patch = getattr(encoder.processor.config, "patch_size", 14)
     gpu = device.type == "cuda"
     stream_n = args.stream_images if args.stream_images is not None else (2000 if gpu else 12)
