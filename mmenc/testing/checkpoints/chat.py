@@ -68,15 +68,21 @@ class ChatFamily:
 
     def chat_template(self) -> str:
         """A Jinja chat template in the family's format: string contents, or lists of
-        {"type": "image"} / {"type": "video"} / {"type": "text", "text": ...} parts (what vLLM renders)."""
-        turn = self.turn.replace("{role}", "{{ m['role'] }}")
-        return (f"{self.prefix}{{% for m in messages %}}{turn}"
+        {"type": "image"} / {"type": "video"} / {"type": "text", "text": ...} parts (what vLLM renders).
+        The family's own text goes in as string expressions, so that the renderer's trim_blocks (on in
+        transformers >= 5.24) cannot eat a newline that follows a block tag."""
+        def text(value: str) -> str:
+            return "{{ " + json.dumps(value) + " }}" if value else ""
+
+        open_turn, _, close_role = self.turn.partition("{role}")
+        turn = text(open_turn) + "{{ m['role'] }}" + text(close_role)
+        return (f"{text(self.prefix)}{{% for m in messages %}}{turn}"
                 "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
-                f"{{% if p['type'] in ('image', 'image_url', 'image_embeds') %}}{self.image_placeholder}"
-                f"{{% elif p['type'] in ('video', 'video_url', 'video_embeds') %}}{self.video_placeholder}"
+                f"{{% if p['type'] in ('image', 'image_url', 'image_embeds') %}}{text(self.image_placeholder)}"
+                f"{{% elif p['type'] in ('video', 'video_url', 'video_embeds') %}}{text(self.video_placeholder)}"
                 "{% elif p['type'] == 'text' %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}"
-                f"{self.turn_end}{{% endfor %}}{{% if add_generation_prompt %}}"
-                f"{self.turn.replace('{role}', 'assistant')}{{% endif %}}")
+                f"{text(self.turn_end)}{{% endfor %}}{{% if add_generation_prompt %}}"
+                f"{text(self.turn.replace('{role}', 'assistant'))}{{% endif %}}")
 
     def user_prompt(self, text: str, images: int = 1, videos: int = 0) -> str:
         """The prompt the template renders for one user turn of `images` images, `videos` videos, then `text`."""
