@@ -8,7 +8,9 @@ grid sizes the prompt's placeholder run and the language model's M-RoPE position
 vLLM's EC consumer reads from an --ec-storage file. Which families take which, checked by running vLLM
 0.32 itself (interop/vllm/): EMBEDS_ARCHITECTURES take both; EC_ONLY_ARCHITECTURES only the EC files
 (GLM-4.1V: vLLM's data parser for it has no embedding fields, so an embeddings dict is read as a list of
-images and refused). docs/serving.md, "Feeding vLLM", has the per-family table and vLLM's reasons.
+images and refused). LLaVA-1.5 takes a bare [tokens, hidden] tensor per image instead (BARE_EMBEDS_ARCHITECTURES,
+`takes_grid`): offline a list of them, in the chat API one base64 tensor per part. docs/serving.md, "Feeding
+vLLM", has the per-family table and vLLM's reasons.
 
     pixel_values, grid = enc.preprocess(images)
     out = enc.encode_pixels(pixel_values, grid, return_extras=True)
@@ -26,14 +28,27 @@ from typing import Any
 
 import torch
 
-# run by interop/vllm/ (vLLM 0.32.0): image_embeds inputs (offline and content parts) and EC files
-EMBEDS_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
-                        "Qwen3VLForConditionalGeneration")
+# run by interop/vllm/ (vLLM 0.32.0): image_embeds inputs (offline and content parts) and EC files.
+# The Qwen2-VL lineage takes an image as {"image_embeds", "image_grid_thw"} (the grid layout);
+GRID_EMBEDS_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+                             "Qwen3VLForConditionalGeneration")
+# LLaVA-1.5 a bare [tokens, hidden] tensor per image (the bare layout: vLLM's default data parser, no grid)
+BARE_EMBEDS_ARCHITECTURES = ("LlavaForConditionalGeneration",)
+EMBEDS_ARCHITECTURES = GRID_EMBEDS_ARCHITECTURES + BARE_EMBEDS_ARCHITECTURES
+# the bare layout read from vLLM's source and not run (interns1.py takes InternVL's embeddings without a grid)
+_BARE_UNRUN = ("InternVLForConditionalGeneration",)
 # videos as {"video_embeds", "video_grid_thw", ...} inputs (offline and video_embeds content parts)
 VIDEO_EMBEDS_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                               "Qwen3VLForConditionalGeneration")
 # EC files only: vLLM refuses image_embeds inputs for these (see above), its EC consumer reads mmenc's files
 EC_ONLY_ARCHITECTURES = ("Glm4vForConditionalGeneration",)
+
+
+def takes_grid(architecture: str) -> bool:
+    """Whether vLLM takes this family's image embeddings with their grid (the {"image_embeds",
+    "image_grid_thw"} dict) rather than bare; families vLLM takes no embeddings of answer True (the dict is
+    what their EC-file twins and any future parser would read)."""
+    return architecture not in BARE_EMBEDS_ARCHITECTURES + _BARE_UNRUN
 
 
 def image_embeds(output: Any) -> torch.Tensor:

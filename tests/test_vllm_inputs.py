@@ -12,7 +12,8 @@ from mmenc.engine.videos import VideoEmbedding
 from mmenc.preprocess.video import VideoInfo
 from mmenc.serving.formats import EncodedImage, render_item
 from mmenc.serving.tensor_bytes import TensorSaver
-from mmenc.vllm_inputs import multi_modal_data, video_multi_modal_data
+from mmenc.vllm_inputs import (BARE_EMBEDS_ARCHITECTURES, EMBEDS_ARCHITECTURES, multi_modal_data, takes_grid,
+                               video_multi_modal_data)
 
 
 def _info(grid, timestamps=None, second=None) -> VideoInfo:
@@ -68,3 +69,23 @@ def test_vllm_video_part_is_one_chat_part(saver):
     plain = EncodedImage(torch.randn(16, 8), 8, (2, 4, 8), video=_info([(2, 4, 8)]).as_dict())
     fields = json.loads(b"".join(render_item(plain, "vllm", {"index": 0, "uuid": None}, saver)))["video_embeds"]
     assert set(fields["video_embeds"]) == {"video_embeds", "video_grid_thw"}
+
+
+@pytest.mark.parametrize("saver", [None, TensorSaver()], ids=["torch.save", "saver"])
+def test_vllm_image_part_in_each_layout(saver):
+    """The grid layout's part is {"image_embeds", "image_grid_thw" int64 [3]}; the bare one (LLaVA-1.5, what
+    vLLM's chat API takes for it: a dict is read as a list of images and refused) the tensor's base64 alone."""
+    image = EncodedImage(torch.randn(6, 8), 8, (1, 4, 6))
+    part = json.loads(b"".join(render_item(image, "vllm", {"index": 0, "uuid": "k"}, saver)))["image_embeds"]
+    fields = {k: _load(v) for k, v in part["image_embeds"].items()}
+    assert torch.equal(fields["image_embeds"], image.full) and fields["image_grid_thw"].tolist() == [1, 4, 6]
+    bare = json.loads(b"".join(render_item(image, "vllm", {"index": 0, "uuid": "k"}, saver, grid=False)))
+    part = bare["image_embeds"]
+    assert part["type"] == "image_embeds" and part["uuid"] == "k" and isinstance(part["image_embeds"], str)
+    assert torch.equal(_load(part["image_embeds"]), image.full)
+
+
+def test_layout_per_architecture():
+    assert takes_grid("Qwen2_5_VLForConditionalGeneration") and takes_grid("Glm4vForConditionalGeneration")
+    assert not takes_grid("LlavaForConditionalGeneration")
+    assert set(BARE_EMBEDS_ARCHITECTURES) <= set(EMBEDS_ARCHITECTURES)

@@ -2,9 +2,11 @@
 its answer for the raw images (within harness.TOL, fp32), on the three ways mmenc feeds vLLM; controls
 (zeroed embeddings, two images swapped, a planted wrong EC file) must change the answer.
 
-  offline: Encoder.encode -> LLM.generate(multi_modal_data={"image": {"image_embeds", "image_grid_thw"}})
+  offline: Encoder.encode -> LLM.generate(multi_modal_data={"image": {"image_embeds", "image_grid_thw"}}),
+           for LLaVA-1.5 (mmenc.vllm_inputs.BARE_EMBEDS_ARCHITECTURES) a list of bare [tokens, hidden] tensors
   service: mmenc serve /v1/encode (format "vllm", one and two images per request, --frontends too)
-           -> the image_embeds content parts, as they come, in vLLM's OpenAI chat request
+           -> the image_embeds content parts, as they come, in vLLM's OpenAI chat request (LLaVA-1.5: one
+           base64 tensor per part, no grid)
   EC files: mmenc serve --ec-storage DIR; vLLM an ec_consumer of DIR (ECExampleConnector), asked with
            image_url parts whose uuid is mmenc's key: the request's uuid, or mmenc's content key
 Families vLLM takes EC files from but no image_embeds inputs (mmenc.vllm_inputs.EC_ONLY_ARCHITECTURES) run
@@ -24,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from harness import (Answer, assert_agree, assert_differ, b64_tensor, chat, chat_body, from_request_output,
                      load_b64_tensor, png_data_url)
-from mmenc.vllm_inputs import multi_modal_data, video_multi_modal_data
+from mmenc.vllm_inputs import multi_modal_data, takes_grid, video_multi_modal_data
 
 TEXT = {1: "what is in the image", 2: "compare two images"}
 
@@ -75,20 +77,41 @@ def _parts(stack, server, images: list[int]) -> list[dict]:
     return [item["image_embeds"] for item in _encode(server, stack, images)]
 
 
+def _part_tensor(part: dict) -> torch.Tensor:
+    """The embeddings of an image_embeds part: {"image_embeds": B64, "image_grid_thw": B64}, or B64 alone."""
+    fields = part["image_embeds"]
+    return load_b64_tensor(fields["image_embeds"] if isinstance(fields, dict) else fields)
+
+
+def _with_tensor(part: dict, tensor: torch.Tensor) -> dict:
+    """`part` with other embeddings, in its own layout."""
+    fields = part["image_embeds"]
+    new = {**fields, "image_embeds": b64_tensor(tensor)} if isinstance(fields, dict) else b64_tensor(tensor)
+    return {**part, "image_embeds": new}
+
+
+def _offline_data(stack, images: list) -> object:
+    """multi_modal_data["image"] of PIL images in the family's layout (the grid one, or bare tensors)."""
+    _, grid = stack.encoder.preprocess(images)
+    return multi_modal_data(stack.encoder.encode(images, return_extras=True),
+                            grid if takes_grid(stack.architecture) else None)
+
+
+def _zeroed(data):
+    if isinstance(data, dict):
+        return {**data, "image_embeds": torch.zeros_like(data["image_embeds"])}
+    return [torch.zeros_like(t) for t in data]
+
+
 def test_offline_encode_to_generate(stack):
     """Encoder.encode -> LLM.generate with multi_modal_data embeddings, one and two images."""
     _needs_embeds(stack)
     for images in ([0], [0, 1]):
-        pil = [stack.images[i] for i in images]
-        _, grid = stack.encoder.preprocess(pil)
-        data = multi_modal_data(stack.encoder.encode(pil, return_extras=True), grid)
+        data = _offline_data(stack, [stack.images[i] for i in images])
         want = _offline_image_answer(stack, images)
         assert_agree(_generate(stack, images, data), want, f"offline, images {images}")
-    zeroed = {**data, "image_embeds": torch.zeros_like(data["image_embeds"])}
-    assert_differ(_generate(stack, images, zeroed), want, "offline zeroed embeddings")
-    swapped = [stack.images[1], stack.images[0]]
-    _, grid = stack.encoder.preprocess(swapped)
-    data = multi_modal_data(stack.encoder.encode(swapped, return_extras=True), grid)
+    assert_differ(_generate(stack, images, _zeroed(data)), want, "offline zeroed embeddings")
+    data = _offline_data(stack, [stack.images[1], stack.images[0]])
     assert_differ(_generate(stack, images, data), want, "offline images swapped")
 
 
@@ -112,10 +135,8 @@ def test_service_image_embeds_parts(stack):
                              _image_answer(stack, images), f"service (frontends {frontends}), images {images}, {how}")
         want = _image_answer(stack, [0, 1])
         assert_differ(chat(stack.vllm, chat_body(stack.folder, fresh[::-1], TEXT[2])), want, "service parts swapped")
-        embeds = load_b64_tensor(fresh[0]["image_embeds"]["image_embeds"])
         # a new uuid again: vLLM's caches are keyed by it
-        zeroed = {**fresh[0], "uuid": stack.uuid("zeroed"),
-                  "image_embeds": {**fresh[0]["image_embeds"], "image_embeds": b64_tensor(embeds * 0)}}
+        zeroed = {**_with_tensor(fresh[0], _part_tensor(fresh[0]) * 0), "uuid": stack.uuid("zeroed")}
         assert_differ(chat(stack.vllm, chat_body(stack.folder, [zeroed, fresh[1]], TEXT[2])), want,
                       "service zeroed embeddings")
 
@@ -127,7 +148,7 @@ def test_ec_storage_request_uuids(stack):
     assert [item["uuid"] for item in items] == uuids
     for uuid, item in zip(uuids, items):
         stored = load_file(stack.ec_dir / uuid / "encoder_cache.safetensors")["ec_cache"]
-        assert torch.equal(stored, load_b64_tensor(item["image_embeds"]["image_embeds"]["image_embeds"]))
+        assert torch.equal(stored, _part_tensor(item["image_embeds"]))
     body = chat_body(stack.folder, [_url_parts(stack, i, uuid) for i, uuid in enumerate(uuids)], TEXT[2])
     assert_agree(chat(stack.vllm, body), _image_answer(stack, [0, 1]), "EC files under request uuids")
 
@@ -143,7 +164,7 @@ def test_ec_storage_content_keys(stack):
 def test_ec_storage_planted_file_is_read(stack):
     """A wrong file under a uuid changes vLLM's answer: the consumer reads the file, not the image."""
     right = _encode(stack.mmenc[0], stack, [0])[0]
-    embeds = load_b64_tensor(right["image_embeds"]["image_embeds"]["image_embeds"])
+    embeds = _part_tensor(right["image_embeds"])
     planted = stack.uuid("planted")
     (stack.ec_dir / planted).mkdir()
     save_file({"ec_cache": embeds.flip(0).contiguous()}, str(stack.ec_dir / planted / "encoder_cache.safetensors"))
@@ -156,8 +177,7 @@ def test_embeddings_refused(stack):
     parsed as a list of images; through the chat API, the part is refused with HTTP 400."""
     if stack.takes_embeds:
         pytest.skip(f"vLLM takes {stack.architecture}'s image embeddings")
-    _, grid = stack.encoder.preprocess(stack.images[:1])
-    data = multi_modal_data(stack.encoder.encode(stack.images[:1], return_extras=True), grid)
+    data = _offline_data(stack, stack.images[:1])
     with pytest.raises(ValueError) as refused:
         _generate(stack, [0], data)
     print(f"{stack.architecture} offline: {refused.value}")

@@ -33,6 +33,7 @@ class EngineInfo:
     pooled_dim: int | None = None  # width of the pooled image embedding (Encoder.pooled_dim); None: no pooling head
     text_error: str | None = "the checkpoint has no text tower"  # why texts cannot be embedded; None: they can
     matryoshka: tuple[int, ...] | bool = ()  # config.json's matryoshka dimensions (True: any); (): fixed width
+    vllm_grid: bool = True  # the `vllm` format's image part carries the grid (mmenc.vllm_inputs.takes_grid)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -71,20 +71,26 @@ def _video_fields(video: dict, saver: TensorSaver | None) -> list[bytes]:
     return out
 
 
-def render_item(image: EncodedImage, fmt: str, meta: dict, saver: TensorSaver | None = None) -> list[bytes]:
+def render_item(image: EncodedImage, fmt: str, meta: dict, saver: TensorSaver | None = None,
+                grid: bool = True) -> list[bytes]:
     """One response item as JSON text fragments: `meta` (index, uuid, ...) plus the format's fields.
     The large base64 strings are spliced in as bytes (base64 needs no JSON escaping), so no JSON
-    encoder scans megabytes of them, and stay separate fragments (see Body). saver: see torch_b64."""
+    encoder scans megabytes of them, and stay separate fragments (see Body). saver: see torch_b64.
+    grid: the `vllm` image part is {"image_embeds", "image_grid_thw"} (the Qwen2-VL lineage); False: the
+    base64 tensor alone, what vLLM's chat API takes for LLaVA-1.5 (mmenc.vllm_inputs.takes_grid)."""
     head = dumps(meta)[:-1] + b","  # '{...,' : the object stays open for the format's fields
     if fmt == "vllm" and image.video is not None:  # vLLM's video_embeds content part
         return [head, b'"video_embeds":{"type":"video_embeds","uuid":', dumps(meta.get("uuid")),
                 b',"video_embeds":{"video_embeds":"', *torch_b64(image.full, saver),
                 *_video_fields(image.video, saver), b'"}}}']
+    if fmt == "vllm" and not grid:
+        return [head, b'"image_embeds":{"type":"image_embeds","uuid":', dumps(meta.get("uuid")),
+                b',"image_embeds":"', *torch_b64(image.full, saver), b'"}}']
     if fmt == "vllm":
-        grid = torch.tensor(image.grid_thw, dtype=torch.int64)  # [3]: vLLM stacks one per content part
+        grid_thw = torch.tensor(image.grid_thw, dtype=torch.int64)  # [3]: vLLM stacks one per content part
         return [head, b'"image_embeds":{"type":"image_embeds","uuid":', dumps(meta.get("uuid")),
                 b',"image_embeds":{"image_embeds":"', *torch_b64(image.full, saver), b'","image_grid_thw":"',
-                *torch_b64(grid, saver), b'"}}}']
+                *torch_b64(grid_thw, saver), b'"}}}']
     embeddings = image.embeddings
     if fmt == "base64":
         raw = embeddings.view(torch.uint8).numpy()  # little-endian on every platform torch serves

@@ -18,6 +18,7 @@ from mmenc.serving.formats import EncodedImage, dtype_name
 from mmenc.serving.launch import make_batcher
 from mmenc.serving.metrics import ServeMetrics
 from mmenc.serving.settings import ServeSettings, served_name
+from mmenc.vllm_inputs import takes_grid
 
 logger = init_logger(__name__)
 
@@ -87,7 +88,8 @@ class LocalEngine(EngineClient):
         self.info = EngineInfo(model_name=name, card=card, identity=identity, processor=enc.processor,
                                uint8=self.batcher.prepare is not None, dtype=loaded.dtype,
                                video_processor=enc.video_processor, pooled_dim=enc.pooled_dim,
-                               text_error=text_error, matryoshka=matryoshka_dims(hf_config))
+                               text_error=text_error, matryoshka=matryoshka_dims(hf_config),
+                               vllm_grid=takes_grid(archs[0]))
         self.state = "ready"
         logger.info("encoder %s ready in %.1f s (%s); linears %s; %s", enc.model_name, time.perf_counter() - start,
                     card, enc.linear_backend(), enc.threads())

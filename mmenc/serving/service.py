@@ -289,7 +289,7 @@ class EncodeService:
                     "cached": item.hit}
             if enc.video is not None:  # the video's metadata (grid rows, frames, timestamps, ...)
                 meta["video"] = enc.video
-            body.add(*render_item(enc, request.format, meta, self.saver))
+            body.add(*render_item(enc, request.format, meta, self.saver, grid=self.engine.info.vllm_grid))
         body.add(b'],"usage":', dumps({"images": images, "tokens": tokens}), b"}")
         self.metrics.images.inc(images)
         self.metrics.tokens.inc(tokens)
