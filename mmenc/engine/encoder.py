@@ -47,7 +47,8 @@ from mmenc.logger import init_logger
 from mmenc.models.base import TowerOutput
 from mmenc.preprocess.images import ImageLoadError, LoadFailure
 from mmenc.preprocess.inputs import as_items
-from mmenc.preprocess.pipeline import Preprocessor, default_workers, usable_cores
+from mmenc.preprocess.pipeline import Preprocessor
+from mmenc.preprocess.placement import default_workers, usable_cores
 from mmenc.preprocess.schedule import ChunkSchedule
 from mmenc.tally import Tally
 
