@@ -83,8 +83,8 @@ class ToolSurface:
     def replace_preprocessor(self, workers: int | None = None, decode: str = "auto") -> None:
         """From now on preprocess with `workers` decode/resize workers (None: one per usable core) and
         `decode` (mmenc.preprocess.placement), keeping the worker kind and resize place the Encoder chose,
-        its video processor and its 16-bit handling (a benchmark's workers: `mmenc bench --e2e --video
-        --preprocess-workers N`). The old workers are closed; call it between encodes."""
+        its video processor and its 16-bit handling (`mmenc bench --e2e` or `--video` with
+        `--preprocess-workers N`). The old workers are closed; call it between encodes."""
         old = self.preprocessor
         self.preprocessor = Preprocessor(self.processor, device=old.device, workers=workers, decode=decode,
                                          worker_kind=old.worker_kind, resize=old.resize,
