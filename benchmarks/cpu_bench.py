@@ -37,7 +37,7 @@ from mmenc.bench.hf_reference import build_hf_tower  # noqa: E402
 from mmenc.bench.measure import parse_grid_spec  # noqa: E402
 from mmenc.bench.op_cpu_time import OpCpuTime, process_cpu_seconds  # noqa: E402
 from mmenc.engine.encoder import Encoder  # noqa: E402
-from mmenc.layers.linear import linear_states_nbytes  # noqa: E402
+from mmenc.layers.linear_kernels import linear_states_nbytes  # noqa: E402
 from mmenc.models.registry import get_builtin_config  # noqa: E402
 from mmenc.testing.random_weights import init_comparable_weights_  # noqa: E402
 

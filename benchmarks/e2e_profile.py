@@ -40,7 +40,8 @@ from PIL import Image
 from mmenc.bench.e2e import image_sizes, write_jpegs
 from mmenc.bench.measure import WORKLOADS
 from mmenc.preprocess.images import load_image
-from mmenc.preprocess.pipeline import Preprocessor, default_workers
+from mmenc.preprocess.pipeline import Preprocessor
+from mmenc.preprocess.placement import default_workers
 from mmenc.preprocess.staging import chw as _chw
 from mmenc.preprocess.staging import to_device_each as _to_device
 from mmenc.preprocess.qwen_vl import qwen2_vl_from_hf

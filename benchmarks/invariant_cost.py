@@ -49,7 +49,8 @@ from mmenc.bench.measure import WORKLOADS, random_pixels, time_ms
 from mmenc.engine.encoder import Encoder
 from mmenc.layers import token_tiles
 from mmenc.layers.invariant_gemm import GemmConfig
-from mmenc.layers.linear import _LinearBase, use_token_tiles
+from mmenc.layers.linear import LinearBase
+from mmenc.layers.linear_kernels import use_token_tiles
 from mmenc.layers.token_tiles import TOKEN_TILE, TRITON_GEMM, tiled_linear
 
 MODEL = "Qwen/Qwen2.5-VL-7B-Instruct"
@@ -166,7 +167,7 @@ def _time_variant(name, spec, mode, args, inputs, device) -> list[dict]:
                 ms = time_ms(lambda: enc.encode_pixels(pixels, grid), device, warmup, iters)
             rows.append(dict(variant=name, mode=label, workload=wl, ms=ms, attention=attention_desc(enc),
                              tile="/".join(map(str, sorted({m.token_tile for m in enc.tower.modules()
-                                                            if isinstance(m, _LinearBase)}, key=str)))))
+                                                            if isinstance(m, LinearBase)}, key=str)))))
             print(f"    {name:<18} {label:<16} {wl:<10} {ms:8.2f} ms", file=sys.stderr, flush=True)
     enc.clear_graphs()
     return rows
@@ -195,7 +196,7 @@ def capture_ops(args, inputs, device) -> dict:
     hooks = [m.register_forward_pre_hook(pre_hook, with_kwargs=True) for m in enc.tower.modules()
              if hasattr(m, "describe_backend") and hasattr(m, "num_heads")]
     linears = sorted({(m.weight.shape[1], m.weight.shape[0], m.bias is not None)
-                      for m in enc.tower.modules() if isinstance(m, _LinearBase)})
+                      for m in enc.tower.modules() if isinstance(m, LinearBase)})
     for wl, (pixels, grid) in inputs.items():
         current = {}
         with torch.no_grad(), enc.graphs_off():

@@ -24,7 +24,8 @@ import torch
 from PIL import Image
 
 from mmenc.preprocess import get_processor
-from mmenc.preprocess.pipeline import Preprocessor, default_workers
+from mmenc.preprocess.pipeline import Preprocessor
+from mmenc.preprocess.placement import default_workers
 
 WORKLOADS = {  # name: (count, height, width); the first two are the issue's, the third needs a resize
     "8x1036px": (8, 1036, 1036),

@@ -198,7 +198,8 @@ def test_tiled_linear_pads_unaligned_rows_in_both_operands(monkeypatch):
 
 
 def test_narrow_linears_get_the_narrow_tile():
-    from mmenc.layers.linear import ReplicatedLinear, use_token_tiles
+    from mmenc.layers.linear import ReplicatedLinear
+    from mmenc.layers.linear_kernels import use_token_tiles
     from mmenc.layers.token_tiles import NARROW_OUT_FEATURES, NARROW_TOKEN_TILE, TOKEN_TILE, TRITON_GEMM
 
     wide = ReplicatedLinear(16, NARROW_OUT_FEATURES, device="meta")
@@ -375,11 +376,11 @@ def _gpu_calls():
 
 def _gpu_worst_difference(model: str, case: ck.FamilyCase, mode: str, tile: int | None = None) -> float:
     """Largest |difference| over _gpu_calls() between GPU_TARGET's outputs alone and in each call;
-    `tile`: the linears' token tile instead of the default (mmenc.layers.linear.use_token_tiles)."""
+    `tile`: the linears' token tile instead of the default (mmenc.layers.linear_kernels.use_token_tiles)."""
     enc = Encoder(model, load_format="dummy", dtype="bfloat16", device="cuda", batch_invariant=True,
                   compile=mode != "eager", cuda_graphs=mode == "graphs")
     if tile is not None:
-        from mmenc.layers.linear import use_token_tiles
+        from mmenc.layers.linear_kernels import use_token_tiles
 
         use_token_tiles(enc.tower, tile)
     runs = 3 if mode == "graphs" else 1  # graphs: warm-up, capture, then the replay is checked

@@ -57,7 +57,7 @@ def test_hooks_nest_and_leave(encoder):
 
 
 def test_graph_controls_without_graphs(encoder):
-    assert encoder.graph_stats() is None and encoder.unreplayed_graphs() == 0
+    assert encoder.graph_stats() is None and encoder.unreplayed_graphs() == 0 and encoder.graph_recent_calls is None
     encoder.clear_graphs()  # nothing to clear: no error
     with pytest.raises(ValueError, match=r"configure_graphs\(recent_calls=4\): this Encoder has no CUDA graphs"):
         encoder.configure_graphs(recent_calls=4)
@@ -86,8 +86,9 @@ def test_graphs_off_runs_the_tower_itself(encoder, monkeypatch):
         got = encoder.encode_pixels(pixels, GRID)
     assert encoder.graph_stats() == {"replays": 1} and encoder.loaded.graphs is graphs
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert encoder.graph_recent_calls == 16
     encoder.configure_graphs(recent_calls=None)
-    assert graphs.recent_calls is None
+    assert graphs.recent_calls is None and encoder.graph_recent_calls is None
     with pytest.raises(ValueError, match=r"recent_calls=0 must be >= 1"):
         encoder.configure_graphs(recent_calls=0)
 
@@ -121,8 +122,29 @@ def test_replace_tower_runs_the_stand_in(q25):
     assert seen == [torch.bfloat16] and got.shape == (sum(encoder.output_tokens(GRID)), 4)
 
 
+def test_replace_preprocessor_keeps_the_encoders_choices(q25, tmp_path):
+    from PIL import Image
+
+    from mmenc.engine.encoder import Encoder
+
+    path = tmp_path / "a.png"
+    Image.new("RGB", (40, 56), (200, 30, 90)).save(path)
+    with Encoder(q25, device="cpu", high_bit_depth="scale") as encoder:
+        old = encoder.preprocessor
+        want = encoder.encode([path])[0]
+        encoder.replace_preprocessor(workers=0, decode="cpu")
+        new = encoder.preprocessor
+        assert new is not old and new.workers == 0 and new.decode == "cpu"
+        assert (new.worker_kind, new.resize, new.device) == (old.worker_kind, old.resize, old.device)
+        assert new.video is encoder.video_processor and new.work.high_bit_depth == "scale"
+        assert torch.equal(encoder.encode([path])[0], want)
+    with pytest.raises(AttributeError):
+        encoder.loaded = None  # read only: the tower changes through replace_tower
+
+
 # the Encoder's internals, which only mmenc/engine may touch
-REACHES = re.compile(r"\.runner\b|\._executor\b|loaded\.graphs\b|\.graphs\s*=|loaded\.tower\s*=|engine\.executors")
+REACHES = re.compile(r"\.runner\b|\._executor\b|loaded\.graphs\b|\.graphs\s*=|loaded\.tower\s*=|engine\.executors"
+                     r"|getattr\([^)]*[\"']graphs[\"']|\.preprocessor\s*=(?!=)|\.loaded\s*=(?!=)")
 BENCHMARKS = MMENC.parent / "benchmarks"
 
 
@@ -132,6 +154,6 @@ def test_nothing_outside_the_engine_reaches_into_the_encoder():
              for path in sorted(files + list(BENCHMARKS.rglob("*.py")))
              for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if REACHES.search(line)]
     assert not found, ("code outside mmenc/engine reaches into the Encoder; use its surface (launch, graph_stats, "
-                       "configure_graphs, clear_graphs, graphs_off, tower_call_hook, input_device, dtype, tower, "
-                       "replace_tower):\n"
+                       "graph_recent_calls, configure_graphs, clear_graphs, graphs_off, tower_call_hook, input_device, "
+                       "dtype, tower, loaded (read only), replace_tower, replace_preprocessor):\n"
                        + "\n".join(found))

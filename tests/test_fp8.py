@@ -8,7 +8,8 @@ from mmenc.backends.linear import LinearBackendEnum, get_linear_backend_class
 from mmenc.backends.linear.fp8 import FP8_DTYPE, Fp8Linear, quantize_rows
 from mmenc.config import MultiModalConfig
 from mmenc.engine.quantize import checkpoint_ignore, quantized_linears
-from mmenc.layers.linear import ReplicatedLinear, linear_plan, prepare_linears
+from mmenc.layers.linear import ReplicatedLinear
+from mmenc.layers.linear_kernels import linear_plan, prepare_linears
 from mmenc.testing.quant_accuracy import build_random_tower, fp8_accuracy
 
 QWEN = "Qwen/Qwen2.5-VL-7B-Instruct"

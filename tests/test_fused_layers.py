@@ -14,7 +14,7 @@ from mmenc.backends.kernels import fused_rows  # noqa: E402  registers the mmenc
 from mmenc.backends.linear.fp8 import Fp8Linear  # noqa: E402
 from mmenc.layers import fused  # noqa: E402
 from mmenc.layers.fused import use_fused_kernels  # noqa: E402
-from mmenc.layers.linear import prepare_linears  # noqa: E402
+from mmenc.layers.linear_kernels import prepare_linears  # noqa: E402
 from mmenc.layers.vision_blocks import VisionBlock  # noqa: E402
 from mmenc.testing.random_weights import init_comparable_weights_  # noqa: E402
 

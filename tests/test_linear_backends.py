@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from mmenc.backends import DeviceInfo, probe_device
 from mmenc.backends.linear import LinearBackendEnum as L
 from mmenc.backends.linear import get_linear_backend_class
-from mmenc.layers.linear import (ColumnParallelLinear, MergedColumnParallelLinear, ReplicatedLinear,
-                                 prepare_linears, restore_linears, use_token_tiles)
+from mmenc.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear, ReplicatedLinear
+from mmenc.layers.linear_kernels import prepare_linears, restore_linears, use_token_tiles
 from mmenc.platforms.cpu import CpuPlatform
 from mmenc.platforms.cuda import CudaPlatform
 

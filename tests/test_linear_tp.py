@@ -117,7 +117,7 @@ def _check_backends(rank: int, world: int):
     """Each linear backend that runs here, on this rank's shard: column, row (bias once, after the all-reduce),
     merged and qkv layers against the unsharded F.linear, at odd sizes."""
     from mmenc.backends.linear import LinearBackendEnum
-    from mmenc.layers.linear import prepare_linears
+    from mmenc.layers.linear_kernels import prepare_linears
     from mmenc.platforms.cpu import CpuPlatform
 
     torch.manual_seed(3)

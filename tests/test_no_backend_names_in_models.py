@@ -1,7 +1,9 @@
 """Model files never name a platform or a backend: MMEncoderAttention and the platform decide. Nor do
-they (or the layers) import the backends floor by any path: the helpers they need live below it
-(mmenc.utils), the attention layer and its packed layout come from mmenc.attention, and only the
-parallel linears stand on their own backends (mmenc.backends.linear)."""
+they import the backends floor by any path: the helpers they need live below it (mmenc.utils), and the
+attention layer and its packed layout come from mmenc.attention. The layers import it through one door
+only, mmenc.backends.linear: the platform picks a linear backend (Platform.get_linear_backend, asked by
+the engine), and the parallel linears run the one they are handed (mmenc.layers.linear_kernels), with
+the fused layers reading its FP8 rows (QuantizedRows); they never choose one themselves."""
 import ast
 import pathlib
 import re
@@ -90,8 +92,9 @@ def backend_imports(root: pathlib.Path, allowed: tuple[str, ...] = ()) -> list[s
 @pytest.mark.parametrize("floor,allowed", [("models", ()), ("layers", ("mmenc.backends.linear",))])
 def test_towers_and_layers_do_not_import_the_backends(floor, allowed):
     found = backend_imports(MMENC / floor, allowed)
+    door = f"; the one import allowed here: {', '.join(allowed)}" if allowed else ""
     assert not found, (f"mmenc/{floor} imports the backends floor (to_device, LRUCache: mmenc.utils; the layer "
-                       f"and make_cu_seqlens: mmenc.attention):\n" + "\n".join(found))
+                       f"and make_cu_seqlens: mmenc.attention{door}):\n" + "\n".join(found))
 
 
 def test_backend_import_check_sees_every_spelling(tmp_path, monkeypatch):

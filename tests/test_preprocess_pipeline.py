@@ -12,7 +12,8 @@ from PIL import Image
 
 from mmenc.preprocess import ImageLoadError, get_processor
 from mmenc.preprocess import gpu_decode
-from mmenc.preprocess.pipeline import Preprocessor, default_workers
+from mmenc.preprocess.pipeline import Preprocessor
+from mmenc.preprocess.placement import default_workers
 from mmenc.preprocess.staging import pinned_copy as _pinned
 from mmenc.preprocess.plan import ImagePreprocessError
 from mmenc.preprocess.resize_exact import axis_weights, band_to_dense, resize_uint8_exact, tap_columns

@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 from mmenc.cli.main import main
 from mmenc.engine.encoder import Encoder
 from mmenc.preprocess import get_processor
-from mmenc.preprocess.pipeline import PROCESS_MIN_WORKERS, Preprocessor
+from mmenc.preprocess.pipeline import Preprocessor
+from mmenc.preprocess.placement import PROCESS_MIN_WORKERS
 from mmenc.preprocess.plan import ImagePreprocessError
 from mmenc.preprocess.prepare import ImageWork
 from mmenc.preprocess.procs import ProcessWorkers

@@ -154,3 +154,14 @@ def write_atomically(path: pathlib.Path, write: Callable[[str], None]) -> None:
     from mmenc.files import write_atomically as write_whole
 
     write_whole(path, write)
+
+
+def write_json_atomically(path: pathlib.Path, payload: dict) -> None:
+    """`payload` as indented JSON at `path`, written as write_atomically writes (the --json of `mmenc bench`)."""
+    import json
+
+    def dump(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            json.dump(payload, f, indent=1)
+
+    write_atomically(path, dump)

@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from mmenc.backends.linear import LinearBackendEnum
 from mmenc.config import MultiModalConfig
-from mmenc.layers.linear import linear_names, prepare_linears
+from mmenc.layers.linear_kernels import linear_names, prepare_linears
 from mmenc.loader.checkpoint import prefix_group
 from mmenc.logger import init_logger
 

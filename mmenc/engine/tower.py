@@ -276,7 +276,7 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
         use_fused_kernels(tower)
     if mm_config.batch_invariant:  # before compiling / capturing: fixed-shape GEMMs in every linear
         from mmenc.distributed.parallel_state import get_tp_size
-        from mmenc.layers.linear import use_token_tiles
+        from mmenc.layers.linear_kernels import use_token_tiles
 
         use_token_tiles(tower)
         if device.type == "cpu":  # torch's fused CPU activations give a tensor's last elements scalar code

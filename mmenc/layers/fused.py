@@ -6,7 +6,7 @@
     linear_then_act(linear, act_module, x, gated, consumer)  act(linear(x)), the bias added in act's kernel
 
 `consumer`: the linear that reads h. Where its backend takes inputs already in FP8
-(`_LinearBase.quantized_input_width`: the FP8 backend), h is produced quantized per token by the same
+(`LinearBase.quantized_input_width`: the FP8 backend), h is produced quantized per token by the same
 kernel, so the quantization costs no pass of its own. The kernels are the torch custom ops `mmenc::fused_*`
 (registered by mmenc.backends.kernels.fused_rows when the platform checks them: Platform.fused_kernel_reasons);
 this layer calls them through torch.ops, never the backend module.

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 # Tokens per GEMM call in batch-invariant mode. Changing it changes the (still invariant) results.
 TOKEN_TILE = 4096
 # Linears with fewer output features than NARROW_OUT_FEATURES use tiles of NARROW_TOKEN_TILE tokens on
-# GPUs (mmenc.layers.linear.use_token_tiles): a 4096 x 1280 output is only ~160 blocks of 128 x 256,
+# GPUs (mmenc.layers.linear_kernels.use_token_tiles): a 4096 x 1280 output is only ~160 blocks of 128 x 256,
 # 1.2 waves on a 132-SM GPU; such GEMMs took 10-85% more time per row in 4096-row tiles than in 8192-
 # or 16384-row ones (H200, bf16, Qwen2.5-VL-7B's 1280-wide linears, benchmarks/invariant_cost.py).
 # 8192 rather than 16384: a small call pads those GEMMs to 8192 rows, not 16384.

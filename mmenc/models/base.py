@@ -25,7 +25,7 @@ import torch
 import torch.nn as nn
 
 from mmenc.layers.grid import Grid, read_grid
-from mmenc.layers.linear import linear_plan, prepare_plan, restore_linears
+from mmenc.layers.linear_kernels import linear_plan, prepare_plan, restore_linears
 from mmenc.layers.weights import WeightMap, load_named_weights
 from mmenc.utils.lru import LRUCache
 

@@ -12,7 +12,7 @@ rules; a bad size fails that image only), the bicubic resize on the CPU if it ru
 of the work holds it); "process", worker processes for paths and bytes (mmenc.preprocess.procs:
 the calling thread, which launches the tower, then shares the GIL with no decoder; results cross
 in shared memory, PIL images and arrays stay in threads); "auto": processes on a CUDA device with at
-least PROCESS_MIN_WORKERS workers (measured faster there, docs/preprocessing.md), else threads.
+least PROCESS_MIN_WORKERS workers (measured faster there), else threads (mmenc.preprocess.placement).
 Per chunk, in the calling thread: for a CUDA device each uint8 image is copied by numpy into
 pinned memory in its decoded [H, W, C] layout (no transpose) and crosses by one non-blocking copy
 (a quarter of the bytes float32 would take; the workers make no CUDA call, since one from another
@@ -23,28 +23,14 @@ before the next tower call (on an H200 it had sat between tower calls: 193 ms of
 4.3 s, run 15a). No torch op runs on the host in the calling thread (torch's intra-op threads, one per
 core, beside busy workers made a 26 MB torch.cat take 86 ms). Output order is input order.
 
-Where the work runs (`resize`, `decode`; "auto" picks):
-  resize="cpu": in the workers. resize="device": on `device` with `resize_uint8_exact` (the CPU
-    kernel's bytes; float32 would drift); the original uint8 image crosses instead.
-    resize="split" (CUDA, "torchvision" backend): the first image per worker of each call on the device
-    (they make the call's first tower input, and a 1036 px resize in a worker made that wait: 8 x 1036 px
-    encode lead-in 24 ms against 10, run 15e), the rest in the workers, whose CPU is spare while the tower
-    runs (a 2000-image mixed-size stream on an H200: 142.3-144.2 images/s resizing in the worker processes,
-    140.2-142.5 on the GPU, runs 15c-15e).
-    auto: on CUDA with the "torchvision" backend, "split" with worker processes, "device" with threads;
-    else "cpu".
-  decode="cpu": PIL (`load_image`). decode="torchvision": plain colour JPEGs (paths, bytes) by
-    torchvision.io.decode_jpeg on the CPU, without the GIL (PIL's pixels, measured), the rest by PIL.
-    decode="gpu": colour JPEGs are decoded by nvJPEG on `device` (needs torchvision; implies
-    resize="device"); other inputs, and any JPEG nvJPEG refuses, are decoded on the CPU.
-    auto: "torchvision" when it imports, else "cpu"; never "gpu", because nvJPEG's pixels are not
-    libjpeg-turbo's (up to 15 levels; docs/preprocessing.md).
+Where the work runs (`worker_kind`, `resize`, `decode`; "auto" picks) is chosen once, at construction, by
+mmenc.preprocess.placement (its docstring says what each choice does and when "auto" takes it).
+
 With resize="cpu" the result is bitwise the processor's own `__call__` on the CPU; with
 resize="device" likewise for the "torchvision" backend (tests/test_preprocess_pipeline.py).
 """
 import collections
 import math
-import os
 import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -54,6 +40,7 @@ import torch
 
 from mmenc.preprocess import gpu_decode
 from mmenc.preprocess.images import HIGH_BIT_DEPTH, ImageLoadError, LoadFailure, load_image
+from mmenc.preprocess.placement import choose_decode, choose_resize, choose_worker_kind, default_workers
 from mmenc.preprocess.plan import ImagePreprocessError, finish_patches, input_name
 from mmenc.preprocess.prepare import ImageWork, Ready
 from mmenc.preprocess.procs import ProcessWorkers, runs_in_process
@@ -62,30 +49,6 @@ from mmenc.preprocess.staging import to_device_each
 from mmenc.preprocess.video import VideoPiece
 from mmenc.preprocess.video_units import VideoUnits
 from mmenc.tally import Tally
-
-# worker_kind="auto" picks processes on a CUDA device from this many workers: there the calling thread
-# launches the tower and shares the GIL with worker threads (H200, runs 14b/14c: 32 x 448 px encode at
-# 90% of the tower alone with 8 or 16 worker processes, 81% with as many threads; docs/preprocessing.md).
-PROCESS_MIN_WORKERS = 8
-
-
-def default_workers(tower_device: torch.device | str | None = None) -> int:
-    """Workers for decode+resize: the cores this process may run on; 1 when the tower itself runs on this
-    CPU (`tower_device` "cpu"): its intra-op threads already use every core, and a CPU tower takes
-    seconds per image against milliseconds to decode and resize one, so one worker keeps ahead of it
-    while more would only take cores from the tower (each worker's torch ops start intra-op threads
-    of their own: 2 workers beside a 2-thread tower made 6 busy threads on 2 cores)."""
-    if tower_device is not None and torch.device(tower_device).type == "cpu":
-        return 1
-    return usable_cores()
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask: taskset, cgroups' cpusets)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
 
 
 class Preprocessed(NamedTuple):
@@ -144,9 +107,9 @@ class Preprocessor:
         self.workers = default_workers() if workers is None else workers
         self.max_pixels = max_pixels
         self.prefetch_chunks = prefetch_chunks
-        self.decode = self._choose_decode(decode)
-        self.worker_kind = self._choose_worker_kind(worker_kind)
-        self.resize = self._choose_resize(resize)
+        self.decode = choose_decode(decode, self.device)
+        self.worker_kind = choose_worker_kind(worker_kind, self.workers, self.device)
+        self.resize = choose_resize(resize, self.processor, self.decode, self.worker_kind, self.device)
         self.video, self.video_piece_patches = video_processor, video_piece_patches
         if high_bit_depth not in HIGH_BIT_DEPTH:
             raise ValueError(f"high_bit_depth={high_bit_depth!r} is not valid; expected one of {HIGH_BIT_DEPTH}")
@@ -159,40 +122,6 @@ class Preprocessor:
         self.stage_beside = True  # on CUDA, stage on a side stream, beside the tower (False: on the current one)
         self._stream: torch.cuda.Stream | None = None
         self.tally = Tally()  # calling-thread seconds: worker_wait_s (blocked on the workers), stage_s
-
-    def _choose_decode(self, decode: str) -> str:
-        if decode not in ("auto", "cpu", "torchvision", "gpu"):
-            raise ValueError(f"decode={decode!r}; expected 'auto', 'cpu', 'torchvision' or 'gpu'")
-        if decode == "gpu" and (reason := gpu_decode.unavailable_reason(self.device)):
-            raise ValueError(f"decode='gpu' cannot run: {reason}; use decode='cpu'")
-        if decode == "torchvision" and (reason := gpu_decode.cpu_decoder_reason()):
-            raise ValueError(f"decode='torchvision' cannot run: {reason}; use decode='cpu' (PIL)")
-        if decode == "auto":
-            return "cpu" if gpu_decode.cpu_decoder_reason() else "torchvision"
-        return decode
-
-    def _choose_worker_kind(self, kind: str) -> str:
-        if kind not in ("auto", "thread", "process"):
-            raise ValueError(f"worker_kind={kind!r}; expected 'auto', 'thread' or 'process'")
-        if kind == "process" and self.workers == 0:
-            raise ValueError("worker_kind='process' with workers=0 (everything in the calling thread); "
-                             "pass workers >= 1, or worker_kind='thread'")
-        if kind == "auto":
-            return "process" if self.device.type == "cuda" and self.workers >= PROCESS_MIN_WORKERS else "thread"
-        return kind
-
-    def _choose_resize(self, resize: str) -> str:
-        if resize not in ("auto", "cpu", "device", "split"):
-            raise ValueError(f"resize={resize!r}; expected 'auto', 'cpu', 'device' or 'split'")
-        backend = getattr(getattr(self.processor, "config", None), "backend", "torchvision")
-        if self.decode == "gpu":
-            return "device"
-        if resize == "auto" and self.device.type == "cuda" and backend == "torchvision":
-            return "split" if self.worker_kind == "process" else "device"
-        if resize == "split" and (self.device.type == "cpu" or backend != "torchvision"):
-            raise ValueError(f"resize='split' needs a GPU device and the 'torchvision' backend (device "
-                             f"{self.device.type}, backend {backend!r}); use 'cpu'")
-        return "cpu" if resize == "auto" else resize
 
     # -- public ------------------------------------------------------------------------------
     def run(self, items: Iterable[Any], errors: Literal["raise", "skip"] = "raise") -> Preprocessed:

@@ -16,7 +16,7 @@ import torch
 from mmenc.backends.linear.fp8 import Fp8Linear
 from mmenc.engine.quantize import quantized_linears
 from mmenc.layers.fused import use_fused_kernels
-from mmenc.layers.linear import prepare_linears
+from mmenc.layers.linear_kernels import prepare_linears
 from mmenc.models.registry import get_builtin_config
 from mmenc.testing.random_weights import init_comparable_weights_
 

@@ -1,6 +1,6 @@
 """Linear (matmul) kernel backends, the way attention has them: the platform chooses
 (Platform.get_linear_backend), the user may override (MultiModalConfig.linear_backend), models never
-name one. The layers (mmenc.layers.linear.prepare_linears) hand each weight to the chosen backend once
+name one. The layers (mmenc.layers.linear_kernels.prepare_linears) hand each weight to the chosen backend once
 after loading and call it on every forward.
 
     enum.py      LinearBackendEnum (+ from_name)
