@@ -33,7 +33,8 @@ import torch
 GRID_EMBEDS_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                              "Qwen3VLForConditionalGeneration")
 # LLaVA-1.5 a bare [tokens, hidden] tensor per image (the bare layout: vLLM's default data parser, no grid)
-BARE_EMBEDS_ARCHITECTURES = ("LlavaForConditionalGeneration",)
+BARE_EMBEDS_ARCHITECTURES = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
+                             "LlavaOnevisionForConditionalGeneration")
 EMBEDS_ARCHITECTURES = GRID_EMBEDS_ARCHITECTURES + BARE_EMBEDS_ARCHITECTURES
 # the bare layout read from vLLM's source and not run (interns1.py takes InternVL's embeddings without a grid)
 _BARE_UNRUN = ("InternVLForConditionalGeneration",)
