@@ -36,6 +36,11 @@ GRID_EMBEDS_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForCo
 BARE_EMBEDS_ARCHITECTURES = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
                              "LlavaOnevisionForConditionalGeneration")
 EMBEDS_ARCHITECTURES = GRID_EMBEDS_ARCHITECTURES + BARE_EMBEDS_ARCHITECTURES
+# one token count per encoder batch: vLLM 0.32's embedding schema of LLaVA-NeXT / OneVision is [bn, ifs, hs] with
+# ifs not dynamic, so images whose embeddings differ in length, in one prompt or in requests the scheduler batches
+# together, are refused ("data contains inconsistent shapes: torch.Size([70, 64]) (index 0) vs torch.Size([44, 64])
+# (index 1)", raised inside the engine step). LLaVA-1.5's images all have one length.
+SAME_LENGTH_EMBEDS_ARCHITECTURES = ("LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration")
 # the bare layout read from vLLM's source and not run (interns1.py takes InternVL's embeddings without a grid)
 _BARE_UNRUN = ("InternVLForConditionalGeneration",)
 # videos as {"video_embeds", "video_grid_thw", ...} inputs (offline and video_embeds content parts)
