@@ -3,7 +3,8 @@ its answer for the raw images (within harness.TOL, fp32), on the three ways mmen
 (zeroed embeddings, two images swapped, a planted wrong EC file) must change the answer.
 
   offline: Encoder.encode -> LLM.generate(multi_modal_data={"image": {"image_embeds", "image_grid_thw"}}),
-           for LLaVA-1.5 (mmenc.vllm_inputs.BARE_EMBEDS_ARCHITECTURES) a list of bare [tokens, hidden] tensors
+           for LLaVA-1.5, NeXT and OneVision (mmenc.vllm_inputs.BARE_EMBEDS_ARCHITECTURES) a list of bare
+           [tokens, hidden] tensors
   service: mmenc serve /v1/encode (format "vllm", one and two images per request, --frontends too)
            -> the image_embeds content parts, as they come, in vLLM's OpenAI chat request (LLaVA-1.5: one
            base64 tensor per part, no grid)
@@ -11,7 +12,10 @@ its answer for the raw images (within harness.TOL, fp32), on the three ways mmen
            image_url parts whose uuid is mmenc's key: the request's uuid, or mmenc's content key
 Families vLLM takes EC files from but no image_embeds inputs (mmenc.vllm_inputs.EC_ONLY_ARCHITECTURES) run
 the EC tests, and test_embeddings_refused checks that vLLM still refuses their embeddings (when it stops,
-the family moves to EMBEDS_ARCHITECTURES).
+the family moves to EMBEDS_ARCHITECTURES). For SAME_LENGTH_EMBEDS_ARCHITECTURES (LLaVA-NeXT, OneVision: vLLM
+refuses embeddings of different lengths in one encoder batch) the embedding paths send each test image alone and
+two images of one size together (conftest.Stack.embeds_sets), the EC tests keep the two sizes, and
+test_mixed_lengths_refused checks vLLM's refusal.
 Video (mmenc.vllm_inputs.VIDEO_EMBEDS_ARCHITECTURES): a clip the stack writes (PyAV), encoded by mmenc,
 offline as {"video_embeds", "video_grid_thw", Qwen2.5-VL's "second_per_grid_ts", Qwen3-VL's "timestamps"}
 and as /v1/encode's video_embeds part in vLLM's chat API, against vLLM's answer for the frames mmenc sampled
