@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from harness import (Answer, assert_agree, assert_differ, b64_tensor, chat, chat_body, from_request_output,
                      load_b64_tensor, png_data_url)
-from mmenc.vllm_inputs import multi_modal_data, takes_grid, video_multi_modal_data
+from mmenc.vllm_inputs import SAME_LENGTH_EMBEDS_ARCHITECTURES, multi_modal_data, takes_grid, video_multi_modal_data
 
 TEXT = {1: "what is in the image", 2: "compare two images"}
 
@@ -206,7 +206,7 @@ def test_mixed_lengths_refused(stack):
     inside its step. When it stops refusing, the family leaves that list and sends images 0 and 1 together."""
     import importlib
 
-    if stack.architecture not in SAME_LENGTH_SCHEMAS:
+    if stack.architecture not in SAME_LENGTH_EMBEDS_ARCHITECTURES:
         pytest.skip(f"vLLM takes {stack.architecture}'s image embeddings of different lengths in one batch")
     data = _offline_data(stack, stack.images[:2])
     assert data[0].shape[0] != data[1].shape[0], [t.shape for t in data]
