@@ -207,7 +207,7 @@ def test_mixed_lengths_refused(stack):
     import importlib
 
     if stack.architecture not in SAME_LENGTH_EMBEDS_ARCHITECTURES:
-        pytest.skip(f"vLLM takes {stack.architecture}'s image embeddings of different lengths in one batch")
+        pytest.skip(f"{stack.architecture} is not in SAME_LENGTH_EMBEDS_ARCHITECTURES")
     data = _offline_data(stack, stack.images[:2])
     assert data[0].shape[0] != data[1].shape[0], [t.shape for t in data]
     module, name = SAME_LENGTH_SCHEMAS[stack.architecture]
