@@ -43,7 +43,8 @@ EMBEDS_ARCHITECTURES = GRID_EMBEDS_ARCHITECTURES + BARE_EMBEDS_ARCHITECTURES
 # one token count per encoder batch: vLLM 0.32's embedding schema of LLaVA-NeXT / OneVision is [bn, ifs, hs] with
 # ifs not dynamic, so images whose embeddings differ in length, in one prompt or in requests the scheduler batches
 # together, are refused ("data contains inconsistent shapes: torch.Size([70, 64]) (index 0) vs torch.Size([44, 64])
-# (index 1)", raised inside the engine step). LLaVA-1.5's images all have one length.
+# (index 1)", raised inside the engine step: offline a ValueError, a server answers 500 and exits). LLaVA-1.5's
+# images all have one length.
 SAME_LENGTH_EMBEDS_ARCHITECTURES = ("LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration")
 # the bare layout read from vLLM's source and not run (interns1.py takes InternVL's embeddings without a grid)
 _BARE_UNRUN = ("InternVLForConditionalGeneration",)
