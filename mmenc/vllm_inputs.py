@@ -8,9 +8,12 @@ grid sizes the prompt's placeholder run and the language model's M-RoPE position
 vLLM's EC consumer reads from an --ec-storage file. Which families take which, checked by running vLLM
 0.32 itself (interop/vllm/): EMBEDS_ARCHITECTURES take both; EC_ONLY_ARCHITECTURES only the EC files
 (GLM-4.1V: vLLM's data parser for it has no embedding fields, so an embeddings dict is read as a list of
-images and refused). LLaVA-1.5 takes a bare [tokens, hidden] tensor per image instead (BARE_EMBEDS_ARCHITECTURES,
-`takes_grid`): offline a list of them, in the chat API one base64 tensor per part. docs/serving.md, "Feeding
-vLLM", has the per-family table and vLLM's reasons.
+images and refused). LLaVA-1.5, LLaVA-NeXT and LLaVA-OneVision take a bare [tokens, hidden] tensor per image
+instead (BARE_EMBEDS_ARCHITECTURES, `takes_grid`): offline a list of them, in the chat API one base64 tensor per
+part; for NeXT and OneVision that is mmenc's packed sequence (base tile, unpadded canvas, image_newline), which
+vLLM returns as it is, and the images of one encoder batch must have one length (SAME_LENGTH_EMBEDS_ARCHITECTURES:
+vLLM 0.32's schema refuses mixed lengths). docs/serving.md, "Feeding vLLM", has the per-family table and vLLM's
+reasons.
 
     pixel_values, grid = enc.preprocess(images)
     out = enc.encode_pixels(pixel_values, grid, return_extras=True)
@@ -32,9 +35,17 @@ import torch
 # The Qwen2-VL lineage takes an image as {"image_embeds", "image_grid_thw"} (the grid layout);
 GRID_EMBEDS_ARCHITECTURES = ("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
                              "Qwen3VLForConditionalGeneration")
-# LLaVA-1.5 a bare [tokens, hidden] tensor per image (the bare layout: vLLM's default data parser, no grid)
-BARE_EMBEDS_ARCHITECTURES = ("LlavaForConditionalGeneration",)
+# LLaVA-1.5, NeXT and OneVision a bare [tokens, hidden] tensor per image (the bare layout: vLLM's default data
+# parser, no grid; NeXT / OneVision: the packed anyres sequence)
+BARE_EMBEDS_ARCHITECTURES = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
+                             "LlavaOnevisionForConditionalGeneration")
 EMBEDS_ARCHITECTURES = GRID_EMBEDS_ARCHITECTURES + BARE_EMBEDS_ARCHITECTURES
+# one token count per encoder batch: vLLM 0.32's embedding schema of LLaVA-NeXT / OneVision is [bn, ifs, hs] with
+# ifs not dynamic, so images whose embeddings differ in length, in one prompt or in requests the scheduler batches
+# together, are refused ("data contains inconsistent shapes: torch.Size([70, 64]) (index 0) vs torch.Size([44, 64])
+# (index 1)", raised inside the engine step: offline a ValueError, a server answers 500 and exits). LLaVA-1.5's
+# images all have one length.
+SAME_LENGTH_EMBEDS_ARCHITECTURES = ("LlavaNextForConditionalGeneration", "LlavaOnevisionForConditionalGeneration")
 # the bare layout read from vLLM's source and not run (interns1.py takes InternVL's embeddings without a grid)
 _BARE_UNRUN = ("InternVLForConditionalGeneration",)
 # videos as {"video_embeds", "video_grid_thw", ...} inputs (offline and video_embeds content parts)
@@ -61,8 +72,9 @@ def image_embeds(output: Any) -> torch.Tensor:
 def multi_modal_data(outputs: Any | Sequence[Any], grid_thw: torch.Tensor | None = None) -> Any:
     """vLLM's `multi_modal_data["image"]` for N images. With grid_thw (the Qwen2-VL lineage, every
     EMBEDS_ARCHITECTURES family): {"image_embeds": [sum tokens_i, width] on the CPU, "image_grid_thw": int64
-    [N, 3]}. Without (LLaVA-1.5 and the families whose vLLM model takes a bare [bn, tokens, hidden] input): a list
-    of N [tokens_i, hidden] tensors on the CPU, what vLLM's default data parser reads as image embeddings.
+    [N, 3]}. Without (LLaVA-1.5, NeXT, OneVision and the families whose vLLM model takes a bare [bn, tokens,
+    hidden] input): a list of N [tokens_i, hidden] tensors on the CPU, what vLLM's default data parser reads as
+    image embeddings (SAME_LENGTH_EMBEDS_ARCHITECTURES: vLLM takes them only when every tokens_i is equal).
     outputs: one TowerOutput of all N images (encode_pixels with return_extras=True; grid layout only) or
     N ImageEmbedding (encode with return_extras=True), in grid_thw's order."""
     pieces = [outputs] if hasattr(outputs, "embeddings") else list(outputs)

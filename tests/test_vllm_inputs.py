@@ -87,5 +87,7 @@ def test_vllm_image_part_in_each_layout(saver):
 
 def test_layout_per_architecture():
     assert takes_grid("Qwen2_5_VLForConditionalGeneration") and takes_grid("Glm4vForConditionalGeneration")
-    assert not takes_grid("LlavaForConditionalGeneration")
+    for bare in ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration",
+                 "LlavaOnevisionForConditionalGeneration"):
+        assert not takes_grid(bare), bare
     assert set(BARE_EMBEDS_ARCHITECTURES) <= set(EMBEDS_ARCHITECTURES)

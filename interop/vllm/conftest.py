@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from harness import ENGINE, QUIET_ENV, mmenc_server, vllm_server
-from mmenc.vllm_inputs import EC_ONLY_ARCHITECTURES, EMBEDS_ARCHITECTURES, VIDEO_EMBEDS_ARCHITECTURES
+from mmenc.vllm_inputs import (EC_ONLY_ARCHITECTURES, EMBEDS_ARCHITECTURES, SAME_LENGTH_EMBEDS_ARCHITECTURES,
+                               VIDEO_EMBEDS_ARCHITECTURES)
 
 os.environ.update(QUIET_ENV)
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the offline engine in this process: no second vLLM import
@@ -42,6 +43,12 @@ class Stack:
         self.ec_dir.mkdir()
         rng = np.random.default_rng(0)
         self.images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in SIZES]
+        # the images sent together as embeddings: 0 and 1; where vLLM takes one length per encoder batch, 0 and a
+        # third image of 0's size (other pixels), each size also sent alone
+        self.pair, self.embeds_sets = [0, 1], ([0], [0, 1])
+        if architecture in SAME_LENGTH_EMBEDS_ARCHITECTURES:
+            self.images.append(Image.fromarray(rng.integers(0, 256, (*SIZES[0], 3), dtype=np.uint8)))
+            self.pair, self.embeds_sets = [0, len(SIZES)], ([0], [1], [0, len(SIZES)])
         self.png = []
         for image in self.images:
             buf = io.BytesIO()

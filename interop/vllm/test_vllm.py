@@ -3,7 +3,8 @@ its answer for the raw images (within harness.TOL, fp32), on the three ways mmen
 (zeroed embeddings, two images swapped, a planted wrong EC file) must change the answer.
 
   offline: Encoder.encode -> LLM.generate(multi_modal_data={"image": {"image_embeds", "image_grid_thw"}}),
-           for LLaVA-1.5 (mmenc.vllm_inputs.BARE_EMBEDS_ARCHITECTURES) a list of bare [tokens, hidden] tensors
+           for LLaVA-1.5, NeXT and OneVision (mmenc.vllm_inputs.BARE_EMBEDS_ARCHITECTURES) a list of bare
+           [tokens, hidden] tensors
   service: mmenc serve /v1/encode (format "vllm", one and two images per request, --frontends too)
            -> the image_embeds content parts, as they come, in vLLM's OpenAI chat request (LLaVA-1.5: one
            base64 tensor per part, no grid)
@@ -11,7 +12,10 @@ its answer for the raw images (within harness.TOL, fp32), on the three ways mmen
            image_url parts whose uuid is mmenc's key: the request's uuid, or mmenc's content key
 Families vLLM takes EC files from but no image_embeds inputs (mmenc.vllm_inputs.EC_ONLY_ARCHITECTURES) run
 the EC tests, and test_embeddings_refused checks that vLLM still refuses their embeddings (when it stops,
-the family moves to EMBEDS_ARCHITECTURES).
+the family moves to EMBEDS_ARCHITECTURES). For SAME_LENGTH_EMBEDS_ARCHITECTURES (LLaVA-NeXT, OneVision: vLLM
+refuses embeddings of different lengths in one encoder batch) the embedding paths send each test image alone and
+two images of one size together (conftest.Stack.embeds_sets), the EC tests keep the two sizes, and
+test_mixed_lengths_refused checks vLLM's refusal.
 Video (mmenc.vllm_inputs.VIDEO_EMBEDS_ARCHITECTURES): a clip the stack writes (PyAV), encoded by mmenc,
 offline as {"video_embeds", "video_grid_thw", Qwen2.5-VL's "second_per_grid_ts", Qwen3-VL's "timestamps"}
 and as /v1/encode's video_embeds part in vLLM's chat API, against vLLM's answer for the frames mmenc sampled
@@ -26,7 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from harness import (Answer, assert_agree, assert_differ, b64_tensor, chat, chat_body, from_request_output,
                      load_b64_tensor, png_data_url)
-from mmenc.vllm_inputs import multi_modal_data, takes_grid, video_multi_modal_data
+from mmenc.vllm_inputs import SAME_LENGTH_EMBEDS_ARCHITECTURES, multi_modal_data, takes_grid, video_multi_modal_data
 
 TEXT = {1: "what is in the image", 2: "compare two images"}
 
@@ -106,12 +110,12 @@ def _zeroed(data):
 def test_offline_encode_to_generate(stack):
     """Encoder.encode -> LLM.generate with multi_modal_data embeddings, one and two images."""
     _needs_embeds(stack)
-    for images in ([0], [0, 1]):
+    for images in stack.embeds_sets:
         data = _offline_data(stack, [stack.images[i] for i in images])
         want = _offline_image_answer(stack, images)
         assert_agree(_generate(stack, images, data), want, f"offline, images {images}")
     assert_differ(_generate(stack, images, _zeroed(data)), want, "offline zeroed embeddings")
-    data = _offline_data(stack, [stack.images[1], stack.images[0]])
+    data = _offline_data(stack, [stack.images[i] for i in images[::-1]])
     assert_differ(_generate(stack, images, data), want, "offline images swapped")
 
 
@@ -125,7 +129,7 @@ def test_service_image_embeds_parts(stack):
     """/v1/encode's image_embeds parts, unchanged, in vLLM's chat request; every mmenc server of the stack."""
     _needs_embeds(stack)
     for frontends, server in stack.mmenc.items():
-        for images in ([0], [0, 1]):
+        for images in stack.embeds_sets:
             parts = _parts(stack, server, images)
             # as sent; then under fresh uuids, so that vLLM cannot take the EC file mmenc wrote under the
             # part's uuid (its consumer reads that tree): the part's tensors alone must give the answer
@@ -133,7 +137,7 @@ def test_service_image_embeds_parts(stack):
             for sent, how in ((parts, "as sent"), (fresh, "fresh uuids")):
                 assert_agree(chat(stack.vllm, chat_body(stack.folder, sent, TEXT[len(images)])),
                              _image_answer(stack, images), f"service (frontends {frontends}), images {images}, {how}")
-        want = _image_answer(stack, [0, 1])
+        want = _image_answer(stack, stack.pair)
         assert_differ(chat(stack.vllm, chat_body(stack.folder, fresh[::-1], TEXT[2])), want, "service parts swapped")
         # a new uuid again: vLLM's caches are keyed by it
         zeroed = {**_with_tensor(fresh[0], _part_tensor(fresh[0]) * 0), "uuid": stack.uuid("zeroed")}
@@ -185,6 +189,33 @@ def test_embeddings_refused(stack):
                                                                       TEXT[1]))
     assert status == 400, (status, reply)
     print(f"{stack.architecture} chat: {reply['error']['message']}")
+
+
+# vLLM 0.32's embedding schema per SAME_LENGTH_EMBEDS_ARCHITECTURES family: (module, class)
+SAME_LENGTH_SCHEMAS = {
+    "LlavaNextForConditionalGeneration": ("vllm.model_executor.models.llava_next", "LlavaNextImageEmbeddingInputs"),
+    "LlavaOnevisionForConditionalGeneration": ("vllm.model_executor.models.llava_onevision",
+                                               "LlavaOnevisionImageEmbeddingInputs"),
+}
+
+
+def test_mixed_lengths_refused(stack):
+    """vLLM 0.32's reason for SAME_LENGTH_EMBEDS_ARCHITECTURES (docs/serving.md quotes it): its embedding schema
+    ([bn, ifs, hs], ifs not dynamic) refuses mmenc's embeddings of images 0 and 1 (different tile layouts, so
+    different lengths) in one encoder batch. Checked on the schema class alone: in the engine the error is raised
+    inside its step. When it stops refusing, the family leaves that list and sends images 0 and 1 together."""
+    import importlib
+
+    if stack.architecture not in SAME_LENGTH_EMBEDS_ARCHITECTURES:
+        pytest.skip(f"{stack.architecture} is not in SAME_LENGTH_EMBEDS_ARCHITECTURES")
+    data = _offline_data(stack, stack.images[:2])
+    assert data[0].shape[0] != data[1].shape[0], [t.shape for t in data]
+    module, name = SAME_LENGTH_SCHEMAS[stack.architecture]
+    schema = getattr(importlib.import_module(module), name)
+    with pytest.raises(ValueError, match="inconsistent shapes") as refused:
+        schema(type="image_embeds", data=data)
+    print(f"{stack.architecture}: {refused.value}")
+    schema(type="image_embeds", data=[data[0], data[0]])  # one length: taken
 
 
 VIDEO_TEXT = "describe this picture"

@@ -117,6 +117,25 @@ _LLAVA_PRE = {"crop_size": {"height": 56, "width": 56}, "size": {"shortest_edge"
               "image_processor_type": "CLIPImageProcessor", "processor_class": "LlavaProcessor"}
 _LLAVA_PROCESSOR = {"patch_size": 14, "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1,
                     "image_token": "<image>", "processor_class": "LlavaProcessor"}
+# llava-hf/llava-v1.6-mistral-7b-hf's preprocessor_config.json and processor_config.json, 336 px scaled to 56
+# (its five canvases of 1 x 2, 2 x 1, 2 x 2, 3 x 1 and 1 x 3 tiles, at the tiny tile size)
+_NEXT_PINPOINTS = [[56, 112], [112, 56], [112, 112], [168, 56], [56, 168]]
+_NEXT_PRE = {"aspect_ratio_setting": "anyres", "crop_size": {"height": 56, "width": 56}, "do_center_crop": True,
+             "do_convert_rgb": True, "do_normalize": True, "do_pad": True, "do_rescale": True, "do_resize": True,
+             "image_grid_pinpoints": _NEXT_PINPOINTS, "image_mean": _CLIP_MEAN, "image_std": _CLIP_STD,
+             "image_processor_type": "LlavaNextImageProcessor", "processor_class": "LlavaNextProcessor",
+             "resample": 3, "rescale_factor": 1 / 255, "size": {"shortest_edge": 56}}
+_NEXT_PROCESSOR = {"image_token": "<image>", "num_additional_image_tokens": 1, "patch_size": 14,
+                   "processor_class": "LlavaNextProcessor", "vision_feature_select_strategy": "default"}
+# llava-hf/llava-onevision-qwen2-7b-ov-hf's: 384 px tiles scaled to 56, canvases of 1..6 x 1..6 tiles
+_ONEVISION_PINPOINTS = [[56 * a, 56 * b] for a in range(1, 7) for b in range(1, 7)]
+_ONEVISION_PRE = {"do_convert_rgb": True, "do_normalize": True, "do_pad": True, "do_rescale": True, "do_resize": True,
+                  "image_grid_pinpoints": _ONEVISION_PINPOINTS, "image_mean": [0.5, 0.5, 0.5],
+                  "image_std": [0.5, 0.5, 0.5], "image_processor_type": "LlavaOnevisionImageProcessor",
+                  "processor_class": "LlavaOnevisionProcessor", "resample": 3, "rescale_factor": 1 / 255,
+                  "size": {"height": 56, "width": 56}}
+_ONEVISION_PROCESSOR = {"image_token": "<image>", "num_image_tokens": 16, "processor_class": "LlavaOnevisionProcessor",
+                        "video_token": "<video>", "vision_feature_select_strategy": "full"}
 _GLM_SPECIALS = ("<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>",
                  "<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|begin_of_video|>", "<|end_of_video|>",
                  "<|video|>")
@@ -165,6 +184,31 @@ CHAT_FAMILIES: dict[str, ChatFamily] = {
         turn="{role}: ", turn_end="\n", preprocessor=_LLAVA_PRE, processor=_LLAVA_PROCESSOR,
         config=dict(vision_feature_layer=-2, vision_feature_select_strategy="default"),
         # transformers 5.19 saves the CLIP tower's weights without llava-hf's "vision_model." level
+        renames=(("vision_tower.", "vision_tower.vision_model."),)),
+    # LLaVA-NeXT: LLaVA-1.5's tower, anyres tiles packed (base tile, unpadded canvas, image_newline), Mistral;
+    # the role format of LLaVA-1.5 (not the published [INST] one)
+    "LlavaNextForConditionalGeneration": ChatFamily(
+        "LlavaNextConfig",
+        vision=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=40, num_hidden_layers=3,
+                    num_attention_heads=2, image_size=56, patch_size=14, projection_dim=32, hidden_act="quick_gelu"),
+        text=dict(model_type="mistral", sliding_window=None), specials=("<pad>", "<s>", "</s>", "<image>"),
+        token_fields={"image_token_index": "<image>"}, eos="</s>", image_placeholder="<image>\n", prefix="<s>",
+        turn="{role}: ", turn_end="\n", preprocessor=_NEXT_PRE, processor=_NEXT_PROCESSOR,
+        config=dict(vision_feature_layer=-2, vision_feature_select_strategy="default",
+                    image_grid_pinpoints=_NEXT_PINPOINTS),
+        renames=(("vision_tower.", "vision_tower.vision_model."),)),
+    # LLaVA-OneVision: SigLIP (last layer, every token: 16 per 56 px tile), anyres_max_9, Qwen2
+    "LlavaOnevisionForConditionalGeneration": ChatFamily(
+        "LlavaOnevisionConfig",
+        vision=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                    num_attention_heads=2, image_size=56, patch_size=14, hidden_act="gelu_pytorch_tanh",
+                    vision_use_head=False),
+        text=dict(model_type="qwen2"), specials=("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<image>", "<video>"),
+        token_fields={"image_token_index": "<image>", "video_token_index": "<video>"}, eos="<|im_end|>",
+        image_placeholder="<image>\n", turn="<|im_start|>{role}\n", turn_end="<|im_end|>\n",
+        preprocessor=_ONEVISION_PRE, processor=_ONEVISION_PROCESSOR,
+        config=dict(vision_feature_layer=-1, vision_feature_select_strategy="full",
+                    image_grid_pinpoints=_ONEVISION_PINPOINTS, vision_aspect_ratio="anyres_max_9"),
         renames=(("vision_tower.", "vision_tower.vision_model."),)),
 }
 
