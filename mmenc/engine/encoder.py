@@ -73,7 +73,7 @@ class Encoder(ToolSurface):
         dtype, device, load_format, tensor_parallel_size, mm_encoder_tp_mode, mm_encoder_attn_backend,
         linear_backend, quantization, fused_kernels, custom_ops, compile, cuda_graphs, batch_invariant, max_batch_patches,
         worker_timeout_s, strict, preprocess_workers, preprocess_worker_kind, preprocess_resize,
-        first_chunk_patches, chunk_growth, high_bit_depth. Validated once, there (ValueError naming the value).
+        first_chunk_patches, chunk_growth, high_bit_depth, cpu_malloc. Validated once, there (ValueError naming the value).
         Safe to call from many threads: calls run one at a time (docs/engine.md, Threads)."""
         settings = EncoderSettings.merged(settings, options)
         if model is None:
@@ -90,6 +90,10 @@ class Encoder(ToolSurface):
         self._executor = make_executor(self._recipe, device, settings.tensor_parallel_size,
                                        self.mm_config.mm_encoder_tp_mode, settings.worker_timeout_s)
         self.device, self.tensor_parallel_size = self._executor.device, self._executor.tensor_parallel_size
+        if self.device.type == "cpu":  # before the first call: e.g. glibc's malloc keeping freed blocks
+            from mmenc.platforms import platform_for
+
+            platform_for(self.device).prepare_host(settings.cpu_malloc)
         self._loaded = self._executor.loaded  # read as `loaded` (ToolSurface)
         self.processor = self.loaded.processor
         workers = default_workers(self.device) if settings.preprocess_workers is None else settings.preprocess_workers

@@ -23,3 +23,11 @@ class CpuPlatform(Platform):
 
     def linear_priority(self, dtype: torch.dtype, quantization: str | None = None) -> list[L]:
         return [L.ONEDNN, L.NATIVE]
+
+    def prepare_host(self, cpu_malloc: str = "tuned") -> str | None:
+        """glibc's malloc keeps freed blocks (mmenc/platforms/host_malloc.py) unless cpu_malloc="system"."""
+        if cpu_malloc == "system":
+            return None
+        from mmenc.platforms.host_malloc import keep_freed_blocks
+
+        return keep_freed_blocks()

@@ -153,6 +153,11 @@ class Platform:
 
     # -- fused row kernels (mmenc.layers.fused) ---------------------------------------------------
 
+    def prepare_host(self, cpu_malloc: str = "tuned") -> str | None:
+        """Process-wide tuning for a tower on this platform's device, done once when an Encoder puts one
+        there; returns what was done (for the log), None for nothing. Accelerators: nothing."""
+        return None
+
     def fused_kernel_reasons(self, dtype: torch.dtype) -> list[str]:
         """Why the fused row kernels (residual add + norm, gated activation, FP8 quantization inside them)
         cannot run `dtype` towers here; empty: they can. A platform with kernels of its own overrides it."""
