@@ -24,7 +24,6 @@ SigLIP: pooled embeddings (the attention-pooling head included) on both sides.
 import argparse
 import json
 import os
-import pathlib
 import statistics
 import tempfile
 import time
@@ -34,11 +33,10 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")  # before torch loads OpenMP
 import torch  # noqa: E402
 
 from mmenc.bench.hf_reference import build_hf_tower  # noqa: E402
-from mmenc.bench.measure import parse_grid_spec  # noqa: E402
+from mmenc.bench.measure import cut_model, parse_grid_spec  # noqa: E402
 from mmenc.bench.op_cpu_time import OpCpuTime, process_cpu_seconds  # noqa: E402
 from mmenc.engine.encoder import Encoder  # noqa: E402
 from mmenc.layers.linear_kernels import linear_states_nbytes  # noqa: E402
-from mmenc.models.registry import get_builtin_config  # noqa: E402
 from mmenc.testing.random_weights import init_comparable_weights_  # noqa: E402
 
 WORKLOADS = {  # name -> (model, grids)
@@ -50,21 +48,6 @@ WORKLOADS = {  # name -> (model, grids)
 
 def load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
-
-
-def cut_model(model: str, layers: int | None, folder: str) -> str:
-    """`model`, or with `layers` a config-only folder of it with the first `layers` blocks (load_format="dummy")."""
-    if layers is None:
-        return model
-    config = json.loads(json.dumps(get_builtin_config(model)[1]))
-    vision = config["vision_config"]
-    if "depth" in vision:  # Qwen2.5-VL
-        vision["depth"] = layers
-        vision["fullatt_block_indexes"] = [i for i in vision["fullatt_block_indexes"] if i < layers] or [layers - 1]
-    else:
-        vision["num_hidden_layers"] = layers
-    pathlib.Path(folder, "config.json").write_text(json.dumps(config))
-    return folder
 
 
 def timed(fn):

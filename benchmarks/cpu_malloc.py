@@ -10,18 +10,14 @@ blocks (random weights), calls cycling six packings; per call: CPU s, sys s and 
 import argparse
 import json
 import os
-import pathlib
 import resource
-import sys
 import tempfile
 
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from cpu_bench import cut_model  # noqa: E402
-
+from mmenc.bench.measure import cut_model  # noqa: E402
 from mmenc.engine.encoder import Encoder  # noqa: E402
 
 GRIDS = [[[1, 74, 74]], [[1, 32, 32]] * 4, [[1, 50, 90]], [[1, 16, 16]] * 9, [[1, 60, 40], [1, 20, 36]], [[1, 88, 88]]]

@@ -70,8 +70,8 @@ def image_embeds(output: Any) -> torch.Tensor:
 
 
 def multi_modal_data(outputs: Any | Sequence[Any], grid_thw: torch.Tensor | None = None) -> Any:
-    """vLLM's `multi_modal_data["image"]` for N images. With grid_thw (the Qwen2-VL lineage, every
-    EMBEDS_ARCHITECTURES family): {"image_embeds": [sum tokens_i, width] on the CPU, "image_grid_thw": int64
+    """vLLM's `multi_modal_data["image"]` for N images. With grid_thw (the Qwen2-VL lineage,
+    GRID_EMBEDS_ARCHITECTURES): {"image_embeds": [sum tokens_i, width] on the CPU, "image_grid_thw": int64
     [N, 3]}. Without (LLaVA-1.5, NeXT, OneVision and the families whose vLLM model takes a bare [bn, tokens,
     hidden] input): a list of N [tokens_i, hidden] tensors on the CPU, what vLLM's default data parser reads as
     image embeddings (SAME_LENGTH_EMBEDS_ARCHITECTURES: vLLM takes them only when every tokens_i is equal).

@@ -6,7 +6,7 @@ its answer for the raw images (within harness.TOL, fp32), on the three ways mmen
            for LLaVA-1.5, NeXT and OneVision (mmenc.vllm_inputs.BARE_EMBEDS_ARCHITECTURES) a list of bare
            [tokens, hidden] tensors
   service: mmenc serve /v1/encode (format "vllm", one and two images per request, --frontends too)
-           -> the image_embeds content parts, as they come, in vLLM's OpenAI chat request (LLaVA-1.5: one
+           -> the image_embeds content parts, as they come, in vLLM's OpenAI chat request (the LLaVA families: one
            base64 tensor per part, no grid)
   EC files: mmenc serve --ec-storage DIR; vLLM an ec_consumer of DIR (ECExampleConnector), asked with
            image_url parts whose uuid is mmenc's key: the request's uuid, or mmenc's content key

@@ -7,11 +7,15 @@ measured in the same run. Peak memory: max_memory_allocated over the timed calls
 allocates nothing, so a graphed call's peak adds the graph pool it holds (call_peak_gib).
 """
 import dataclasses
+import json
+import pathlib
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
+
+from mmenc.models.registry import get_builtin_config
 
 WORKLOADS: dict[str, list[tuple[int, int, int]]] = {
     "8x1036px": [(1, 74, 74)] * 8,
@@ -149,3 +153,18 @@ def format_table(rows: list[BenchRow], floor_tflops: float | None) -> str:
         lines.append(f"{r.workload:<12} {r.impl:<26} {r.ms:>9.2f} {r.images_per_s:>8.1f} {r.patches_per_s:>10.0f} "
                      f"{peak:>8} {floor:>7} {ratio:>6}")
     return "\n".join(lines)
+
+
+def cut_model(model: str, layers: int | None, folder: str) -> str:
+    """`model`, or with `layers` a config-only folder of it with the first `layers` blocks (load_format="dummy")."""
+    if layers is None:
+        return model
+    config = json.loads(json.dumps(get_builtin_config(model)[1]))
+    vision = config["vision_config"]
+    if "depth" in vision:  # Qwen2.5-VL
+        vision["depth"] = layers
+        vision["fullatt_block_indexes"] = [i for i in vision["fullatt_block_indexes"] if i < layers] or [layers - 1]
+    else:
+        vision["num_hidden_layers"] = layers
+    pathlib.Path(folder, "config.json").write_text(json.dumps(config))
+    return folder

@@ -91,7 +91,7 @@ class EncoderSettings:
         choices=("clip", "scale"), commands=("encode",))
     cpu_malloc: Literal["tuned", "system"] = setting(
         "tuned", "with the tower on the CPU: 'tuned' lets glibc's malloc keep freed blocks (no fresh zeroed pages "
-        "per call: 4-10% less CPU time; the process keeps its peak heap), 'system' leaves malloc as it is "
+        "per call: 8-12% less CPU time; the process keeps its peak heap), 'system' leaves malloc as it is "
         "(mmenc/platforms/host_malloc.py)", choices=("tuned", "system"))
     first_chunk_patches: int | None = setting(
         None, "rows of the first tower call of each encode (None: max_batch_patches // 16)", metavar="N",

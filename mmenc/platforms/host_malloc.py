@@ -3,13 +3,14 @@
 A CPU tower call allocates activations of tens of MiB per op (Qwen2.5-VL-7B on 1 x 1036 px: [5476, 3420]
 bf16 is 37 MiB). glibc maps a block above its mmap threshold (dynamic, at most 32 MiB) afresh and unmaps it
 on free, and gives the heap's top back to the kernel above its trim threshold, so every call faults in and
-zeroes the same pages again: measured on the 2-core EPYC (BENCHMARKS.md, CPU allocator), that tower cut to
-4 blocks took 225,000-317,000 minor faults and 0.44-0.64 s of system time per 5.4-5.9 s call.
+zeroes the same pages again: measured on the 2-core EPYC (BENCHMARKS.md, "glibc's malloc keeping freed
+blocks"), that tower cut to 4 blocks took 263,000-343,000 minor faults and 0.50-0.64 s of system time per
+5.1-5.5 s call.
 
 `keep_freed_blocks()` sets M_MMAP_THRESHOLD to 1 GiB (larger blocks are still mapped), M_TRIM_THRESHOLD to
-2 GiB (the heap keeps up to that much free at its top) and M_TOP_PAD to 64 MiB, process-wide, once: the faults fell 4-30x, the
-call's CPU time by 4-10%, and the process keeps its peak heap (resident memory 1.2 GiB against 0.8-1.0 GiB,
-flat over calls of four different shapes). The CPU platform does it when an Encoder puts its tower on the
+2 GiB (the heap keeps up to that much free at its top) and M_TOP_PAD to 64 MiB, process-wide, once: the
+faults fell to about none, the call's CPU time by 8-12%, and the process keeps about one peak more of heap
+(resident memory +0.3-0.4 GiB, flat from the 42nd of 96 calls of six shapes). The CPU platform does it when an Encoder puts its tower on the
 CPU, unless `cpu_malloc="system"` (EncoderSettings, `--cpu-malloc system`). Not glibc (musl, macOS): nothing.
 """
 import ctypes

@@ -151,12 +151,14 @@ class Platform:
                                       backend in offered))
         return rows
 
-    # -- fused row kernels (mmenc.layers.fused) ---------------------------------------------------
+    # -- the host process ---------------------------------------------------------------------------
 
     def prepare_host(self, cpu_malloc: str = "tuned") -> str | None:
         """Process-wide tuning for a tower on this platform's device, done once when an Encoder puts one
         there; returns what was done (for the log), None for nothing. Accelerators: nothing."""
         return None
+
+    # -- fused row kernels (mmenc.layers.fused) ---------------------------------------------------
 
     def fused_kernel_reasons(self, dtype: torch.dtype) -> list[str]:
         """Why the fused row kernels (residual add + norm, gated activation, FP8 quantization inside them)

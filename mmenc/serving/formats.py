@@ -77,7 +77,7 @@ def render_item(image: EncodedImage, fmt: str, meta: dict, saver: TensorSaver | 
     The large base64 strings are spliced in as bytes (base64 needs no JSON escaping), so no JSON
     encoder scans megabytes of them, and stay separate fragments (see Body). saver: see torch_b64.
     grid: the `vllm` image part is {"image_embeds", "image_grid_thw"} (the Qwen2-VL lineage); False: the
-    base64 tensor alone, what vLLM's chat API takes for LLaVA-1.5 (mmenc.vllm_inputs.takes_grid)."""
+    base64 tensor alone, what vLLM's chat API takes for the LLaVA families (mmenc.vllm_inputs.takes_grid)."""
     head = dumps(meta)[:-1] + b","  # '{...,' : the object stays open for the format's fields
     if fmt == "vllm" and image.video is not None:  # vLLM's video_embeds content part
         return [head, b'"video_embeds":{"type":"video_embeds","uuid":', dumps(meta.get("uuid")),
