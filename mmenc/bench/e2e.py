@@ -149,7 +149,9 @@ def run_workload(name: str, encoder, paths: list[str], hf_proc, hf_tower, warmup
             rows.append(E2ERow(name, "mmenc tower only eager", n,
                                time_ms(lambda: encoder.encode_pixels(pixel_values, grid_thw), device, warmup, iters)))
     summary = {"workload": name, "images": n, "preprocess_share": pre_ms / rows[0].ms, "encode_trace": trace.report()}
-    if hf_proc is not None:
+    if hf_proc is not None and (why := hf_rows_unavailable(hf_proc, paths[:1])):
+        summary["transformers_skipped"] = why
+    elif hf_proc is not None:
         from PIL import Image
 
         def hf_pixels():
@@ -170,6 +172,19 @@ def run_workload(name: str, encoder, paths: list[str], hf_proc, hf_tower, warmup
             rows.append(E2ERow(name, "transformers proc+tower", n, wall_ms(hf_e2e, device, warmup, iters)))
         rows.append(E2ERow(name, "transformers proc only", n, wall_ms(hf_pixels, device, warmup, iters)))
     return rows, summary
+
+
+def hf_rows_unavailable(hf_proc, paths: list[str]) -> str | None:
+    """None when transformers' processor answers in the grid layout that transformers' rows feed to its
+    tower (pixel_values + image_grid_thw: the Qwen lineage and the other grid families), else the reason
+    (e.g. LLaVA-NeXT's tiles with image_sizes): those rows are then left out, mmenc's are not."""
+    from PIL import Image
+
+    out = hf_proc(images=[Image.open(p).convert("RGB") for p in paths], return_tensors="pt")
+    if "image_grid_thw" in out:
+        return None
+    return (f"{type(hf_proc).__name__} answers {sorted(out.keys())}, not pixel_values + image_grid_thw: "
+            f"transformers' rows of --e2e take the grid layout only")
 
 
 def run_stream(encoder, pool: list[str], count: int) -> dict:

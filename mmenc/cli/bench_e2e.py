@@ -62,6 +62,9 @@ def run_e2e(args, encoder, workloads: dict, hf, json_path) -> int:
             got, summary = e2e.run_workload(name, encoder, paths, hf_proc, hf, args.warmup, args.iters)
             print(e2e.format_rows(got), file=sys.stderr, flush=True)  # progress: survives a cut run
             print(format_trace(f"{name} encode trace", summary["encode_trace"]), file=sys.stderr, flush=True)
+            if "transformers_skipped" in summary:
+                print(f"mmenc bench: e2e {name}: transformers' rows skipped: {summary['transformers_skipped']}",
+                      file=sys.stderr, flush=True)
             rows += got
             summaries.append(summary)
         if stream_n:
