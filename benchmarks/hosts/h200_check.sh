@@ -3,7 +3,8 @@
 #   setup    wheels missing on the host (av, open_clip_torch, ftfy, wcwidth, timm) from .whl (carried) into
 #            .gpu/site; the video bench's clips (60 s and 15 s of 1280x720 H.264) written into .gpu/clips in the
 #            background (about 160 s on the host; the clip parts wait for them)
-#   tests    every gpu-marked test (tests/, -m gpu)
+#   tests    every gpu-marked test (tests/, -m gpu; TESTS=files, TESTS_LIMIT=seconds for fewer)
+#   firstcall  a compiled tower's speed after a small first call (benchmarks/compile_first_call.py)
 #   workers  one clip's preprocessing by worker count (benchmarks/video_workers.py, no GPU)
 #   video    `mmenc bench --video` (issue 26): one and 16 clips end to end, peaks by clip length
 #   llava    LLaVA-NeXT JPEG files to features against its tower (`mmenc bench --e2e`, issue 31)
@@ -52,12 +53,11 @@ with cf.ProcessPoolExecutor(2) as pool:
 " > "$clips/write.log" 2>&1 && touch "$clips/done") &
       fi ;;
     tests)
-      part tests 270 python3 -m pytest -q -p no:cacheprovider -m gpu --durations=12 --continue-on-collection-errors \
-        tests/test_fused_rows.py tests/test_fused_layers.py tests/test_video.py tests/test_e2e_bench.py \
-        tests/test_backends.py tests/test_batch_invariance.py tests/test_cuda_graphs.py tests/test_gpu_tower_parity.py \
-        tests/test_inflight.py tests/test_preprocess_parity.py tests/test_preprocess_pipeline.py tests/test_preprocess_procs.py \
-        tests/test_serve_overlap.py tests/test_serve_units.py tests/test_triton_attn.py \
+      part tests "${TESTS_LIMIT:-270}" python3 -m pytest -q -p no:cacheprovider -m gpu --durations=12 \
+        --continue-on-collection-errors ${TESTS:-tests/test_fused_rows.py tests/test_fused_layers.py tests/test_video.py tests/test_e2e_bench.py tests/test_backends.py tests/test_batch_invariance.py tests/test_cuda_graphs.py tests/test_gpu_tower_parity.py tests/test_inflight.py tests/test_preprocess_parity.py tests/test_preprocess_pipeline.py tests/test_preprocess_procs.py tests/test_serve_overlap.py tests/test_serve_units.py tests/test_triton_attn.py} \
         -k "not (test_bf16_parity_with_transformers and not auto)" ;;
+    firstcall)
+      part firstcall 250 python3 benchmarks/compile_first_call.py --warmup 2 --iters 6 ;;
     workers)
       wait_clips && part workers 120 python3 benchmarks/video_workers.py "$clips/bench-60s-1280x720.mp4" \
         --workers ${WORKERS:-1 4 8 16} --reps 1 ;;
@@ -75,13 +75,14 @@ with cf.ProcessPoolExecutor(2) as pool:
       done ;;
     clip)
       part clip 150 python3 benchmarks/clip_peers.py --batches 32,256 --iters 10 --warmup 3 --json "$out/clip.json" ;;
-    *) echo "unknown part $p (setup tests workers video llava qwen clip)"; exit 2 ;;
+    *) echo "unknown part $p (setup tests firstcall workers video llava qwen clip)"; exit 2 ;;
   esac
 done
 echo "== parts"; cat "$out/parts.txt"
 for p in "$@"; do
   case $p in
     tests) echo "== tests"; tail -n 1 "$out/tests.log"; grep -E "^(FAILED|ERROR)" "$out/tests.log" | head -n 20 ;;
+    firstcall) echo "== firstcall"; grep '"mode"' "$out/firstcall.log" ;;
     workers) echo "== workers"; grep "workers=" "$out/workers.log" ;;
     video) echo "== video"; grep -v "INFO\|WARNING" "$out/video.log" | tail -n 25 ;;
     llava) echo "== llava"; grep -v "INFO\|WARNING" "$out/llava.log" | tail -n 15 ;;
