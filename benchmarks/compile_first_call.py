@@ -1,15 +1,15 @@
-"""Does a compiled tower's speed depend on the size of its first call? (GPU)
+"""Does a compiled tower's speed depend on the size of its first call, or on Inductor's forced padding? (GPU)
 
 torch.compile compiles mmenc's blocks once with the token count dynamic, and Inductor decides some things
-at that compile from the first call's sizes: whether to pad a matmul's misaligned K (Qwen2.5-VL's 3420-wide
-down projection) is benchmarked there. This script builds a compiled Encoder in a fresh process with an
-empty Inductor cache, makes a first call of `--first` (a grid), then times the workload; per case:
+at that compile: whether to pad a matmul's misaligned K (Qwen2.5-VL's 3420-wide down projection) is
+benchmarked there. This script builds a compiled Encoder in a fresh process with an empty Inductor cache,
+makes a first call of `--first` (a grid), then times the workload; per case:
 
-    forced    mmenc.engine.compile.INDUCTOR_OPTIONS as shipped (force_shape_pad)
-    inductor  Inductor's own choice (the options emptied)
+    default   mmenc's compile as shipped (Inductor decides the padding)
+    forced    torch._inductor.config.force_shape_pad set (every misaligned matmul padded)
 
     python benchmarks/compile_first_call.py [--model Qwen/Qwen2.5-VL-7B-Instruct] [--first 1x16x16]
-        [--workload 8x1036px] [--cases forced:small,inductor:small,inductor:big]
+        [--workload 8x1036px] [--cases default:small,default:big,forced:small]
 
 "small" makes the first call `--first`, "big" the workload itself. Median ms of --iters CUDA-event timed
 calls after --warmup; random weights (load_format="dummy"), bf16, compiled, no CUDA graphs.
@@ -31,12 +31,13 @@ def parse_grids(spec: str) -> list[tuple[int, ...]]:
 def one_case(args) -> None:
     import torch
 
-    import mmenc.engine.compile as compile_module
     from mmenc import Encoder
     from mmenc.bench.measure import WORKLOADS, random_pixels, time_ms
 
-    if args.mode == "inductor":
-        compile_module.INDUCTOR_OPTIONS = {}
+    if args.mode == "forced":
+        import torch._inductor.config
+
+        torch._inductor.config.force_shape_pad = True
     enc = Encoder(args.model, load_format="dummy", dtype="bfloat16", compile=True)
     channels = enc.loaded.config.patch_features
     grids = WORKLOADS.get(args.workload) or parse_grids(args.workload)
@@ -54,7 +55,7 @@ def main() -> None:
     ap.add_argument("--model", default="Qwen/Qwen2.5-VL-7B-Instruct")
     ap.add_argument("--first", default="1x16x16", help="the small first call's grid TxHxW (default: %(default)s)")
     ap.add_argument("--workload", default="8x1036px", help="a mmenc bench workload or TxHxW*N (default: %(default)s)")
-    ap.add_argument("--cases", default="forced:small,inductor:small,inductor:big")
+    ap.add_argument("--cases", default="default:small,default:big,forced:small")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--mode", help=argparse.SUPPRESS)

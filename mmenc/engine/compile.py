@@ -27,13 +27,6 @@ from mmenc.logger import init_logger
 logger = init_logger(__name__)
 
 _COMPILED: dict[tuple[str, type, str, bool], object] = {}
-# Inductor pads a matmul's misaligned K or N (zeros: the same sums) only where its benchmark at compile time,
-# run at the first call's token count, finds it faster; with the token count dynamic that one decision then
-# holds for every later size, and a small first call (a video's first piece, a test) left Qwen2.5-VL's
-# 3420-wide down projection on a slow cuBLAS kernel for every call after it (8x1036px 165 ms, not 130).
-# Forced, the padding is the same whatever came first: the activation is written padded by the kernel that
-# makes it, the weight is padded per call (a copy of its bytes, microseconds). Pads only what is misaligned.
-INDUCTOR_OPTIONS = {"force_shape_pad": True}
 RECOMPILE_LIMIT = 64  # block layouts (towers x configurations) one process may compile
 
 
@@ -48,9 +41,7 @@ def compiled_forward(cls: type, config: MultiModalConfig, backend: str = "induct
     key = (config.compute_hash(), cls, backend, fullgraph)
     if key not in _COMPILED:
         _allow_recompiles()
-        options = INDUCTOR_OPTIONS if backend == "inductor" else None
-        _COMPILED[key] = torch.compile(cls.forward, dynamic=True, backend=backend, fullgraph=fullgraph,
-                                       options=options)
+        _COMPILED[key] = torch.compile(cls.forward, dynamic=True, backend=backend, fullgraph=fullgraph)
     return _COMPILED[key]
 
 
