@@ -155,8 +155,9 @@ class Profile:
         try:
             with Preprocessor(processor, device=dev) as pre:
                 add(f"Preprocessor.run w={pre.workers} switchinterval 0.5 ms", lambda: pre.run(paths))
-                add(f"pil decode, pool {pre.workers}, switchinterval 0.5 ms",
-                    lambda: in_pool(pre._pool, pil_decode, datas))
+                with ThreadPoolExecutor(pre.workers) as pool:
+                    add(f"pil decode, pool {pre.workers}, switchinterval 0.5 ms",
+                        lambda: in_pool(pool, pil_decode, datas))
         finally:
             sys.setswitchinterval(old)
         self._instrumented(name, paths, processor)
@@ -243,43 +244,27 @@ class Profile:
                                                                          else "does not wait")})
 
     def _instrumented(self, name, paths, processor) -> None:
-        """One Preprocessor.run with its per-image `_prepare` (worker threads) and `_stage` (calling
-        thread) timed: where its wall time goes."""
+        """One Preprocessor.run with its per-image prepare (worker threads) and each chunk's stage (calling
+        thread, device synced) timed (Preprocessor.step_spans): where its wall time goes."""
         dev = self.device
         with Preprocessor(processor, device=dev) as pre:
-            spans: list[tuple[str, float, float]] = []
-            real_prepare, real_stage = pre._prepare, pre._stage
-
-            def prepare(*a):
-                t = time.perf_counter()
-                out = real_prepare(*a)
-                spans.append(("prepare", t, time.perf_counter()))
-                return out
-
-            def stage(*a):
-                t = time.perf_counter()
-                out = real_stage(*a)
-                sync(dev)
-                spans.append(("stage", t, time.perf_counter()))
-                return out
-
-            pre._prepare, pre._stage = prepare, stage
             for _ in range(2):  # the second run is the one reported
-                spans.clear()
-                sync(dev)
-                t0 = time.perf_counter()
-                pre.run(paths)
-                sync(dev)
-                wall = (time.perf_counter() - t0) * 1e3
+                with pre.step_spans(sync=True) as steps:
+                    sync(dev)
+                    t0 = time.perf_counter()
+                    pre.run(paths)
+                    sync(dev)
+                    wall = (time.perf_counter() - t0) * 1e3
+        spans = [(s.step, s.start, s.end) for s in steps]
         prep = [(b - a) * 1e3 for k, a, b in spans if k == "prepare"]
         first = min(a for k, a, _ in spans if k == "prepare")
         last = max(b for k, _, b in spans if k == "prepare")
         stage_ms = sum((b - a) * 1e3 for k, a, b in spans if k == "stage")
         self.notes.append(
-            f"{name}: one Preprocessor.run (w={pre.workers}) timed inside: wall {wall:.1f} ms; per-image _prepare "
+            f"{name}: one Preprocessor.run (w={pre.workers}) timed inside: wall {wall:.1f} ms; per-image prepare "
             f"(decode+plan+chw, worker threads) median {statistics.median(prep):.1f} ms, max {max(prep):.1f}, "
             f"sum {sum(prep):.1f}; first prepare start +{(first - t0) * 1e3:.1f} ms, last prepare end "
-            f"+{(last - t0) * 1e3:.1f} ms; _stage (pinned staging, resize, finish; calling thread, synced) "
+            f"+{(last - t0) * 1e3:.1f} ms; stage (pinned staging, resize, finish; calling thread, synced) "
             f"{stage_ms:.1f} ms")
 
     def _cprofile(self, name, paths, processor) -> None:

@@ -71,32 +71,17 @@ def median_ms(fn, reps: int) -> float:
 def thread_split(proc, datas: list[bytes], workers: int, reps: int) -> tuple[float, float]:
     """CPU ms spent in the worker threads and in the calling thread by one pipeline run (least of
     `reps`), with one torch thread: how much of the work can spread over cores, whatever the load."""
-    cpu: dict[str, float] = {}
     with Preprocessor(proc, workers=workers) as pre:
-        def timed(fn):
-            def run(*a, **kw):
-                t0 = time.thread_time()
-                try:
-                    return fn(*a, **kw)
-                finally:
-                    name = threading.current_thread().name
-                    cpu[name] = cpu.get(name, 0.0) + time.thread_time() - t0
-            return run
-
-        pre._prepare = timed(pre._prepare)
-        normalize, proc.normalize = proc.normalize, timed(proc.normalize)
         best = (float("inf"), 0.0)
-        try:
-            for _ in range(reps):
-                cpu.clear()
+        for _ in range(reps):
+            with pre.step_spans() as spans:
                 t0 = time.thread_time()
                 pre.run(datas)
                 calling = time.thread_time() - t0  # all of the calling thread's CPU time
-                in_workers = sum(v for k, v in cpu.items() if k != threading.current_thread().name)
-                if in_workers + calling < sum(best):
-                    best = (in_workers, calling)
-        finally:
-            proc.normalize = normalize
+            here = threading.current_thread().name
+            in_workers = sum(s.cpu_s for s in spans if s.step == "prepare" and s.thread != here)
+            if in_workers + calling < sum(best):
+                best = (in_workers, calling)
     return best[0] * 1e3, best[1] * 1e3
 
 

@@ -419,3 +419,24 @@ def test_staging_beside_a_busy_stream_is_safe():
             ref_pv, _ = proc([datas[i] for i in indices])
             diff = (pv.cpu() - ref_pv).abs().max()
             assert torch.equal(pv.cpu(), ref_pv), f"beside={beside} chunk {indices}: max diff {diff}"
+
+
+def test_step_spans_record_each_prepare_and_stage_while_open():
+    """Preprocessor.step_spans: one "prepare" span per image, in the worker threads, and one "stage" span per
+    chunk in the calling thread, each with its thread's CPU time; nothing is recorded once it is closed,
+    and the run's output is the same as without it."""
+    rng = np.random.default_rng(3)
+    datas = [_jpeg(_smooth(rng, 56 + 28 * i, 84)) for i in range(3)]
+    with Preprocessor(get_processor("qwen2_5_vl"), workers=2, worker_kind="thread") as pre:
+        plain = pre.run(datas)
+        with pre.step_spans() as spans:
+            traced = pre.run(datas)
+        pre.run(datas)
+    assert torch.equal(plain[0], traced[0]) and torch.equal(plain[1], traced[1])
+    prepares = [s for s in spans if s.step == "prepare"]
+    stages = [s for s in spans if s.step == "stage"]
+    assert len(prepares) == 3 and len(stages) == 1, spans
+    assert all(s.thread.startswith("mmenc-preprocess") for s in prepares), prepares
+    assert stages[0].thread == threading.current_thread().name
+    assert all(s.end >= s.start and s.cpu_s >= 0 for s in spans)
+    assert max(s.end for s in prepares) <= stages[0].end
