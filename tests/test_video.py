@@ -247,3 +247,36 @@ def test_pipeline_on_cuda_gives_the_cpu_pixels(clips, kind):
         chunks = list(pre.iter_chunks([Video(clips[".mp4"], fps=5)], max_batch_patches=1 << 12))
     got = torch.cat([c.pixel_values for c in chunks])
     assert got.device.type == "cuda" and torch.equal(got.cpu(), whole)
+
+
+def test_assembler_fills_the_video_output_and_lets_each_chunk_output_go():
+    """A video in pieces: VideoAssembler (given tokens_of) writes each piece into the video's output as it
+    comes, so no chunk output stays alive for a held view (the device memory beyond a long video's own
+    embeddings stays one chunk's); the result equals the pieces joined; a piece count that does not add up
+    to the grid's rows is an error, not a wrong answer."""
+    import types
+    import weakref
+
+    from mmenc.engine.outputs import ImageEmbedding
+    from mmenc.engine.videos import VideoAssembler
+
+    info = types.SimpleNamespace(grid_thw=((3, 2, 2),))  # 3 temporal rows of 2x2 -> 12 embedding rows
+    tokens_of = lambda rows: sum(t * h * w for t, h, w in rows)  # noqa: E731
+    gen = torch.Generator().manual_seed(0)
+    assembler, views, alive, got = VideoAssembler(tokens_of), [], [], None
+    for i in range(3):
+        chunk = torch.randn(7, 5, generator=gen)  # the piece's 4 rows beside 3 rows of another image
+        views.append(chunk[:4].clone())
+        alive.append(weakref.ref(chunk))
+        piece = types.SimpleNamespace(last=i == 2, info=info)
+        got = assembler.take(0, piece, ImageEmbedding(chunk[:4], {"deepstack": [chunk[:4] * 2]}))
+        del chunk
+        assert alive[-1]() is None, "the assembler kept a view of a chunk output"
+    assert torch.equal(got.embeddings, torch.cat(views))
+    assert torch.equal(got.extras["deepstack"][0], torch.cat(views) * 2)
+
+    short = VideoAssembler(lambda rows: 10)
+    first = types.SimpleNamespace(last=False, info=info)
+    short.take(1, first, ImageEmbedding(torch.zeros(4, 5), {}))
+    with pytest.raises(RuntimeError, match="more than the 10 embedding rows"):
+        short.take(1, first, ImageEmbedding(torch.zeros(8, 5), {}))

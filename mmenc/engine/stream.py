@@ -27,7 +27,7 @@ def stream(enc, images: Iterable[Any], *, stop_on_failure: bool, pooled: bool = 
     Seconds spent land in enc.tally (chunk_wait_s, launch_s, device_wait_s, consumer_s)."""
     chunks = enc.preprocessor.iter_chunks(images, schedule=enc.chunk_schedule, errors="skip")
     window = ChunkWindow(depth=enc.chunks_in_flight, strict=enc.strict, tally=enc.tally)
-    videos = VideoAssembler()  # a long video's pieces, until its last
+    videos = VideoAssembler(lambda rows: sum(enc.output_tokens(rows)))  # a long video's pieces, until its last
     failed = False
     try:
         while True:

@@ -6,6 +6,7 @@ Every video tower attends within a frame (Qwen, GLM) or a 4-frame chunk (Kimi), 
 embeddings, concatenated in order, are the whole video's as one tower call would give them (up to the
 GEMMs' rounding for other batch sizes; bitwise with batch_invariant=True)."""
 import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -45,11 +46,18 @@ def entry_tokens(videos: tuple, grid_rows: int, tokens: list[int]) -> list[int]:
 
 class VideoAssembler:
     """Collects each video's pieces (in order) until its last, then hands out the VideoEmbedding.
-    State of one encode/encode_iter call."""
+    State of one encode/encode_iter call.
 
-    def __init__(self):
-        self._parts: dict[int, list[Any]] = {}
+    tokens_of(grid rows) -> the embedding rows they yield (the Encoder's output_tokens, summed): given it,
+    a video of several pieces gets its output allocated at its first piece (the rows of its whole grid)
+    and each piece is copied in as it comes, so that the chunk output a piece is a view of can go once
+    it is handed out; device memory beyond the video's own embeddings is then a chunk's, whatever the
+    length. Without it (or for extras, e.g. Qwen3-VL's deepstack) pieces are held and joined at the end."""
+
+    def __init__(self, tokens_of: Callable[[Sequence[Sequence[int]]], int] | None = None):
+        self._parts: dict[int, _Filling | _Joining] = {}
         self._failed: set[int] = set()
+        self._tokens_of = tokens_of
 
     def fail(self, index: int) -> None:
         """The video at `index` failed: its pieces so far are dropped, later ones ignored."""
@@ -60,12 +68,56 @@ class VideoAssembler:
         """part: the piece's ImageEmbedding (embeddings, extras); the video's VideoEmbedding after its last piece."""
         if index in self._failed:
             return None
-        parts = self._parts.setdefault(index, [])
-        parts.append(part)
+        held = self._parts.get(index)
+        if held is None:
+            if piece.last:  # the whole video in one piece: nothing to join
+                return VideoEmbedding(part.embeddings, part.extras, piece.info)
+            rows = self._tokens_of(piece.info.grid_thw) if self._tokens_of is not None else None
+            held = self._parts[index] = _Joining() if rows is None else _Filling(rows, part.embeddings)
+        held.add(part)
         if not piece.last:
             return None
         del self._parts[index]
-        return VideoEmbedding(_cat([p.embeddings for p in parts]), _cat_extras([p.extras for p in parts]), piece.info)
+        return VideoEmbedding(held.embeddings(), _cat_extras(held.extras), piece.info)
+
+
+class _Filling:
+    """A video's embeddings written piece by piece into its output (rows: the whole video's)."""
+
+    def __init__(self, rows: int, like: torch.Tensor):
+        self.out = like.new_empty((rows, *like.shape[1:]))
+        self.filled = 0
+        self.extras: list[dict[str, Any]] = []
+
+    def add(self, part: Any) -> None:
+        n = part.embeddings.shape[0]
+        if self.filled + n > self.out.shape[0]:
+            raise RuntimeError(f"a video's pieces yield more than the {self.out.shape[0]} embedding rows of its "
+                               f"grid ({self.filled} + {n}); a bug in the pieces' planning, please report it")
+        self.out[self.filled:self.filled + n].copy_(part.embeddings)
+        self.filled += n
+        self.extras.append(part.extras)
+
+    def embeddings(self) -> torch.Tensor:
+        if self.filled != self.out.shape[0]:
+            raise RuntimeError(f"a video's pieces yield {self.filled} embedding rows, its grid "
+                               f"{self.out.shape[0]}; a bug in the pieces' planning, please report it")
+        return self.out
+
+
+class _Joining:
+    """A video's pieces held whole and joined after the last."""
+
+    def __init__(self):
+        self.parts: list[torch.Tensor] = []
+        self.extras: list[dict[str, Any]] = []
+
+    def add(self, part: Any) -> None:
+        self.parts.append(part.embeddings)
+        self.extras.append(part.extras)
+
+    def embeddings(self) -> torch.Tensor:
+        return _cat(self.parts)
 
 
 def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
