@@ -28,6 +28,10 @@ SIZES = ((84, 112), (56, 84))  # (h, w) of the two test images: different sizes,
 # the test clip of the video families: 2 s at 4 fps, so Qwen2.5-VL's second_per_grid_ts (2 / 4) is not vLLM's
 # default of 1.0 and Qwen3-VL samples 4 of the 8 frames (2 fps)
 CLIP = dict(frames=8, size=(112, 112), fps=4)
+# one more image, sent alone, where a family's packing has a path the two sizes do not reach: OneVision's
+# anyres_max_9 shrinks the unpadded tile features when they pass 9 tiles' worth (336x336 px: 6x6 tiles of the
+# tiny checkpoint's 56 px, 24x24 patches, downscaled to 12x12)
+LARGE = {"LlavaOnevisionForConditionalGeneration": (336, 336)}
 
 
 class Stack:
@@ -49,6 +53,10 @@ class Stack:
         if architecture in SAME_LENGTH_EMBEDS_ARCHITECTURES:
             self.images.append(Image.fromarray(rng.integers(0, 256, (*SIZES[0], 3), dtype=np.uint8)))
             self.pair, self.embeds_sets = [0, len(SIZES)], ([0], [1], [0, len(SIZES)])
+        if architecture in LARGE:
+            self.images.append(Image.fromarray(rng.integers(0, 256, (*LARGE[architecture], 3), dtype=np.uint8)))
+            # before the last set: the tests' controls (swapped, zeroed) take the last one, a pair
+            self.embeds_sets = (*self.embeds_sets[:-1], [len(self.images) - 1], self.embeds_sets[-1])
         self.png = []
         for image in self.images:
             buf = io.BytesIO()
