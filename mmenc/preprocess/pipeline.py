@@ -53,7 +53,6 @@ from mmenc.preprocess.video_units import VideoUnits
 from mmenc.tally import Tally
 
 
-
 class StepSpan(NamedTuple):
     """One step Preprocessor.step_spans() saw: "prepare" (an image) or "stage" (a chunk), the thread it ran
     in, perf_counter start and end, and that thread's CPU seconds over it."""
@@ -63,6 +62,7 @@ class StepSpan(NamedTuple):
     start: float
     end: float
     cpu_s: float
+
 
 class Preprocessed(NamedTuple):
     """`Preprocessor.run`'s result. pixel_values: float32 on the device ([P, D], Kimi [P, C, p, p]);
@@ -273,7 +273,7 @@ class Preprocessor:
         return self._threads().submit(self._prepare, index, item, resize)
 
     @contextlib.contextmanager
-    def step_spans(self, sync: bool = False) -> Iterator[list["StepSpan"]]:
+    def step_spans(self, sync: bool = False) -> Iterator[list[StepSpan]]:
         """While open, the list it yields gets a StepSpan for each image prepared in this process ("prepare":
         decode, plan, resize, in a worker thread or, with workers=0, the calling thread) and for each chunk
         staged ("stage": the calling thread; sync=True: the device synchronised before the span ends, so
