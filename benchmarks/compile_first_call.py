@@ -22,17 +22,11 @@ import sys
 import tempfile
 
 
-def parse_grids(spec: str) -> list[tuple[int, ...]]:
-    """'TxHxW*N' (N images of that grid) -> [(T, H, W)] * N."""
-    grid, _, n = spec.partition("*")
-    return [tuple(int(x) for x in grid.split("x"))] * int(n or 1)
-
-
 def one_case(args) -> None:
     import torch
 
     from mmenc import Encoder
-    from mmenc.bench.measure import WORKLOADS, random_pixels, time_ms
+    from mmenc.bench.measure import WORKLOADS, parse_grid_spec, random_pixels, time_ms
 
     if args.mode == "forced":
         import torch._inductor.config
@@ -40,8 +34,8 @@ def one_case(args) -> None:
         torch._inductor.config.force_shape_pad = True
     enc = Encoder(args.model, load_format="dummy", dtype="bfloat16", compile=True)
     channels = enc.loaded.config.patch_features
-    grids = WORKLOADS.get(args.workload) or parse_grids(args.workload)
-    first = parse_grids(args.first) if args.start == "small" else grids
+    grids = WORKLOADS.get(args.workload) or parse_grid_spec(args.workload)
+    first = parse_grid_spec(args.first) if args.start == "small" else grids
     pv, grid = random_pixels(first, channels, enc.device, enc.dtype)
     enc.encode_pixels(pv, grid)
     pv, grid = random_pixels(grids, channels, enc.device, enc.dtype)
