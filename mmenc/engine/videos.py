@@ -48,14 +48,14 @@ class VideoAssembler:
     """Collects each video's pieces (in order) until its last, then hands out the VideoEmbedding.
     State of one encode/encode_iter call.
 
-    tokens_of(grid rows) -> the embedding rows they yield (the Encoder's output_tokens, summed): given it,
-    a video of several pieces gets its output allocated at its first piece (the rows of its whole grid)
-    and each piece is copied in as it comes, so that the chunk output a piece is a view of can go once
-    it is handed out; device memory beyond the video's own embeddings is then a chunk's, whatever the
-    length. Without it (or for extras, e.g. Qwen3-VL's deepstack) pieces are held and joined at the end."""
+    tokens_of(grid rows) -> the embedding rows they yield (the Encoder's output_tokens, summed): a video of
+    several pieces gets its output allocated at its first piece (the rows of its whole grid) and each
+    piece is copied in as it comes, so that the chunk output a piece is a view of can go once it is
+    handed out; device memory beyond the video's own embeddings is then a chunk's, whatever the length.
+    Extras (e.g. Qwen3-VL's deepstack) are held per piece and joined at the end."""
 
-    def __init__(self, tokens_of: Callable[[Sequence[Sequence[int]]], int] | None = None):
-        self._parts: dict[int, _Filling | _Joining] = {}
+    def __init__(self, tokens_of: Callable[[Sequence[Sequence[int]]], int]):
+        self._parts: dict[int, _Filling] = {}
         self._failed: set[int] = set()
         self._tokens_of = tokens_of
 
@@ -72,8 +72,7 @@ class VideoAssembler:
         if held is None:
             if piece.last:  # the whole video in one piece: nothing to join
                 return VideoEmbedding(part.embeddings, part.extras, piece.info)
-            rows = self._tokens_of(piece.info.grid_thw) if self._tokens_of is not None else None
-            held = self._parts[index] = _Joining() if rows is None else _Filling(rows, part.embeddings)
+            held = self._parts[index] = _Filling(self._tokens_of(piece.info.grid_thw), part.embeddings)
         held.add(part)
         if not piece.last:
             return None
@@ -103,21 +102,6 @@ class _Filling:
             raise RuntimeError(f"a video's pieces yield {self.filled} embedding rows, its grid "
                                f"{self.out.shape[0]}; a bug in the pieces' planning, please report it")
         return self.out
-
-
-class _Joining:
-    """A video's pieces held whole and joined after the last."""
-
-    def __init__(self):
-        self.parts: list[torch.Tensor] = []
-        self.extras: list[dict[str, Any]] = []
-
-    def add(self, part: Any) -> None:
-        self.parts.append(part.embeddings)
-        self.extras.append(part.extras)
-
-    def embeddings(self) -> torch.Tensor:
-        return _cat(self.parts)
 
 
 def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
