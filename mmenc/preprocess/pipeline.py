@@ -33,7 +33,6 @@ import collections
 import contextlib
 import math
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Literal, NamedTuple
@@ -47,21 +46,11 @@ from mmenc.preprocess.plan import ImagePreprocessError, finish_patches, input_na
 from mmenc.preprocess.prepare import ImageWork, Ready
 from mmenc.preprocess.procs import ProcessWorkers, runs_in_process
 from mmenc.preprocess.schedule import ChunkSchedule
+from mmenc.preprocess.spans import StepSpan, StepSpans
 from mmenc.preprocess.staging import to_device_each
 from mmenc.preprocess.video import VideoPiece
 from mmenc.preprocess.video_units import VideoUnits
 from mmenc.tally import Tally
-
-
-class StepSpan(NamedTuple):
-    """One step Preprocessor.step_spans() saw: "prepare" (an image) or "stage" (a chunk), the thread it ran
-    in, perf_counter start and end, and that thread's CPU seconds over it."""
-
-    step: str
-    thread: str
-    start: float
-    end: float
-    cpu_s: float
 
 
 class Preprocessed(NamedTuple):
@@ -135,8 +124,7 @@ class Preprocessor:
         self.stage_beside = True  # on CUDA, stage on a side stream, beside the tower (False: on the current one)
         self._stream: torch.cuda.Stream | None = None
         self.tally = Tally()  # calling-thread seconds: worker_wait_s (blocked on the workers), stage_s
-        self._spans: list[StepSpan] | None = None  # step_spans() records here while it is open
-        self._sync_spans = False
+        self._steps = StepSpans()  # step_spans() records there while it is open
 
     # -- public ------------------------------------------------------------------------------
     def run(self, items: Iterable[Any], errors: Literal["raise", "skip"] = "raise") -> Preprocessed:
@@ -272,39 +260,18 @@ class Preprocessor:
             return procs.submit(index, item, resize)
         return self._threads().submit(self._prepare, index, item, resize)
 
-    @contextlib.contextmanager
-    def step_spans(self, sync: bool = False) -> Iterator[list[StepSpan]]:
-        """While open, the list it yields gets a StepSpan for each image prepared in this process ("prepare":
-        decode, plan, resize, in a worker thread or, with workers=0, the calling thread) and for each chunk
-        staged ("stage": the calling thread; sync=True: the device synchronised before the span ends, so
-        that it holds the staging's device work). For profiling tools (benchmarks/e2e_profile.py,
-        preprocess_cpu.py); images prepared in worker processes are not in it."""
-        spans: list[StepSpan] = []
-        self._spans, self._sync_spans = spans, sync
-        try:
-            yield spans
-        finally:
-            self._spans = None
+    def step_spans(self, sync: bool = False) -> contextlib.AbstractContextManager[list[StepSpan]]:
+        """While open, the list it yields gets a StepSpan (mmenc.preprocess.spans) for each image prepared in
+        this process ("prepare": decode, plan, resize, in a worker thread or, with workers=0, the calling
+        thread) and for each chunk staged ("stage": the calling thread; sync=True: the device synchronised
+        before the span ends, so that it holds the staging's device work). For profiling tools
+        (benchmarks/e2e_profile.py, preprocess_cpu.py); images prepared in worker processes are not in it."""
+        return self._steps.open(self.device if sync and self.device.type == "cuda" else None)
 
     def _prepare(self, index: int, item: Any, resize: str | None = None) -> Ready | LoadFailure:
         """One image in a worker thread (or the calling thread with workers=0)."""
-        with self._span("prepare"):
+        with self._steps.span("prepare"):
             return self.work.prepare(index, item, resize)
-
-    @contextlib.contextmanager
-    def _span(self, step: str):
-        spans = self._spans
-        if spans is None:
-            yield
-            return
-        start, cpu = time.perf_counter(), time.thread_time()
-        try:
-            yield
-        finally:
-            if step == "stage" and self._sync_spans and self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            spans.append(StepSpan(step, threading.current_thread().name, start, time.perf_counter(),
-                                  time.thread_time() - cpu))
 
     def _threads(self) -> ThreadPoolExecutor:
         with self._pool_lock:
@@ -315,7 +282,7 @@ class Preprocessor:
     def _stage(self, ready: list[Ready], failures: list[LoadFailure]) -> Chunk:
         """Move the chunk's uint8 images to the device (one non-blocking copy each), finish them there."""
         self.tally.add(chunks=1, images=len(ready))
-        with self.tally.time("stage_s"), self._span("stage"):  # calling-thread time (device work is only queued)
+        with self.tally.time("stage_s"), self._steps.span("stage"):  # calling-thread time (device work is only queued)
             try:
                 side = self._side_stream()
                 return self._stage_now(ready, failures) if side is None else self._stage_beside(side, ready, failures)
