@@ -255,11 +255,10 @@ class Profile:
                     pre.run(paths)
                     sync(dev)
                     wall = (time.perf_counter() - t0) * 1e3
-        spans = [(s.step, s.start, s.end) for s in steps]
-        prep = [(b - a) * 1e3 for k, a, b in spans if k == "prepare"]
-        first = min(a for k, a, _ in spans if k == "prepare")
-        last = max(b for k, _, b in spans if k == "prepare")
-        stage_ms = sum((b - a) * 1e3 for k, a, b in spans if k == "stage")
+        prepares = [s for s in steps if s.step == "prepare"]
+        prep = [(s.end - s.start) * 1e3 for s in prepares]
+        first, last = min(s.start for s in prepares), max(s.end for s in prepares)
+        stage_ms = sum((s.end - s.start) * 1e3 for s in steps if s.step == "stage")
         self.notes.append(
             f"{name}: one Preprocessor.run (w={pre.workers}) timed inside: wall {wall:.1f} ms; per-image prepare "
             f"(decode+plan+chw, worker threads) median {statistics.median(prep):.1f} ms, max {max(prep):.1f}, "

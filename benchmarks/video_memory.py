@@ -4,8 +4,8 @@
 
 The Qwen2.5-VL-7B tower (random weights, bf16, compiled + CUDA graphs, as `mmenc bench --video`); per clip
 its sampled frames and GiB (mmenc.bench.video.peak_beyond_output: measured after warm encodes, so graph
-captures are not counted), plus the graph pool's share of the device after them. Flat in the clip's length
-is the goal: pieces stream. `mmenc bench --video --video-lengths` measures the same on clips it writes.
+captures are not counted), and the device memory reserved after them (graph pools included). Flat in
+the clip's length is the goal: pieces stream. `mmenc bench --video --video-lengths` measures the same on clips it writes.
 """
 import argparse
 

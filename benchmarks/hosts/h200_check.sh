@@ -3,7 +3,7 @@
 #   setup    wheels missing on the host (av, open_clip_torch, ftfy, wcwidth, timm) from .whl (carried) into
 #            .gpu/site; the video bench's clips (60 s and 15 s of 1280x720 H.264) written into .gpu/clips in the
 #            background (about 160 s on the host; the clip parts wait for them)
-#   tests    every gpu-marked test (tests/, -m gpu; TESTS=files, TESTS_LIMIT=seconds for fewer)
+#   tests    every gpu-marked test (the files of tests/ that mark one; TESTS=files, TESTS_LIMIT=seconds for fewer)
 #   firstcall  a compiled tower's speed after a small first call (benchmarks/compile_first_call.py)
 #   workers  one clip's preprocessing by worker count (benchmarks/video_workers.py, no GPU)
 #   video    `mmenc bench --video` (issue 26): one and 16 clips end to end, peaks by clip length
@@ -54,7 +54,7 @@ with cf.ProcessPoolExecutor(2) as pool:
       fi ;;
     tests)
       part tests "${TESTS_LIMIT:-270}" python3 -m pytest -q -p no:cacheprovider -m gpu --durations=12 \
-        --continue-on-collection-errors ${TESTS:-tests/test_fused_rows.py tests/test_fused_layers.py tests/test_video.py tests/test_e2e_bench.py tests/test_backends.py tests/test_batch_invariance.py tests/test_cuda_graphs.py tests/test_gpu_tower_parity.py tests/test_inflight.py tests/test_preprocess_parity.py tests/test_preprocess_pipeline.py tests/test_preprocess_procs.py tests/test_serve_overlap.py tests/test_serve_units.py tests/test_triton_attn.py} \
+        --continue-on-collection-errors ${TESTS:-$(grep -l "mark.gpu" tests/*.py)} \
         -k "not (test_bf16_parity_with_transformers and not auto)" ;;
     firstcall)
       part firstcall 250 python3 benchmarks/compile_first_call.py --warmup 2 --iters 6 ;;
