@@ -4,6 +4,7 @@ and FP8 accuracy on the full Qwen2.5-VL-7B tower. Part of benchmarks/kernels_gpu
     python benchmarks/kernels_check.py gemm        # bf16 vs FP8 (_scaled_mm, row-wise scales) on the tower's shapes
     python benchmarks/kernels_check.py rows        # add+RMSNorm, SiLU-gate (and their FP8 forms) vs torch / Inductor
     python benchmarks/kernels_check.py accuracy    # fp8 / fp8-all vs bf16 and fp32 (the bar of issue 27)
+    python benchmarks/kernels_check.py kpad        # bf16 MLP GEMMs with the 3420-wide dimension zero-padded
 """
 import argparse
 import json
@@ -38,6 +39,21 @@ def gemm() -> None:
                                                 out_dtype=torch.bfloat16, use_fast_accum=True), dev, 5, 20)
         print(f"{name:<8} {f'{m}x{k}x{n}':<20} {bf16:>8.3f} {fp8:>8.3f} {fast:>9.3f} {bf16 / fp8:>6.2f}x "
               f"{bf16 / fast:>6.2f}x")
+
+
+def kpad() -> None:
+    """The MLP's bf16 GEMMs at 8 x 1036 px / 32 x 448 px with its intermediate size (3420) padded with zeros to
+    wider multiples: does cuBLAS serve an aligned width faster than the extra columns cost?"""
+    dev = torch.device("cuda")
+    print(f"{'linear':<8} {'M x K x N':<20} {'ms':>8} {'TFLOP/s':>8}")
+    for m in (43808, 32768):
+        for name, widths in (("down", (3420, 3424, 3456, 3584)), ("gate_up", (6840, 6848, 6912, 7168))):
+            for width in widths:
+                k, n = (width, 1280) if name == "down" else (1280, width)
+                x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+                w = 0.02 * torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+                ms = time_ms(lambda: F.linear(x, w), dev, 5, 20)
+                print(f"{name:<8} {f'{m}x{k}x{n}':<20} {ms:>8.3f} {2 * m * k * n / ms / 1e9:>8.1f}")
 
 
 def rows() -> None:
@@ -89,5 +105,5 @@ def accuracy() -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("check", choices=["gemm", "rows", "accuracy"])
-    {"gemm": gemm, "rows": rows, "accuracy": accuracy}[parser.parse_args().check]()
+    parser.add_argument("check", choices=["gemm", "rows", "accuracy", "kpad"])
+    {"gemm": gemm, "rows": rows, "accuracy": accuracy, "kpad": kpad}[parser.parse_args().check]()

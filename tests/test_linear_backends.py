@@ -113,7 +113,7 @@ def test_cpu_platform_choice_and_reasons():
     with pytest.raises(ValueError, match=r"no linear backend can run dtype=float32, quantization=fp8 on cpu: ONEDNN: "
                                          r"runs unquantized weights only"):
         cpu.get_linear_backend(torch.float32, quantization="fp8")
-    with pytest.raises(ValueError, match=r"unknown linear backend 'mkl'; valid names: NATIVE, ONEDNN, FP8"):
+    with pytest.raises(ValueError, match=r"unknown linear backend 'mkl'; valid names: NATIVE, ONEDNN, FP8, ALIGNED"):
         cpu.get_linear_backend(torch.float32, backend="mkl")
     avx2 = CpuPlatform(DeviceInfo("cpu", "cpu", features=frozenset({"avx2"})))
     assert "bfloat16 needs AVX-512" in "; ".join(avx2.linear_backend_reasons(L.ONEDNN, torch.bfloat16))
@@ -123,12 +123,55 @@ def test_cpu_platform_choice_and_reasons():
     assert "AVX2 or AVX-512" in "; ".join(arm.linear_backend_reasons(L.ONEDNN, torch.float32))
 
 
-def test_cuda_platform_offers_native_and_fp8_only():
+def test_cuda_platform_offers_aligned_native_and_fp8():
     h100 = CudaPlatform(DeviceInfo("cuda", "nvidia", (9, 0)))
-    assert h100.get_linear_backend(torch.bfloat16) == L.NATIVE
+    assert h100.get_linear_backend(torch.bfloat16) == L.ALIGNED
+    assert h100.get_linear_backend(torch.bfloat16, batch_invariant=True) == L.NATIVE  # its token tiles
+    assert h100.get_linear_backend(torch.bfloat16, backend="native") == L.NATIVE
     assert h100.linear_priority(torch.bfloat16, "fp8") == [L.FP8]
+    assert any("unquantized weights only" in r for r in h100.linear_backend_reasons(L.ALIGNED, torch.bfloat16, "fp8"))
     reasons = h100.linear_backend_reasons(L.ONEDNN, torch.bfloat16)
     assert "not offered by the cuda platform" in reasons and any("needs a cpu device" in r for r in reasons)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_aligned_pads_the_input_width_and_matches_native(dtype):
+    """ALIGNED (CUDA's default) zero-pads weights whose rows are not 16-byte aligned; the result is F.linear's."""
+    cls = get_linear_backend_class(L.ALIGNED)
+    torch.manual_seed(5)
+    for rows, k, n, bias in [(9, 3420, 40, True), (4, 33, 7, False), (3, 1280, 24, True), (0, 5, 3, True)]:
+        w, b = torch.randn(n, k).to(dtype), (torch.randn(n).to(dtype) if bias else None)
+        x = torch.randn(rows, 2, k).to(dtype)
+        state = cls.prepare(w, b)
+        width = cls.padded_width(k, w.element_size())
+        assert width * w.element_size() % 16 == 0 and 0 <= width - k < 16 // w.element_size()
+        assert tuple(state.weight.shape) == (n, k) and torch.equal(state.weight, w)
+        if width == k:  # already aligned: the loaded tensor itself, no copy
+            assert state.weight is w and not state.extras
+        else:  # the view shares the padded tensor's storage: no second copy of the weight
+            padded = state.extras["padded"]
+            assert padded.shape == (n, width) and state.weight.data_ptr() == padded.data_ptr()
+            assert not padded[:, k:].any() and cls.state_nbytes(state) == padded.nbytes + (b.nbytes if bias else 0)
+        want = F.linear(x, w, b)
+        got = cls.apply(state, x)
+        assert got.shape == want.shape and got.dtype == dtype
+        if rows:
+            assert _rel(got, want) < TOL[dtype], (k, _rel(got, want))
+            assert _rel(cls.apply_unbiased(state, x), F.linear(x, w)) < TOL[dtype]
+        assert torch.equal(cls.restore(state), w) and cls.restore(state).is_contiguous()
+
+
+def test_aligned_layer_prepares_restores_and_compiles():
+    layer = ColumnParallelLinear(3420, 24)
+    layer.weight.data.normal_()
+    layer.bias.data.normal_()
+    x = torch.randn(5, 3420)
+    want, plain = layer(x), layer.weight.detach().clone()
+    assert prepare_linears(layer, L.ALIGNED) == 1 and tuple(layer.weight.shape) == (24, 3420)
+    assert _rel(layer(x), want) < 1e-5
+    assert _rel(torch.compile(layer, backend="eager")(x), want) < 1e-5
+    assert restore_linears(layer).enum == L.ALIGNED
+    assert torch.equal(layer.weight, plain) and layer.linear_state is None
 
 
 def test_probe_reads_cpu_features():
@@ -170,3 +213,20 @@ def test_fused_activation_matches_activation_after_the_matmul(dtype):
                 assert torch.equal(got, act(layer(x))), "NATIVE: exactly act(linear(x))"
             err = _rel(got, want)
             assert err < TOL[dtype], f"{backend.name} {act}: relative error {err:.2e} >= {TOL[dtype]}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_aligned_matches_native_on_the_unaligned_down_projection():
+    """Qwen2.5-VL's down projection (3420 inputs, bf16): ALIGNED's padded GEMM against F.linear, eager and compiled."""
+    torch.manual_seed(6)
+    dev = torch.device("cuda")
+    w, b = 0.02 * torch.randn(1280, 3420, device=dev, dtype=torch.bfloat16), torch.randn(1280, device=dev,
+                                                                                         dtype=torch.bfloat16)
+    x = torch.randn(4096, 3420, device=dev, dtype=torch.bfloat16)
+    want = F.linear(x.float(), w.float(), b.float())
+    cls = get_linear_backend_class(L.ALIGNED)
+    state = cls.prepare(w, b)
+    assert state.extras["padded"].shape == (1280, 3424)
+    assert _rel(cls.apply(state, x), want) < 1e-2
+    assert _rel(torch.compile(lambda t: cls.apply(state, t))(x), want) < 1e-2

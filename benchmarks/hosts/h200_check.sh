@@ -10,6 +10,15 @@
 #   llava    LLaVA-NeXT JPEG files to features against its tower (`mmenc bench --e2e`, issue 31)
 #   qwen     the Qwen2.5-VL-7B tower, compiled + CUDA graphs, --profile, 8x1036px and 32x448px (issue 29's after)
 #   clip     CLIP ViT-L/14-336 against its peers (benchmarks/clip_peers.py, issue 31)
+#   infinity Infinity 0.0.78 and its packages (transformers 4.57) from .whl/inf (carried) into .gpu/inf_site,
+#            run through .gpu/inf_bin/infinity_emb (its own PYTHONPATH: the host's transformers stays 5.x)
+#   embeddings  POST /v1/embeddings, mmenc serve against Infinity and mmenc offline (benchmarks/embeddings_load.py,
+#            a random SigLIP so400m/384 in bf16, 64 clients x 4 images, 1,024 JPEGs; issue 31)
+#   kpad     the MLP's bf16 GEMMs with the 3420-wide dimension padded (benchmarks/kernels_check.py kpad)
+#   eager    the Qwen tower eager, 8x1036px, on the ALIGNED and NATIVE linear backends
+#   cache    one fresh Inductor cache: a video-sized compile first, then 8x1036px compiled on NATIVE and ALIGNED
+#   fa4      FlashAttention-4 from .whl (base/, extra/, split/ halves: carried over two calls) into .gpu/fa4;
+#            every later part (and call) runs with it on PYTHONPATH
 # .gpu/ and OUTDIR's files stay on the host while it is warm, so parts can go over calls made back to back:
 #   bash benchmarks/hosts/h200_check.sh OUTDIR setup tests workers llava     # one call
 #   bash benchmarks/hosts/h200_check.sh OUTDIR video                         # the next
@@ -20,6 +29,8 @@ out=${1:?usage: bash benchmarks/hosts/h200_check.sh OUTDIR PART...}
 shift
 mkdir -p "$out" .gpu/clips
 export PYTHONPATH="$PWD:$PWD/.gpu/site" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+fa4_path() { export PYTHONPATH="$PYTHONPATH:$PWD/.gpu/fa4:$PWD/.gpu/fa4/nvidia_cutlass_dsl/dsl_packages"; }
+[ -e .gpu/fa4/done ] && fa4_path
 model=Qwen/Qwen2.5-VL-7B-Instruct
 clips=.gpu/clips
 
@@ -75,7 +86,48 @@ with cf.ProcessPoolExecutor(2) as pool:
       done ;;
     clip)
       part clip 150 python3 benchmarks/clip_peers.py --batches 32,256 --iters 10 --warmup 3 --json "$out/clip.json" ;;
-    *) echo "unknown part $p (setup tests firstcall workers video llava qwen clip)"; exit 2 ;;
+    infinity)
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .gpu/inf_site \
+        .whl/inf/*.whl
+      mkdir -p .gpu/inf_bin
+      printf '#!/usr/bin/env bash\nPYTHONPATH=%s exec python3 -c "from infinity_emb.cli import cli; cli()" "$@"\n' \
+        "$PWD/.gpu/inf_site" > .gpu/inf_bin/infinity_emb
+      chmod +x .gpu/inf_bin/infinity_emb
+      .gpu/inf_bin/infinity_emb --help > "$out/infinity.log" 2>&1
+      echo "infinity: exit $? (infinity_emb --help)" | tee -a "$out/parts.txt" ;;
+    embeddings)
+      ckpt=.gpu/siglip-so400m-384
+      [ -e "$ckpt/config.json" ] && write=() || write=(--write-checkpoint "$ckpt" --preset so400m-384 --checkpoint-dtype bfloat16)
+      part embeddings 480 python3 benchmarks/embeddings_load.py "${write[@]}" --checkpoint "$ckpt" --device cuda \
+        --targets mmenc,infinity --clients 64 --per-request 4 --images 1024 --size 640x480 --offline \
+        --offline-kwargs '{"dtype": "bfloat16", "compile": true, "cuda_graphs": true}' \
+        --serve-arg=--dtype=bfloat16 --serve-arg=--compile --serve-arg=--cuda-graphs --serve-arg=--frontends=4 \
+        --infinity-bin .gpu/inf_bin/infinity_emb --infinity-arg=--dtype=bfloat16 --json "$out/embeddings.json" ;;
+    kpad)
+      part kpad 120 python3 benchmarks/kernels_check.py kpad ;;
+    eager)
+      for b in aligned native; do
+        part "eager_$b" 150 python3 -m mmenc bench --model $model --load-format dummy --workload 8x1036px --no-hf \
+          --linear-backend $b --profile --warmup 2 --iters 6 --json "$out/eager_$b.json"
+      done ;;
+    cache)
+      rm -rf .gpu/inductor-cache
+      export TORCHINDUCTOR_CACHE_DIR=$PWD/.gpu/inductor-cache
+      part cache_video 200 python3 -m mmenc bench --model $model --load-format dummy --grid '5x40x72*2' --no-hf \
+        --linear-backend native --compile --warmup 1 --iters 2
+      for b in native aligned; do
+        part "cache_$b" 200 python3 -m mmenc bench --model $model --load-format dummy --workload 8x1036px --no-hf \
+          --linear-backend $b --compile --cuda-graphs --profile --warmup 2 --iters 6 --json "$out/cache_$b.json"
+      done
+      unset TORCHINDUCTOR_CACHE_DIR ;;
+    fa4)
+      if [ ! -e .gpu/fa4/done ]; then
+        bash benchmarks/hosts/install_fa4.sh .gpu/fa4 .whl > "$out/fa4.log" 2>&1 && touch .gpu/fa4/done
+        echo "fa4: $(tail -n 1 "$out/fa4.log")" | tee -a "$out/parts.txt"
+      fi
+      [ -e .gpu/fa4/done ] && fa4_path ;;
+    *) echo "unknown part $p (setup tests firstcall workers video llava qwen clip infinity embeddings kpad eager cache fa4)"
+       exit 2 ;;
   esac
 done
 echo "== parts"; cat "$out/parts.txt"
@@ -88,5 +140,9 @@ for p in "$@"; do
     llava) echo "== llava"; grep -v "INFO\|WARNING" "$out/llava.log" | tail -n 15 ;;
     qwen) for w in 8x1036px 32x448px; do echo "== qwen $w"; grep -v "INFO\|WARNING" "$out/qwen_$w.log" | tail -n 14; done ;;
     clip) echo "== clip"; tail -n 15 "$out/clip.log" ;;
+    embeddings) echo "== embeddings"; grep -v "INFO\|WARNING" "$out/embeddings.log" | tail -n 12 ;;
+    kpad) echo "== kpad"; cat "$out/kpad.log" ;;
+    eager) for b in aligned native; do echo "== eager $b"; grep -v "INFO\|WARNING" "$out/eager_$b.log" | tail -n 6; done ;;
+    cache) for b in video native aligned; do echo "== cache $b"; grep -v "INFO\|WARNING" "$out/cache_$b.log" | tail -n 6; done ;;
   esac
 done

@@ -50,4 +50,6 @@ class CudaPlatform(Platform):
         return reasons
 
     def linear_priority(self, dtype: torch.dtype, quantization: str | None = None) -> list[L]:
-        return [L.FP8] if quantization in ("fp8", "fp8-all") else [L.NATIVE]
+        # ALIGNED: cuBLAS's fast kernels want 16-byte rows (Qwen2.5-VL's 3420-wide MLP has 6840-byte ones);
+        # NATIVE where it cannot run (batch-invariant mode: NATIVE's token tiles align rows themselves)
+        return [L.FP8] if quantization in ("fp8", "fp8-all") else [L.ALIGNED, L.NATIVE]

@@ -8,6 +8,7 @@ after loading and call it on every forward.
     native.py    NATIVE: F.linear, the reference
     onednn.py    ONEDNN: oneDNN with the weight packed once (CPU)
     fp8.py       FP8: e4m3 weights per channel, activations per token, torch._scaled_mm (CUDA sm89+)
+    aligned.py   ALIGNED: F.linear with the input width zero-padded to 16-byte rows (CUDA's default)
     registry.py  enum -> file
 """
 from mmenc.backends.linear.base import QUANTIZATIONS, LinearBackend, LinearState

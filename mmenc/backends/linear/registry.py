@@ -8,6 +8,7 @@ _MODULES: dict[LinearBackendEnum, str] = {
     LinearBackendEnum.NATIVE: "native:NativeLinear",
     LinearBackendEnum.ONEDNN: "onednn:OneDNNLinear",
     LinearBackendEnum.FP8: "fp8:Fp8Linear",
+    LinearBackendEnum.ALIGNED: "aligned:AlignedLinear",
 }
 
 
