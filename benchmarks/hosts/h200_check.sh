@@ -102,7 +102,8 @@ with cf.ProcessPoolExecutor(2) as pool:
         --targets mmenc,infinity --clients 64 --per-request 4 --images 1024 --size 640x480 --offline \
         --offline-kwargs '{"dtype": "bfloat16", "compile": true, "cuda_graphs": true}' \
         --serve-arg=--dtype=bfloat16 --serve-arg=--compile --serve-arg=--cuda-graphs --serve-arg=--frontends=4 \
-        --infinity-bin .gpu/inf_bin/infinity_emb --infinity-arg=--dtype=bfloat16 --json "$out/embeddings.json" ;;
+        --infinity-bin .gpu/inf_bin/infinity_emb --infinity-arg=--dtype=bfloat16 --json "$out/embeddings.json"
+      cp /tmp/embeddings_load_*.log "$out/" 2>/dev/null ;;
     kpad)
       part kpad 120 python3 benchmarks/kernels_check.py kpad ;;
     eager)
