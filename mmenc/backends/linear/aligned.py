@@ -1,18 +1,19 @@
-"""ALIGNED: F.linear on a weight whose input width is zero-padded once at load to a multiple of
-`align_bytes`, each input padded the same way on every call (under torch.compile the pad fuses into
-the kernel that produces the input). Zero columns add nothing to any sum: the result is F.linear's.
+"""ALIGNED: F.linear where the input width of the weight is not a multiple of 16 bytes, run eagerly with
+both operands zero-padded to it on each call. Zero columns add nothing to any sum: the result is F.linear's.
 
-GPU GEMM libraries serve rows whose byte size is not 16-byte aligned with slow kernels: on an H200
-cuBLAS ran Qwen2.5-VL-7B's down projection (3420 inputs, 6840-byte bf16 rows) on a cutlass sm80 kernel
-at about 206 TFLOP/s, a third of what its aligned GEMMs reach (BENCHMARKS.md). torch.compile pads such
-matmuls itself only where its own benchmark of the first shapes it compiles says so, a decision kept
-in its on-disk cache; here the layout is fixed at load, in eager mode too.
+GPU GEMM libraries serve rows whose byte size is not 16-byte aligned with slow kernels: on an H200,
+cuBLAS ran Qwen2.5-VL-7B's down projection (3420 inputs, 6840-byte bf16 rows; 43,808 x 3420 x 1280) at
+220 TFLOP/s, and at 715 with 3424 columns; the eager tower took 217.3 ms at 8 x 1036 px against NATIVE's
+242.9 with the weight padded once at load (BENCHMARKS.md, fifteenth session). Here the weight is padded
+on each call instead (8.8 MB there, a few microseconds), so the loaded tensor stays the only copy; the
+input's pad is the price (a pass over it, about 0.15 ms per layer there).
 
-    prepare(weight [out, in], bias) -> LinearState(weight: [out, in], a view of extras["padded"]
-        [out, in_padded]; a weight already aligned is kept as loaded, and apply is then F.linear exactly)
-    apply(state, x [..., in]) -> F.linear(pad(x), padded, bias) [..., out]
+Under torch.compile it is NATIVE exactly (F.linear): Inductor aligns such matmuls itself (padded strides
+or padded operands), and a pad written into the graph made its SiLU-gate kernel slower (the compiled
+tower 135.7 against 133.8 ms, same host).
 
-Memory: the padded weight replaces the loaded one (+36 columns of 3420 for that projection, 1%).
+    prepare(weight [out, in], bias) -> LinearState(weight as loaded, bias): nothing is repacked
+    apply(state, x [..., in]) -> [..., out]
 """
 from typing import ClassVar
 
@@ -43,33 +44,23 @@ class AlignedLinear(LinearBackend):
 
     @classmethod
     def prepare(cls, weight, bias):
-        k = weight.shape[1]
-        width = cls.padded_width(k, weight.element_size())
-        if width == k:
-            return LinearState(weight, bias)
-        padded = F.pad(weight.detach(), (0, width - k))
-        return LinearState(padded[:, :k], bias, {"padded": padded})
+        return LinearState(weight, bias)
 
     @classmethod
     def restore(cls, state):
-        padded = state.extras.get("padded")
-        return state.weight if padded is None else state.weight.contiguous()
+        return state.weight
 
     @classmethod
     def apply(cls, state, x):
-        padded = state.extras.get("padded")
-        if padded is None:
-            return F.linear(x, state.weight, state.bias)
-        return F.linear(F.pad(x, (0, padded.shape[1] - x.shape[-1])), padded, state.bias)
+        return cls._linear(x, state.weight, state.bias)
 
     @classmethod
     def apply_unbiased(cls, state, x):
-        padded = state.extras.get("padded")
-        if padded is None:
-            return F.linear(x, state.weight)
-        return F.linear(F.pad(x, (0, padded.shape[1] - x.shape[-1])), padded)
+        return cls._linear(x, state.weight, None)
 
     @classmethod
-    def state_nbytes(cls, state):
-        padded = state.extras.get("padded")
-        return (state.weight.nbytes if padded is None else 0) + state.nbytes()
+    def _linear(cls, x, weight, bias):
+        pad = cls.padded_width(weight.shape[1], weight.element_size()) - weight.shape[1]
+        if not pad or torch.compiler.is_compiling():
+            return F.linear(x, weight, bias)
+        return F.linear(F.pad(x, (0, pad)), F.pad(weight, (0, pad)), bias)
