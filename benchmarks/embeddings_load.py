@@ -38,7 +38,7 @@ import time
 
 import numpy as np
 
-from mmenc.testing.processes import free_port, session_cpu_s
+from mmenc.testing.processes import free_port, processes, session_cpu_s
 
 HOST = "127.0.0.1"
 PRESETS = {  # vision towers; the text tower is one small layer (its width must match for SiglipModel)
@@ -187,16 +187,35 @@ def drive(port: int, infinity: bool, warm: list[bytes], measured: list[bytes], c
             for item in json.loads(reply)["data"]:
                 vectors[(i, item["index"])] = np.asarray(item["embedding"], dtype=np.float32)
 
-    cpu0, start = session_cpu_s(sid), time.perf_counter()
+    cpu0, by_process0, start = session_cpu_s(sid), process_cpu_s(sid), time.perf_counter()
     deadline[0] = start + duration
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
         list(pool.map(client, range(clients)))
     wall, cpu = time.perf_counter() - start, session_cpu_s(sid) - cpu0
+    spent = {pid: s - by_process0.get(pid, (0.0, ""))[0] for pid, (s, _) in process_cpu_s(sid).items()}
+    names = {pid: name for pid, (_, name) in process_cpu_s(sid).items()}
+    for pid in sorted(spent, key=spent.get, reverse=True)[:8]:  # where the server's CPU time went
+        print(f"  server process {pid}: {spent[pid]:.1f} CPU s over the phase: {names[pid]}", file=sys.stderr)
     lat = sorted(latencies)
     return {"images": len(vectors), "wall_s": wall, "images_per_s": len(vectors) / wall, "errors": errors,
             "server_cpu_s": cpu, "images_per_cpu_s": len(vectors) / cpu if cpu > 0 else float("nan"),
             "p50_s": statistics.median(lat) if lat else float("nan"),
             "p90_s": lat[int(0.9 * (len(lat) - 1))] if lat else float("nan"), "vectors": vectors}
+
+
+def process_cpu_s(sid: int) -> dict[int, tuple[float, str]]:
+    """{pid: (user + system CPU seconds, its thread count and command line cut to 100 characters)} of session
+    `sid`."""
+    tick, out = os.sysconf("SC_CLK_TCK"), {}
+    for pid, fields in processes():
+        if int(fields[3]) == sid:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    name = f.read().replace(b"\0", b" ").decode(errors="replace")[:100]
+            except OSError:
+                name = "?"
+            out[pid] = ((int(fields[11]) + int(fields[12])) / tick, f"[{fields[17]} threads] {name}")
+    return out
 
 
 def offline(args, jpegs: list[bytes]) -> dict:

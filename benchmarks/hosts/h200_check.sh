@@ -10,10 +10,13 @@
 #   llava    LLaVA-NeXT JPEG files to features against its tower (`mmenc bench --e2e`, issue 31)
 #   qwen     the Qwen2.5-VL-7B tower, compiled + CUDA graphs, --profile, 8x1036px and 32x448px (issue 29's after)
 #   clip     CLIP ViT-L/14-336 against its peers (benchmarks/clip_peers.py, issue 31)
+#   servedeps  mmenc serve's extra (fastapi, uvicorn, pydantic, ...) from .whl/inf and .whl/serve into .gpu/serve_site
 #   infinity Infinity 0.0.78 and its packages (transformers 4.57) from .whl/inf (carried) into .gpu/inf_site,
 #            run through .gpu/inf_bin/infinity_emb (its own PYTHONPATH: the host's transformers stays 5.x)
 #   embeddings  POST /v1/embeddings, mmenc serve against Infinity and mmenc offline (benchmarks/embeddings_load.py,
 #            a random SigLIP so400m/384 in bf16, 64 clients x 4 images, 1,024 JPEGs; issue 31)
+#   serve_variants  mmenc serve alone on /v1/embeddings (as embeddings) with 4 and 1 front ends, 4 preprocessing workers,
+#            each server's CPU time by process
 #   kpad     the MLP's bf16 GEMMs with the 3420-wide dimension padded (benchmarks/kernels_check.py kpad)
 #   eager    the Qwen tower eager, 8x1036px, on the ALIGNED and NATIVE linear backends
 #   cache    one fresh Inductor cache: a video-sized compile first, then 8x1036px compiled on NATIVE and ALIGNED
@@ -28,7 +31,7 @@ cd "$(dirname "$0")/../.."
 out=${1:?usage: bash benchmarks/hosts/h200_check.sh OUTDIR PART...}
 shift
 mkdir -p "$out" .gpu/clips
-export PYTHONPATH="$PWD:$PWD/.gpu/site" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+export PYTHONPATH="$PWD:$PWD/.gpu/site:$PWD/.gpu/serve_site" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 fa4_path() { export PYTHONPATH="$PYTHONPATH:$PWD/.gpu/fa4:$PWD/.gpu/fa4/nvidia_cutlass_dsl/dsl_packages"; }
 [ -e .gpu/fa4/done ] && fa4_path
 model=Qwen/Qwen2.5-VL-7B-Instruct
@@ -86,6 +89,14 @@ with cf.ProcessPoolExecutor(2) as pool:
       done ;;
     clip)
       part clip 150 python3 benchmarks/clip_peers.py --batches 32,256 --iters 10 --warmup 3 --json "$out/clip.json" ;;
+    servedeps)  # mmenc serve's extra (fastapi, uvicorn, ...) from .whl/inf and .whl/serve, not the host's
+      # transformers, huggingface_hub, tokenizers or pillow (those .whl/inf holds are Infinity's)
+      wheels=$(ls .whl/inf/*.whl .whl/serve/*.whl | grep -v -E "/(transformers|huggingface_hub|hf_xet|tokenizers|\
+safetensors|pillow|regex|PyYAML|pyyaml|tqdm|requests|urllib3|certifi|idna|charset_normalizer|packaging|infinity_emb)-")
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .gpu/serve_site \
+        $wheels 2>&1 | grep -v "already exists"
+      python3 -c "import uvicorn, fastapi, pydantic, multipart, pybase64, mmenc.serving.app" \
+        && echo "servedeps: ok" | tee -a "$out/parts.txt" ;;
     infinity)
       python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .gpu/inf_site \
         .whl/inf/*.whl
@@ -104,6 +115,19 @@ with cf.ProcessPoolExecutor(2) as pool:
         --serve-arg=--dtype=bfloat16 --serve-arg=--compile --serve-arg=--cuda-graphs --serve-arg=--frontends=4 \
         --infinity-bin .gpu/inf_bin/infinity_emb --infinity-arg=--dtype=bfloat16 --json "$out/embeddings.json"
       cp /tmp/embeddings_load_*.log "$out/" 2>/dev/null ;;
+    serve_variants)  # mmenc serve alone on /v1/embeddings, by front ends and preprocessing worker kind
+      ckpt=.gpu/siglip-so400m-384
+      [ -e "$ckpt/config.json" ] && write=() || write=(--write-checkpoint "$ckpt" --preset so400m-384 --checkpoint-dtype bfloat16)
+      for v in "frontends=4" "frontends=1" "frontends=4 preprocess-threads=4"; do
+        name=serve_${v// /_}; name=${name//=/}
+        flags=(); for f in $v; do flags+=("--serve-arg=--${f%%=*}=${f#*=}"); done
+        part "$name" 200 python3 benchmarks/embeddings_load.py "${write[@]}" --checkpoint "$ckpt" --device cuda \
+          --targets mmenc --clients 64 --per-request 4 --images 1024 --size 640x480 \
+          --serve-arg=--dtype=bfloat16 --serve-arg=--compile --serve-arg=--cuda-graphs "${flags[@]}" \
+          --json "$out/$name.json"
+        cp /tmp/embeddings_load_mmenc_0.log "$out/$name.server.log" 2>/dev/null
+        write=()
+      done ;;
     kpad)
       part kpad 120 python3 benchmarks/kernels_check.py kpad ;;
     eager)
@@ -127,7 +151,7 @@ with cf.ProcessPoolExecutor(2) as pool:
         echo "fa4: $(tail -n 1 "$out/fa4.log")" | tee -a "$out/parts.txt"
       fi
       [ -e .gpu/fa4/done ] && fa4_path ;;
-    *) echo "unknown part $p (setup tests firstcall workers video llava qwen clip infinity embeddings kpad eager cache fa4)"
+    *) echo "unknown part $p (setup tests firstcall workers video llava qwen clip servedeps infinity embeddings serve_variants kpad eager cache fa4)"
        exit 2 ;;
   esac
 done
@@ -143,6 +167,8 @@ for p in "$@"; do
     clip) echo "== clip"; tail -n 15 "$out/clip.log" ;;
     embeddings) echo "== embeddings"; grep -v "INFO\|WARNING" "$out/embeddings.log" | tail -n 12 ;;
     kpad) echo "== kpad"; cat "$out/kpad.log" ;;
+    serve_variants) for f in "$out"/serve_*.log; do case $f in *.server.log) continue ;; esac
+      echo "== $f"; grep -v "INFO\|WARNING" "$f" | tail -n 12 | cut -c1-250; done ;;
     eager) for b in aligned native; do echo "== eager $b"; grep -v "INFO\|WARNING" "$out/eager_$b.log" | tail -n 6; done ;;
     cache) for b in video native aligned; do echo "== cache $b"; grep -v "INFO\|WARNING" "$out/cache_$b.log" | tail -n 6; done ;;
   esac
