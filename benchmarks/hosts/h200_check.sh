@@ -110,7 +110,7 @@ safetensors|pillow|regex|PyYAML|pyyaml|tqdm|requests|urllib3|certifi|idna|charse
       ckpt=.gpu/siglip-so400m-384
       [ -e "$ckpt/config.json" ] && write=() || write=(--write-checkpoint "$ckpt" --preset so400m-384 --checkpoint-dtype bfloat16)
       part embeddings 480 python3 benchmarks/embeddings_load.py "${write[@]}" --checkpoint "$ckpt" --device cuda \
-        --targets mmenc,infinity --clients 64 --per-request 4 --images 1024 --size 640x480 --offline \
+        --targets "${TARGETS:-mmenc,infinity}" --clients 64 --per-request 4 --images 1024 --size 640x480 --offline \
         --offline-kwargs '{"dtype": "bfloat16", "compile": true, "cuda_graphs": true}' \
         --serve-arg=--dtype=bfloat16 --serve-arg=--compile --serve-arg=--cuda-graphs --serve-arg=--frontends=4 \
         --infinity-bin .gpu/inf_bin/infinity_emb --infinity-arg=--dtype=bfloat16 --json "$out/embeddings.json"

@@ -15,6 +15,7 @@ from mmenc.serving.batcher import Batcher, Job
 from mmenc.serving.cache import EncoderCache, model_identity
 from mmenc.serving.engine_client import EngineClient, EngineInfo, Encoded, done_future, settle
 from mmenc.serving.formats import EncodedImage, dtype_name
+from mmenc.serving.host_threads import one_intra_op_thread
 from mmenc.serving.launch import make_batcher
 from mmenc.serving.metrics import ServeMetrics
 from mmenc.serving.settings import ServeSettings, served_name
@@ -68,6 +69,7 @@ class LocalEngine(EngineClient):
         enc = self.encoder = self._make_encoder()
         if self._closing.is_set():  # stopped while loading: close() closes the encoder
             return
+        one_intra_op_thread(enc.device, "mmenc serve")
         pixel_values, grid = enc.preprocess([_warmup_image()])
         out = enc.encode_pixels(pixel_values, grid, return_extras=True)
         hidden, levels = out.embeddings.shape[1], len(out.extras.get("deepstack") or [])

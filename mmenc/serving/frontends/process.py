@@ -29,10 +29,12 @@ def frontend_main(settings: ServeSettings, listener: socket.socket, engine_sock:
     from mmenc.serving.frontends.remote import ProcessEngineClient
     from mmenc.shm import Channel, raise_fd_limit
     from mmenc.serving.metrics import ServeMetrics
+    from mmenc.serving.host_threads import one_intra_op_thread
     from mmenc.serving.uvicorn_run import draining_server, run_draining
     from mmenc.serving.service import Admission, EncodeService
 
     logging.getLogger("mmenc").setLevel(log_level.upper())
+    one_intra_op_thread(None, f"front end {index}")
     raise_fd_limit()  # each engine segment mapped here holds a descriptor
     holder: list[uvicorn.Server] = []
 
