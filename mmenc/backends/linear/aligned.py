@@ -20,35 +20,24 @@ from typing import ClassVar
 import torch
 import torch.nn.functional as F
 
-from mmenc.backends.linear.base import LinearBackend, LinearState
 from mmenc.backends.linear.enum import LinearBackendEnum
+from mmenc.backends.linear.native import NativeLinear
 
 
-class AlignedLinear(LinearBackend):
+class AlignedLinear(NativeLinear):
+    """NATIVE's weight handling (kept as loaded) and reasons, with the eager pad in apply."""
+
     enum = LinearBackendEnum.ALIGNED
     not_batch_invariant = ("F.linear picks its kernel from each call's row count; batch-invariant mode runs "
                            "NATIVE's fixed token tiles (which align rows themselves)")
-    defers_bias = True
     # Input rows are padded to a multiple of this many bytes.
     align_bytes: ClassVar[int] = 16
-
-    @classmethod
-    def _reasons(cls, device, dtype, quantization):
-        return [f"runs unquantized weights only (quantization={quantization!r})"] if quantization else []
 
     @classmethod
     def padded_width(cls, in_features: int, element_size: int) -> int:
         """in_features rounded up so that a row takes a multiple of align_bytes."""
         step = max(1, cls.align_bytes // element_size)
         return -(-in_features // step) * step
-
-    @classmethod
-    def prepare(cls, weight, bias):
-        return LinearState(weight, bias)
-
-    @classmethod
-    def restore(cls, state):
-        return state.weight
 
     @classmethod
     def apply(cls, state, x):
