@@ -274,6 +274,14 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
             raise ValueError(f"fused_kernels=True cannot run on {device}: {'; '.join(reasons)}; leave fused_kernels "
                              f"off (the reference ops) on this device")
         use_fused_kernels(tower)
+    # RMSNorm's compiled kernel where the platform has one; a compiled tower gets Inductor's fusion anyway
+    if device.type != "meta" and not mm_config.compile and not mm_config.batch_invariant:
+        from mmenc.platforms import platform_for
+
+        if platform_for(device).compiles_norms():
+            from mmenc.layers.compiled_norm import use_compiled_norms
+
+            use_compiled_norms(tower)
     if mm_config.batch_invariant:  # before compiling / capturing: fixed-shape GEMMs in every linear
         from mmenc.distributed.parallel_state import get_tp_size
         from mmenc.layers.linear_kernels import use_token_tiles

@@ -13,7 +13,11 @@ class RMSNorm(nn.Module):
     which differs by at most one rounding step in bf16).
 
     x [..., hidden] -> [..., hidden]. Parameter: weight [hidden] (checkpoint name `weight`).
+    `kernel`: None (torch's rms_norm), or a function (x, weight, eps) computing the same, set tower-wide
+    where the platform has a faster one (mmenc.layers.compiled_norm.use_compiled_norms: CPUs).
     """
+
+    kernel = None
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, device=None, dtype=None):
         super().__init__()
@@ -21,6 +25,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None:
+            return self.kernel(x, self.weight, self.eps)
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # fused; float32 statistics
 
     def extra_repr(self) -> str:

@@ -158,6 +158,11 @@ class Platform:
         there; returns what was done (for the log), None for nothing. Accelerators: nothing."""
         return None
 
+    def compiles_norms(self) -> bool:
+        """Whether towers on this platform's device run RMSNorm through an Inductor-compiled kernel
+        (mmenc.layers.compiled_norm), where torch's eager rms_norm is slow. Accelerators: no."""
+        return False
+
     # -- fused row kernels (mmenc.layers.fused) ---------------------------------------------------
 
     def fused_kernel_reasons(self, dtype: torch.dtype) -> list[str]:
