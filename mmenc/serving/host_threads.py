@@ -4,7 +4,7 @@ The service runs torch's CPU ops in many threads at once: pool threads preproces
 preprocess: a processor without the per-image API, SigLIP's, runs whole in float32 torch ops) and render
 answers. torch's OpenMP build gives each calling thread a team of one thread per core for its parallel
 ops, so on a 16-core H200 host 16 pool threads made up to 16 x 16 busy threads: the engine process took
-54-98 CPU s to answer 1,024 images on /v1/embeddings (15 images per CPU second, 219 images/s against 547
+54-98 CPU s to answer 1,024 images on /v1/embeddings (15 images per CPU second, 206-219 images/s against 547
 offline; BENCHMARKS.md, fifteenth session). A thread pool of 8 preprocessing SigLIP images on this 2-core
 machine used 1.4-1.8x the CPU per image with 2 intra-op threads than with 1.
 
