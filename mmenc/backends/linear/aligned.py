@@ -3,14 +3,14 @@ both operands zero-padded to it on each call. Zero columns add nothing to any su
 
 GPU GEMM libraries serve rows whose byte size is not 16-byte aligned with slow kernels: on an H200,
 cuBLAS ran Qwen2.5-VL-7B's down projection (3420 inputs, 6840-byte bf16 rows; 43,808 x 3420 x 1280) at
-220 TFLOP/s, and at 715 with 3424 columns; the eager tower took 217.3 ms at 8 x 1036 px against NATIVE's
-242.9 with the weight padded once at load (BENCHMARKS.md, fifteenth session). Here the weight is padded
-on each call instead (8.8 MB there, a few microseconds), so the loaded tensor stays the only copy; the
-input's pad is the price (a pass over it, about 0.15 ms per layer there).
+220 TFLOP/s, and at 715 with 3424 columns; the eager tower takes 219.5 ms at 8 x 1036 px against NATIVE's
+244.9 (BENCHMARKS.md, fifteenth session). The weight is padded on each call (8.8 MB there, a few
+microseconds; padded once at load it was 217.3 ms), so the loaded tensor stays the only copy; the input's
+pad is the price (a pass over it).
 
 Under torch.compile it is NATIVE exactly (F.linear): Inductor aligns such matmuls itself (padded strides
-or padded operands), and a pad written into the graph made its SiLU-gate kernel slower (the compiled
-tower 135.7 against 133.8 ms, same host).
+or padded operands), and a pad written into the graph made its elementwise kernels slower (28.7 against
+26.4 ms per call; the compiled tower 135.3 against 135.2 ms, same host).
 
     prepare(weight [out, in], bias) -> LinearState(weight as loaded, bias): nothing is repacked
     apply(state, x [..., in]) -> [..., out]
