@@ -192,10 +192,10 @@ def drive(port: int, infinity: bool, warm: list[bytes], measured: list[bytes], c
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
         list(pool.map(client, range(clients)))
     wall, cpu = time.perf_counter() - start, session_cpu_s(sid) - cpu0
-    spent = {pid: s - by_process0.get(pid, (0.0, ""))[0] for pid, (s, _) in process_cpu_s(sid).items()}
-    names = {pid: name for pid, (_, name) in process_cpu_s(sid).items()}
+    by_process = process_cpu_s(sid)
+    spent = {pid: s - by_process0.get(pid, (0.0, ""))[0] for pid, (s, _) in by_process.items()}
     for pid in sorted(spent, key=spent.get, reverse=True)[:8]:  # where the server's CPU time went
-        print(f"  server process {pid}: {spent[pid]:.1f} CPU s over the phase: {names[pid]}", file=sys.stderr)
+        print(f"  server process {pid}: {spent[pid]:.1f} CPU s over the phase: {by_process[pid][1]}", file=sys.stderr)
     lat = sorted(latencies)
     return {"images": len(vectors), "wall_s": wall, "images_per_s": len(vectors) / wall, "errors": errors,
             "server_cpu_s": cpu, "images_per_cpu_s": len(vectors) / cpu if cpu > 0 else float("nan"),

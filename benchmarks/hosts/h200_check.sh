@@ -45,6 +45,14 @@ wait_clips() {  # the background writers of part setup (or the clips of an earli
   echo "clips: not written after 300 s (see $clips/write.log)"; return 1
 }
 
+load_args() {  # sets load=(...): benchmarks/embeddings_load.py on the SigLIP so400m/384 below (written by the first
+  # run) under issue 31's load (64 clients x 4 images, 1,024 JPEGs), mmenc serve in bf16, compiled + CUDA graphs
+  local ckpt=.gpu/siglip-so400m-384
+  load=(benchmarks/embeddings_load.py --checkpoint "$ckpt" --device cuda --clients 64 --per-request 4 --images 1024
+        --size 640x480 --serve-arg=--dtype=bfloat16 --serve-arg=--compile --serve-arg=--cuda-graphs)
+  [ -e "$ckpt/config.json" ] || load+=(--write-checkpoint "$ckpt" --preset so400m-384 --checkpoint-dtype bfloat16)
+}
+
 part() {  # part NAME TIMEOUT COMMAND...: the command's output to OUTDIR/NAME.log, its exit and wall time
   local name=$1 limit=$2 start=$SECONDS
   shift 2
@@ -107,26 +115,18 @@ safetensors|pillow|regex|PyYAML|pyyaml|tqdm|requests|urllib3|certifi|idna|charse
       .gpu/inf_bin/infinity_emb --help > "$out/infinity.log" 2>&1
       echo "infinity: exit $? (infinity_emb --help)" | tee -a "$out/parts.txt" ;;
     embeddings)
-      ckpt=.gpu/siglip-so400m-384
-      [ -e "$ckpt/config.json" ] && write=() || write=(--write-checkpoint "$ckpt" --preset so400m-384 --checkpoint-dtype bfloat16)
-      part embeddings 480 python3 benchmarks/embeddings_load.py "${write[@]}" --checkpoint "$ckpt" --device cuda \
-        --targets "${TARGETS:-mmenc,infinity}" --clients 64 --per-request 4 --images 1024 --size 640x480 --offline \
-        --offline-kwargs '{"dtype": "bfloat16", "compile": true, "cuda_graphs": true}' \
-        --serve-arg=--dtype=bfloat16 --serve-arg=--compile --serve-arg=--cuda-graphs --serve-arg=--frontends=4 \
+      load_args
+      part embeddings 480 python3 "${load[@]}" --targets "${TARGETS:-mmenc,infinity}" --offline \
+        --offline-kwargs '{"dtype": "bfloat16", "compile": true, "cuda_graphs": true}' --serve-arg=--frontends=4 \
         --infinity-bin .gpu/inf_bin/infinity_emb --infinity-arg=--dtype=bfloat16 --json "$out/embeddings.json"
       cp /tmp/embeddings_load_*.log "$out/" 2>/dev/null ;;
-    serve_variants)  # mmenc serve alone on /v1/embeddings, by front ends and preprocessing worker kind
-      ckpt=.gpu/siglip-so400m-384
-      [ -e "$ckpt/config.json" ] && write=() || write=(--write-checkpoint "$ckpt" --preset so400m-384 --checkpoint-dtype bfloat16)
+    serve_variants)  # mmenc serve alone on /v1/embeddings, by front ends and preprocessing threads
       for v in "frontends=4" "frontends=1" "frontends=4 preprocess-threads=4"; do
         name=serve_${v// /_}; name=${name//=/}
         flags=(); for f in $v; do flags+=("--serve-arg=--${f%%=*}=${f#*=}"); done
-        part "$name" 200 python3 benchmarks/embeddings_load.py "${write[@]}" --checkpoint "$ckpt" --device cuda \
-          --targets mmenc --clients 64 --per-request 4 --images 1024 --size 640x480 \
-          --serve-arg=--dtype=bfloat16 --serve-arg=--compile --serve-arg=--cuda-graphs "${flags[@]}" \
-          --json "$out/$name.json"
+        load_args
+        part "$name" 200 python3 "${load[@]}" --targets mmenc "${flags[@]}" --json "$out/$name.json"
         cp /tmp/embeddings_load_mmenc_0.log "$out/$name.server.log" 2>/dev/null
-        write=()
       done ;;
     kpad)
       part kpad 120 python3 benchmarks/kernels_check.py kpad ;;
