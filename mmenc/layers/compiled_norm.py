@@ -35,6 +35,10 @@ def _reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tenso
 
 
 def _compiled():
+    """The compiled function (made once, under the lock), or None after a failure."""
+    fn = _state["fn"]
+    if fn is not None:
+        return fn
     with _lock:
         if _state["fn"] is None and not _state["failed"]:
             _state["fn"] = torch.compile(_reference, dynamic=True)
