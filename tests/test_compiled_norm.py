@@ -66,3 +66,26 @@ def test_cpu_towers_get_the_compiled_norm_unless_compiled_or_invariant(q25):
         assert kernels(enc) == {compiled_norm.rms_norm}
     with Encoder(q25, device="cpu", batch_invariant=True) as enc:
         assert kernels(enc) == {None}
+
+
+def test_warm_compiles_for_wide_norms_only(fresh_state):
+    import torch._dynamo.utils as dynamo_utils
+
+    wide, narrow = RMSNorm(256).to(torch.bfloat16), RMSNorm(64)  # 256 x WARM_ROWS reaches MIN_ELEMENTS; 64 does not
+    layers = torch.nn.Sequential(wide, narrow)
+    assert compiled_norm.warm(layers) == []  # neither runs the compiled kernel yet
+    compiled_norm.use_compiled_norms(layers)
+    assert compiled_norm.warm(layers) == ["bfloat16 x 256"]
+    graphs = dynamo_utils.counters["stats"]["unique_graphs"]
+    with torch.inference_mode():  # another row count, made and normed in inference mode as in a tower: no compile
+        x = torch.randn(5000, 256).to(torch.bfloat16)
+        got = compiled_norm.rms_norm(x, wide.weight, wide.eps)
+    torch.testing.assert_close(got, F.rms_norm(x, (256,), wide.weight, wide.eps))  # bf16's rounding apart
+    assert dynamo_utils.counters["stats"]["unique_graphs"] == graphs
+
+
+def test_encoder_warm_up_says_what_it_did(q25):
+    from mmenc.engine.encoder import Encoder
+
+    with Encoder(q25, device="cpu") as enc:  # the tiny tower's norms are narrow: nothing to compile
+        assert enc.warm_up() == "nothing to warm up"

@@ -30,6 +30,7 @@ chunk while the tower runs this one, and the host reads no device value between 
 """
 import dataclasses
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -305,6 +306,20 @@ class Encoder(ToolSurface):
         """The linear backend the tower's linears run on, e.g. "ONEDNN" (the platform's pick unless given)."""
         backend = getattr(self.loaded, "linear_backend", None)
         return backend.name if backend is not None else "unknown"
+
+    def warm_up(self) -> str:
+        """Build now the kernels a first large tower call would build, so that a server's first request does
+        not wait for them: on a CPU, the compiled RMSNorm (mmenc.layers.compiled_norm; a few seconds, once per
+        process and dtype). Returns what was done, for the log."""
+        self._check_open("warm_up")
+        from mmenc.layers.compiled_norm import warm
+
+        start = time.perf_counter()
+        with self._lock:
+            norms = warm(self.loaded.tower)
+        if not norms:
+            return "nothing to warm up"
+        return f"compiled RMSNorm for {', '.join(norms)} in {time.perf_counter() - start:.1f} s"
 
     def close(self) -> None:
         """Stop the preprocessing threads and the worker processes, if any (also on `with` exit). Idempotent;

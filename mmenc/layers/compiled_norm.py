@@ -7,10 +7,11 @@ the same float32 statistics. The tower's two norms per block are 64 such calls.
 
     use_compiled_norms(module) -> int    every RMSNorm of `module` runs `rms_norm` (how many it set)
     rms_norm(x, weight, eps) -> [..., D] F.rms_norm's result; compiled once per process (dynamic shapes)
+    warm(module) -> list[str]            compile now for the dtypes and widths of `module`'s norms
 
 Row blocks smaller than MIN_ELEMENTS run F.rms_norm (nothing to win there, and the tiny towers of the test
 suite never compile). The first large call compiles (a few seconds; Inductor keeps it in its on-disk
-cache). Where compiling fails (no C++ compiler, an Inductor error) the failure is logged once and F.rms_norm
+cache); a server calls `warm` at load so that its first request does not pay it. Where compiling fails (no C++ compiler, an Inductor error) the failure is logged once and F.rms_norm
 runs from then on. The platform decides where this runs (Platform.compiles_norms); the engine leaves it off
 when the whole tower is compiled (Inductor fuses the norm there itself) and in batch-invariant mode.
 """
@@ -26,6 +27,7 @@ from mmenc.layers.norm import RMSNorm
 logger = init_logger(__name__)
 
 MIN_ELEMENTS = 1 << 18  # x.numel() from which the compiled kernel runs
+WARM_ROWS = 1024  # warm() compiles for norms that reach MIN_ELEMENTS within one 448 px Qwen image's patches
 _lock = threading.Lock()
 _state: dict[str, object] = {"fn": None, "failed": False}
 
@@ -68,3 +70,24 @@ def use_compiled_norms(module: nn.Module) -> int:
     for m in norms:
         m.kernel = rms_norm
     return len(norms)
+
+
+def warm(module: nn.Module) -> list[str]:
+    """Compile now what a first ordinary call of `module` would: one rms_norm call on zeros of MIN_ELEMENTS
+    elements per (dtype, width) of its RMSNorms that run `rms_norm` and reach MIN_ELEMENTS within WARM_ROWS
+    rows (the dynamic-shape kernel then serves every row count; a new dtype compiles once more). Returns
+    those pairs as text, e.g. ["bfloat16 x 1280"]; [] when none qualifies (a tower on an accelerator or held
+    by worker processes, or narrow test towers: warming costs ~3.5 s per process even from Inductor's cache)."""
+    norms = {}  # (dtype, width, eps, requires_grad): one of those norms (dynamo guards on each)
+    for m in module.modules():
+        w = m.weight if isinstance(m, RMSNorm) and m.kernel is rms_norm else None
+        if w is not None and w.device.type != "meta" and w.shape[-1] * WARM_ROWS >= MIN_ELEMENTS:
+            norms.setdefault((w.dtype, w.shape[-1], m.eps, w.requires_grad), m)
+    done = []
+    for (dtype, width, *_), m in sorted(norms.items(), key=lambda item: str(item[0])):
+        with torch.inference_mode():  # as towers run: dynamo guards on the grad mode too
+            rms_norm(torch.zeros(-(-MIN_ELEMENTS // width), width, dtype=dtype, device=m.weight.device), m.weight,
+                     m.eps)
+        text = f"{str(dtype).removeprefix('torch.')} x {width}"
+        done += [text] if text not in done else []
+    return done

@@ -72,6 +72,7 @@ class LocalEngine(EngineClient):
         one_intra_op_thread(enc.device, "mmenc serve")
         pixel_values, grid = enc.preprocess([_warmup_image()])
         out = enc.encode_pixels(pixel_values, grid, return_extras=True)
+        warmed = enc.warm_up()  # what a first large request would build (a CPU's compiled RMSNorm)
         hidden, levels = out.embeddings.shape[1], len(out.extras.get("deepstack") or [])
         loaded = enc.loaded
         archs = (getattr(loaded, "hf_config", None) or {}).get("architectures") or [type(loaded.config).__name__]
@@ -93,8 +94,8 @@ class LocalEngine(EngineClient):
                                text_error=text_error, matryoshka=matryoshka_dims(hf_config),
                                vllm_grid=takes_grid(archs[0]))
         self.state = "ready"
-        logger.info("encoder %s ready in %.1f s (%s); linears %s; %s", enc.model_name, time.perf_counter() - start,
-                    card, enc.linear_backend(), enc.threads())
+        logger.info("encoder %s ready in %.1f s (%s); linears %s; %s; warm-up: %s", enc.model_name,
+                    time.perf_counter() - start, card, enc.linear_backend(), enc.threads(), warmed)
 
     def _start_text(self, enc) -> str | None:
         """Build and warm the text tower of a contrastive checkpoint and its TextBatcher; the reason texts
