@@ -149,42 +149,49 @@ def run_workload(name: str, encoder, paths: list[str], hf_proc, hf_tower, warmup
             rows.append(E2ERow(name, "mmenc tower only eager", n,
                                time_ms(lambda: encoder.encode_pixels(pixel_values, grid_thw), device, warmup, iters)))
     summary = {"workload": name, "images": n, "preprocess_share": pre_ms / rows[0].ms, "encode_trace": trace.report()}
-    if hf_proc is not None and (why := hf_rows_unavailable(hf_proc, paths[:1])):
+    if hf_proc is not None and (why := hf_rows_unavailable(hf_proc, paths[:1], hf_tower)):
         summary["transformers_skipped"] = why
     elif hf_proc is not None:
         from PIL import Image
 
+        def hf_inputs():
+            return hf_proc(images=[Image.open(p).convert("RGB") for p in paths], return_tensors="pt")
+
         def hf_pixels():
-            images = [Image.open(p).convert("RGB") for p in paths]
-            out = hf_proc(images=images, return_tensors="pt")
+            out = hf_inputs()
             return out["pixel_values"], out["image_grid_thw"]
 
         def hf_e2e():
+            if not grid_layout:  # tiles with image sizes, or whole images: the reference's own call
+                return hf_tower.from_processor(hf_inputs())
             pv, grid = hf_pixels()
             return hf_tower(pv.to(device=device, dtype=encoder.dtype, non_blocking=True), grid)
 
-        ref_pv, ref_grid = hf_pixels()
-        summary["grids_equal_transformers"] = torch.equal(ref_grid.cpu(), grid_thw.cpu())
-        if summary["grids_equal_transformers"]:
-            summary["pixels_max_diff_vs_transformers"] = float(
-                (pixel_values.float().cpu().reshape(ref_pv.shape) - ref_pv.float()).abs().max())
+        grid_layout = "image_grid_thw" in hf_inputs()
+        if grid_layout:
+            ref_pv, ref_grid = hf_pixels()
+            summary["grids_equal_transformers"] = torch.equal(ref_grid.cpu(), grid_thw.cpu())
+            if summary["grids_equal_transformers"]:
+                summary["pixels_max_diff_vs_transformers"] = float(
+                    (pixel_values.float().cpu().reshape(ref_pv.shape) - ref_pv.float()).abs().max())
         if hf_tower is not None:
             rows.append(E2ERow(name, "transformers proc+tower", n, wall_ms(hf_e2e, device, warmup, iters)))
-        rows.append(E2ERow(name, "transformers proc only", n, wall_ms(hf_pixels, device, warmup, iters)))
+        rows.append(E2ERow(name, "transformers proc only", n, wall_ms(hf_inputs, device, warmup, iters)))
     return rows, summary
 
 
-def hf_rows_unavailable(hf_proc, paths: list[str]) -> str | None:
-    """None when transformers' processor answers in the grid layout that transformers' rows feed to its
-    tower (pixel_values + image_grid_thw: the Qwen lineage and the other grid families), else the reason
-    (e.g. LLaVA-NeXT's tiles with image_sizes): those rows are then left out, mmenc's are not."""
+def hf_rows_unavailable(hf_proc, paths: list[str], hf_tower=None) -> str | None:
+    """None when transformers' rows can run: its processor answers in the grid layout its tower takes
+    (pixel_values + image_grid_thw: the Qwen lineage and the other grid families), or the reference calls the
+    processor's output itself (`from_processor`: the LLaVA-style families, mmenc/bench/hf_vlm.py). Else the
+    reason; those rows are then left out, mmenc's are not."""
     from PIL import Image
 
     out = hf_proc(images=[Image.open(p).convert("RGB") for p in paths], return_tensors="pt")
-    if "image_grid_thw" in out:
+    if "image_grid_thw" in out or (hasattr(hf_tower, "from_processor") and "pixel_values" in out):
         return None
-    return (f"{type(hf_proc).__name__} answers {sorted(out.keys())}, not pixel_values + image_grid_thw: "
-            f"transformers' rows of --e2e take the grid layout only")
+    return (f"{type(hf_proc).__name__} answers {sorted(out.keys())}, not pixel_values + image_grid_thw, and "
+            f"transformers' reference here does not call that output itself")
 
 
 def run_stream(encoder, pool: list[str], count: int) -> dict:

@@ -10,7 +10,14 @@ import importlib
 import torch
 
 from mmenc.bench.hf_projected import HF_PROJECTED, Reference, build_projected
+from mmenc.bench.hf_vlm import build_vlm, vlm_family
 from mmenc.models.base import vision_config_dict
+
+
+def vision_model_type(hf_config: dict) -> str | None:
+    """config.json's vision_config.model_type, or None."""
+    vision = hf_config.get("vision_config")
+    return vision.get("model_type") if isinstance(vision, dict) else None
 
 def hf_vision(architecture: str):
     """The family table's transformers tower (mmenc.testing.checkpoints.FAMILIES, HFVision) standing for
@@ -154,8 +161,12 @@ def _missing_class(architecture: str, module: str, cls: str) -> str | None:
     return None if hasattr(modeling, cls) else f"this transformers version has no {cls}"
 
 
-def hf_tower_available(architecture: str) -> str | None:
-    """None if transformers can build this architecture's tower here, else the reason."""
+def hf_tower_available(architecture: str, vision_model_type: str | None = None) -> str | None:
+    """None if transformers can build this architecture's tower here (over this vision tower, config.json's
+    vision_config.model_type, where the family has several), else the reason."""
+    vlm = vlm_family(architecture, vision_model_type)
+    if vlm is not None:  # the whole VLM, its language model cut to one layer (mmenc/bench/hf_vlm.py)
+        return _missing_class(architecture, vlm.module, architecture)
     if architecture in HF_PROJECTED:  # towers whose output includes the projector (mmenc/bench/hf_projected.py)
         return _missing_class(architecture, HF_PROJECTED[architecture].module, HF_PROJECTED[architecture].probe)
     vision = hf_vision(architecture)
@@ -167,6 +178,9 @@ def hf_tower_available(architecture: str) -> str | None:
 
 def build_hf_tower(loaded, attn_implementation: str = "sdpa") -> Reference:
     """transformers' tower for `loaded` (a mmenc LoadedTower), same dtype, device and weights."""
+    vision_type = vision_model_type(loaded.hf_config)
+    if any(vlm_family(a, vision_type) is not None for a in loaded.hf_config.get("architectures", [])):
+        return build_vlm(loaded, attn_implementation)
     if any(a in HF_PROJECTED for a in loaded.hf_config.get("architectures", [])):
         return build_projected(loaded, attn_implementation)
     architecture = next(a for a in loaded.hf_config.get("architectures", []) if hf_vision(a) is not None)

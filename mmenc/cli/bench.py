@@ -85,7 +85,7 @@ def run(args) -> int:
     from mmenc.engine.encoder import Encoder
     from mmenc.bench.flops import count_flops
     from mmenc.bench.profile import kernel_breakdown
-    from mmenc.bench.hf_reference import build_hf_tower, hf_tower_available
+    from mmenc.bench.hf_reference import build_hf_tower, hf_tower_available, vision_model_type
 
     apply_log_level(args)
     if args.iters is not None and args.iters < 1:
@@ -124,11 +124,15 @@ def run(args) -> int:
     hf = None
     if not args.no_hf and args.tensor_parallel_size == 1:
         arch = loaded.hf_config.get("architectures", ["?"])[0]
-        why = hf_tower_available(arch)
+        why = hf_tower_available(arch, vision_model_type(loaded.hf_config))
         if why is None:
             hf = build_hf_tower(loaded, args.hf_attn)  # dummy weights: mmenc takes transformers' weights
         else:
             print(f"mmenc bench: transformers side skipped: {why}", file=sys.stderr)
+        if getattr(hf, "needs_image_sizes", False) and not args.e2e:
+            print(f"mmenc bench: transformers side skipped: {arch} (anyres) needs each image's size, which the "
+                  f"TxHxW workloads do not have; --e2e compares it on files through both processors", file=sys.stderr)
+            hf = None
     if args.e2e:
         return run_e2e(args, encoder, workloads, hf, json_path)
     if args.video:
@@ -243,6 +247,8 @@ def compiled_peer(hf):
     """transformers' tower under torch.compile (the same module and weights, another call path)."""
     import copy
 
+    if hasattr(hf, "compiled"):  # a reference that knows what to compile (mmenc/bench/hf_vlm.py)
+        return hf.compiled()
     peer = copy.copy(hf)
     peer.module = torch.compile(hf.module)
     return peer

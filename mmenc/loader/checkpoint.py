@@ -7,7 +7,7 @@ memory-mapped `safe_open`, so the text model's size does not matter.
 import contextlib
 import json
 import pathlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -137,6 +137,15 @@ def tower_prefix(names: Sequence[str], prefixes: Sequence, where: str = "checkpo
     sample = ", ".join(sorted(names)[:5]) or "no tensors"
     raise ValueError(f"{where} has no vision-tower tensors: no name starts with any of {list(prefixes)} "
                      f"(names look like: {sample})")
+
+
+def strip_tower_prefix(named: Iterable[tuple[str, torch.Tensor]], prefixes: Sequence,
+                       where: str = "checkpoint") -> list[tuple[str, torch.Tensor]]:
+    """In-memory tensors (e.g. a transformers model's state_dict items) as `iter_tower_tensors` gives a
+    checkpoint's: those under the first of `prefixes` present, the prefix removed."""
+    named = list(named)
+    group = prefix_group(tower_prefix([name for name, _ in named], prefixes, where))
+    return [(_strip(name, group), tensor) for name, tensor in named if name.startswith(group)]
 
 
 def iter_tower_tensors(path: str | pathlib.Path, prefixes: Sequence[str],
