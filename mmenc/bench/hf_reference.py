@@ -4,6 +4,8 @@
 config with the same weights: a checkpoint folder's tensors are loaded into it; with dummy weights
 it keeps transformers' random init and the mmenc tower is given those same weights.
 Calling the result with (pixel_values, grid_thw) returns the merged embeddings [tokens, out_hidden].
+Towers whose output includes the projector take mmenc.bench.hf_projected's reference, the LLaVA-style
+families (projector and feature choice on the VLM itself) mmenc.bench.hf_vlm's.
 """
 import importlib
 
