@@ -168,13 +168,21 @@ def run_workload(name: str, encoder, paths: list[str], hf_proc, hf_tower, warmup
             return hf_tower(pv.to(device=device, dtype=encoder.dtype, non_blocking=True), grid)
 
         grid_layout = "image_grid_thw" in hf_inputs()
+        same_work = True
         if grid_layout:
             ref_pv, ref_grid = hf_pixels()
             summary["grids_equal_transformers"] = torch.equal(ref_grid.cpu(), grid_thw.cpu())
             if summary["grids_equal_transformers"]:
                 summary["pixels_max_diff_vs_transformers"] = float(
                     (pixel_values.float().cpu().reshape(ref_pv.shape) - ref_pv.float()).abs().max())
-        if hf_tower is not None:
+        elif hf_tower is not None:  # no grid to compare: the embedding rows each side yields
+            theirs, ours = hf_e2e().shape[0], sum(encoder.output_tokens(grid_thw))
+            summary["tokens_equal_transformers"] = same_work = theirs == ours
+            if not same_work:
+                summary["transformers_skipped"] = (
+                    f"transformers' processor + tower give {theirs} embedding rows for these files, mmenc {ours}: "
+                    f"the two processors' settings differ (a checkpoint folder's preprocessor_config.json sets both)")
+        if hf_tower is not None and same_work:
             rows.append(E2ERow(name, "transformers proc+tower", n, wall_ms(hf_e2e, device, warmup, iters)))
         rows.append(E2ERow(name, "transformers proc only", n, wall_ms(hf_inputs, device, warmup, iters)))
     return rows, summary

@@ -53,7 +53,7 @@ def run_e2e(args, encoder, workloads: dict, hf, json_path) -> int:
         if not args.no_hf:
             model_type = loaded.hf_config.get("model_type", "?")
             try:
-                hf_proc = e2e.hf_image_processor(model_type, loaded.preprocessor_config, folder / "hf")
+                hf_proc = e2e.hf_image_processor(model_type, loaded.processor_settings, folder / "hf")
             except (ValueError, OSError, ImportError, KeyError) as err:
                 print(f"mmenc bench: transformers' image processor for {model_type!r} skipped: {err}", file=sys.stderr)
         for i, (name, grids) in enumerate(workloads.items()):

@@ -309,17 +309,17 @@ class Encoder(ToolSurface):
 
     def warm_up(self) -> str:
         """Build now the kernels a first large tower call would build, so that a server's first request does
-        not wait for them: on a CPU, the compiled RMSNorm (mmenc.layers.compiled_norm; a few seconds, once per
-        process and dtype). Returns what was done, for the log."""
+        not wait for them: on a CPU, the compiled RMSNorm and QuickGELU (mmenc.layers.compiled_kernels; a few
+        seconds, once per process and dtype). Returns what was done, for the log."""
         self._check_open("warm_up")
-        from mmenc.layers.compiled_norm import warm
+        from mmenc.layers.compiled_kernels import warm
 
         start = time.perf_counter()
         with self._lock:
-            norms = warm(self.loaded.tower)
-        if not norms:
+            kernels = warm(self.loaded.tower)
+        if not kernels:
             return "nothing to warm up"
-        return f"compiled RMSNorm for {', '.join(norms)} in {time.perf_counter() - start:.1f} s"
+        return f"compiled {', '.join(kernels)} in {time.perf_counter() - start:.1f} s"
 
     def close(self) -> None:
         """Stop the preprocessing threads and the worker processes, if any (also on `with` exit). Idempotent;

@@ -55,12 +55,17 @@ class LoadedTower:
     linear_backend: Any = None  # the LinearBackendEnum its linears run on (None on the meta device)
     folder: pathlib.Path | None = None  # the checkpoint folder read (a Hub id's snapshot); None for a built-in
 
+    @property
+    def processor_settings(self) -> dict[str, Any]:
+        """What the image processor is built from: preprocessor_config.json over the keys the tower implies
+        (its config's processor_defaults(); all there is for a built-in name). A peer's processor built
+        from it (mmenc bench --e2e) preprocesses as this one."""
+        return {**getattr(self.config, "processor_defaults", dict)(), **self.preprocessor_config}
+
     @functools.cached_property
     def processor(self) -> Any:
-        """The model's image processor (built on first use), from preprocessor_config.json over the keys
-        the tower implies (its config's processor_defaults())."""
-        defaults = getattr(self.config, "processor_defaults", dict)()
-        return self.spec.processor_from_hf({**defaults, **self.preprocessor_config})
+        """The model's image processor (built on first use), from `processor_settings`."""
+        return self.spec.processor_from_hf(self.processor_settings)
 
     @functools.cached_property
     def video_processor(self) -> Any:
@@ -274,14 +279,14 @@ def build_tower(model: str, load_format: str = "auto", dtype: "str | torch.dtype
             raise ValueError(f"fused_kernels=True cannot run on {device}: {'; '.join(reasons)}; leave fused_kernels "
                              f"off (the reference ops) on this device")
         use_fused_kernels(tower)
-    # RMSNorm's compiled kernel where the platform has one; a compiled tower gets Inductor's fusion anyway
+    # compiled RMSNorm / QuickGELU where the platform has them; a compiled tower gets Inductor's fusion anyway
     if device.type != "meta" and not mm_config.compile and not mm_config.batch_invariant:
         from mmenc.platforms import platform_for
 
-        if platform_for(device).compiles_norms():
-            from mmenc.layers.compiled_norm import use_compiled_norms
+        if platform_for(device).compiles_elementwise():
+            from mmenc.layers.compiled_kernels import use_compiled_kernels
 
-            use_compiled_norms(tower)
+            use_compiled_kernels(tower)
     if mm_config.batch_invariant:  # before compiling / capturing: fixed-shape GEMMs in every linear
         from mmenc.distributed.parallel_state import get_tp_size
         from mmenc.layers.linear_kernels import use_token_tiles

@@ -16,9 +16,14 @@ import torch.nn as nn
 
 
 class QuickGELU(nn.Module):
-    """x * sigmoid(1.702 x)."""
+    """x * sigmoid(1.702 x). `kernel`: None (torch's eager ops), or a function of x computing the same, set
+    tower-wide where the platform has a faster one (mmenc.layers.compiled_kernels: CPUs)."""
+
+    kernel = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel is not None:
+            return self.kernel(x)
         return x * torch.sigmoid(1.702 * x)
 
 

@@ -14,7 +14,7 @@ class RMSNorm(nn.Module):
 
     x [..., hidden] -> [..., hidden]. Parameter: weight [hidden] (checkpoint name `weight`).
     `kernel`: None (torch's rms_norm), or a function (x, weight, eps) computing the same, set tower-wide
-    where the platform has a faster one (mmenc.layers.compiled_norm.use_compiled_norms: CPUs).
+    where the platform has a faster one (mmenc.layers.compiled_kernels: CPUs).
     """
 
     kernel = None

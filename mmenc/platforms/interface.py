@@ -158,9 +158,10 @@ class Platform:
         there; returns what was done (for the log), None for nothing. Accelerators: nothing."""
         return None
 
-    def compiles_norms(self) -> bool:
-        """Whether towers on this platform's device run RMSNorm through an Inductor-compiled kernel
-        (mmenc.layers.compiled_norm), where torch's eager rms_norm is slow. Accelerators: no."""
+    def compiles_elementwise(self) -> bool:
+        """Whether towers on this platform's device run RMSNorm and QuickGELU through Inductor-compiled
+        kernels (mmenc.layers.compiled_kernels), where torch's eager forms are chains of unfused ops.
+        Accelerators: no."""
         return False
 
     # -- fused row kernels (mmenc.layers.fused) ---------------------------------------------------

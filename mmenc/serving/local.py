@@ -72,7 +72,7 @@ class LocalEngine(EngineClient):
         one_intra_op_thread(enc.device, "mmenc serve")
         pixel_values, grid = enc.preprocess([_warmup_image()])
         out = enc.encode_pixels(pixel_values, grid, return_extras=True)
-        warmed = enc.warm_up()  # what a first large request would build (a CPU's compiled RMSNorm)
+        warmed = enc.warm_up()  # what a first large request would build (a CPU's compiled RMSNorm, QuickGELU)
         hidden, levels = out.embeddings.shape[1], len(out.extras.get("deepstack") or [])
         loaded = enc.loaded
         archs = (getattr(loaded, "hf_config", None) or {}).get("architectures") or [type(loaded.config).__name__]
