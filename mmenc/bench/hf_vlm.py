@@ -96,11 +96,12 @@ def _anyres(config) -> dict:
             "vision_feature_select_strategy": config.vision_feature_select_strategy, **extra}
 
 
-VISION_ONLY_CLIP_SIGLIP = ("clip_vision_model", "siglip_vision_model")
+LLAVA_TOWERS = ("clip_vision_model", "siglip_vision_model")  # LLaVA over Pixtral: hf_projected.py
 
 HF_VLMS: dict[str, VLMFamily] = {
-    "LlavaForConditionalGeneration": VLMFamily("llava", _frame_calls, _llava, VISION_ONLY_CLIP_SIGLIP),
-    "VipLlavaForConditionalGeneration": VLMFamily("vipllava", _frame_calls, lambda c: {"interpolate_pos_encoding": True}),
+    "LlavaForConditionalGeneration": VLMFamily("llava", _frame_calls, _llava, LLAVA_TOWERS),
+    "VipLlavaForConditionalGeneration": VLMFamily("vipllava", _frame_calls,
+                                                  lambda c: {"interpolate_pos_encoding": True}),
     "LlavaNextForConditionalGeneration": VLMFamily("llava_next", _anyres_calls, _anyres),
     "LlavaOnevisionForConditionalGeneration": VLMFamily("llava_onevision", _anyres_calls, _anyres),
     "AyaVisionForConditionalGeneration": VLMFamily("aya_vision", _frame_calls, _aya),
@@ -192,7 +193,7 @@ def build_vlm(loaded, attn_implementation: str = "sdpa") -> VLMReference:
     cls = getattr(transformers, architecture)
     config = _one_layer(cls.config_class.from_dict(dict(loaded.hf_config)))
     if loaded.load_format != "dummy":
-        model = cls.from_pretrained(str(loaded.model), config=config, dtype=loaded.dtype,
+        model = cls.from_pretrained(str(loaded.folder or loaded.model), config=config, dtype=loaded.dtype,
                                     attn_implementation=attn_implementation)
         return VLMReference(model.to(loaded.device).eval(), HF_VLMS[architecture], loaded.device)
     with torch.device(loaded.device):  # random init on the device
@@ -200,6 +201,7 @@ def build_vlm(loaded, attn_implementation: str = "sdpa") -> VLMReference:
     model = model.to(loaded.device).eval()
     prefixes = tower_weight_prefixes(loaded.spec, loaded.hf_config)
     with torch.no_grad():  # share transformers' random weights with the mmenc tower
-        loaded.tower.load_weights(strip_tower_prefix(model.state_dict().items(), prefixes, f"transformers' {architecture}"))
+        tensors = strip_tower_prefix(model.state_dict().items(), prefixes, f"transformers' {architecture}")
+        loaded.tower.load_weights(tensors)
     return VLMReference(model, HF_VLMS[architecture], loaded.device)
 
