@@ -9,7 +9,7 @@ from mmenc.platforms.host_malloc import _glibc
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or _glibc() is None, reason="glibc only")
 
 # a tower call's pattern: blocks of 14-37 MiB (above glibc's default mmap threshold, 32 MiB at most, or not)
-# allocated, written and freed; prints the minor page faults of five such calls after six others (the tuned
+# allocated, written and freed; prints the minor page faults of five such calls after ten others (the tuned
 # heap settles within them: measured, its first five calls fault in 0-3 blocks' worth of new pages beyond the first)
 CALLS = """
 import resource, sys, torch
@@ -19,7 +19,7 @@ if sys.argv[1] == "tuned":
 def call():
     a = torch.ones(37 << 20, dtype=torch.uint8); b = torch.ones(28 << 20, dtype=torch.uint8); del a
     c = torch.ones(14 << 20, dtype=torch.uint8); d = torch.ones(37 << 20, dtype=torch.uint8); del b, c, d
-for _ in range(6):
+for _ in range(10):
     call()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(5):
