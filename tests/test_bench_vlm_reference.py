@@ -34,7 +34,8 @@ def test_bench_reference_equals_the_tower(key, load_format, folders):
     assert hf_tower_available(architecture, vision_model_type(loaded.hf_config)) is None
     hf = build_hf_tower(loaded)  # dummy: the mmenc tower now holds transformers' random weights
     assert isinstance(hf, VLMReference)
-    assert hf.module.config.text_config.num_hidden_layers == 1
+    text = hf.module.config.text_config
+    assert text.num_hidden_layers == 1 and (load_format == "auto" or text.vocab_size <= 1024)
     grid = _grid(case)
     pixels = case.pixels(grid, seed=1).flatten(1)  # the bench's flat rows
     want = run_tower(loaded, pixels, grid).embeddings

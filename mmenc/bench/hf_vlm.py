@@ -5,8 +5,8 @@ These families (LLaVA-1.5 over CLIP or SigLIP, VipLLaVA, LLaVA-NeXT, LLaVA-OneVi
 SmolVLM) have no vision module in transformers that holds the projector, the feature-layer choice and the
 newline/unpadding logic: all of it lives on the VLM's model. So the reference builds the VLM class named by
 config.json from its config, with `text_config.num_hidden_layers = 1` (the language model's weights are never
-used; one layer keeps the memory small), and calls `model.model.get_image_features` batched as transformers'
-processor output would be:
+used; one layer, and with random weights a 1,024-word vocabulary, keep the memory small), and calls
+`model.model.get_image_features` batched as transformers' processor output would be:
 
 - frames (LLaVA, VipLLaVA, Aya Vision): one call per frame size, the frames of that size stacked;
 - anyres (LLaVA-NeXT, OneVision): one call, every image's tiles zero-padded to the most tiles, with image_sizes;
@@ -109,6 +109,8 @@ HF_VLMS: dict[str, VLMFamily] = {
     "SmolVLMForConditionalGeneration": VLMFamily("smolvlm", _tile_calls, lambda c: {}),
 }
 
+DUMMY_VOCAB = 1024  # the language model's vocabulary with random weights (get_image_features never reads it)
+
 # what transformers' image processors of these families answer that get_image_features takes
 PROCESSOR_KEYS = ("pixel_values", "image_sizes", "pixel_attention_mask")
 
@@ -172,10 +174,13 @@ class VLMReference:
         return torch.cat(list(pooled)) if isinstance(pooled, (list, tuple)) else pooled.reshape(-1, pooled.shape[-1])
 
 
-def _one_layer(config):
-    """The VLM config with its language model cut to one layer (and per-layer lists cut with it)."""
+def _one_layer(config, vocab: int | None = None):
+    """The VLM config with its language model cut to one layer (and per-layer lists cut with it), and with
+    `vocab` its vocabulary cut too (random weights only: a checkpoint's embedding table has its own size)."""
     text = config.text_config
     text.num_hidden_layers = 1
+    if vocab is not None:  # a 72B OneVision's 152,064 x 8192 table and head would be 5 GB in bf16
+        text.vocab_size = min(text.vocab_size, vocab)
     for name in ("layer_types", "sliding_window_pattern_list"):
         if isinstance(getattr(text, name, None), list):
             setattr(text, name, getattr(text, name)[:1])
@@ -191,8 +196,9 @@ def build_vlm(loaded, attn_implementation: str = "sdpa") -> VLMReference:
 
     architecture = next(a for a in loaded.hf_config.get("architectures", []) if a in HF_VLMS)
     cls = getattr(transformers, architecture)
-    config = _one_layer(cls.config_class.from_dict(dict(loaded.hf_config)))
-    if loaded.load_format != "dummy":
+    dummy = loaded.load_format == "dummy"
+    config = _one_layer(cls.config_class.from_dict(dict(loaded.hf_config)), vocab=DUMMY_VOCAB if dummy else None)
+    if not dummy:
         model = cls.from_pretrained(str(loaded.folder or loaded.model), config=config, dtype=loaded.dtype,
                                     attn_implementation=attn_implementation)
         return VLMReference(model.to(loaded.device).eval(), HF_VLMS[architecture], loaded.device)
