@@ -21,6 +21,7 @@ def vision_model_type(hf_config: dict) -> str | None:
     vision = hf_config.get("vision_config")
     return vision.get("model_type") if isinstance(vision, dict) else None
 
+
 def hf_vision(architecture: str):
     """The family table's transformers tower (mmenc.testing.checkpoints.FAMILIES, HFVision) standing for
     `architecture`, or None."""
