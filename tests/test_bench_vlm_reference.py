@@ -59,6 +59,8 @@ PROCESSOR_CONFIGS = {
     "LlavaNextForConditionalGeneration": {"image_processor_type": "LlavaNextImageProcessor",
                                           "size": {"shortest_edge": 48}, "crop_size": {"height": 48, "width": 48},
                                           "image_grid_pinpoints": ck.TINY_NEXT_PINPOINTS},
+    # no preprocessor_config.json, as a built-in name: both processors from the tower's processor_defaults()
+    "LlavaOnevisionForConditionalGeneration": None,
 }
 
 
@@ -85,7 +87,8 @@ def test_e2e_rows_run_transformers_on_its_processor_output(key, tmp_path):
     from mmenc.bench import e2e
 
     folder, _ = ck.FAMILIES[key].save(tmp_path / "ckpt")
-    (folder / "preprocessor_config.json").write_text(json.dumps(PROCESSOR_CONFIGS[key]))
+    if PROCESSOR_CONFIGS[key] is not None:
+        (folder / "preprocessor_config.json").write_text(json.dumps(PROCESSOR_CONFIGS[key]))
     rng = np.random.default_rng(0)
     paths = []
     for i, (h, w) in enumerate([(40, 90), (100, 100), (150, 30)]):
@@ -94,7 +97,7 @@ def test_e2e_rows_run_transformers_on_its_processor_output(key, tmp_path):
     images = [Image.open(p).convert("RGB") for p in paths]
     with Encoder(str(folder), device="cpu") as enc:
         hf = build_hf_tower(enc.loaded)
-        hf_proc = e2e.hf_image_processor(enc.loaded.hf_config["model_type"], enc.loaded.preprocessor_config,
+        hf_proc = e2e.hf_image_processor(enc.loaded.hf_config["model_type"], enc.loaded.processor_settings,
                                          tmp_path / "hf")
         assert e2e.hf_rows_unavailable(hf_proc, paths[:1], hf) is None
         out = hf_proc(images=images, return_tensors="pt")

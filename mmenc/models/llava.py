@@ -60,6 +60,7 @@ ANYRES = {
     "llava_next": ("next", -2, "default", ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))),
     "llava_onevision": ("onevision", -1, "full", tuple((384 * a, 384 * b) for a in range(1, 7) for b in range(1, 7))),
 }
+ANYRES_PROCESSORS = {"next": "LlavaNextImageProcessor", "onevision": "LlavaOnevisionImageProcessor"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,11 +163,15 @@ class LlavaVisionConfig(TowerConfigBase):
     def processor_defaults(self) -> dict[str, Any]:
         """The tower's own preprocessing at its size: CLIP's shortest edge + centre crop, SigLIP's fixed size."""
         side = {"height": self.image_size, "width": self.image_size}
+        # the processor class the published checkpoints name (transformers' side of `mmenc bench --e2e` reads it)
+        kind = ANYRES_PROCESSORS.get(self.anyres) or ("SiglipImageProcessor" if self.tower == "siglip" else
+                                                      "CLIPImageProcessor")
         anyres = {"image_grid_pinpoints": [list(p) for p in self.grid_pinpoints]} if self.anyres else {}
         if self.tower == "siglip":
-            return {"patch_size": self.patch_size, "size": side, "image_processor_type": "SiglipImageProcessor",
+            return {"patch_size": self.patch_size, "size": side, "image_processor_type": kind,
                     "do_center_crop": False, "image_mean": [0.5] * 3, "image_std": [0.5] * 3, **anyres}
-        return {"patch_size": self.patch_size, "size": {"shortest_edge": self.image_size}, "crop_size": side, **anyres}
+        return {"patch_size": self.patch_size, "size": {"shortest_edge": self.image_size}, "crop_size": side,
+                "image_processor_type": kind, **anyres}
 
     @property
     def temporal_patch_size(self) -> int:
