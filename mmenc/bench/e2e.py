@@ -171,10 +171,16 @@ def run_workload(name: str, encoder, paths: list[str], hf_proc, hf_tower, warmup
         same_work = True
         if grid_layout:
             ref_pv, ref_grid = hf_pixels()
-            summary["grids_equal_transformers"] = torch.equal(ref_grid.cpu(), grid_thw.cpu())
-            if summary["grids_equal_transformers"]:
+            summary["grids_equal_transformers"] = same_work = (
+                torch.equal(ref_grid.cpu(), grid_thw.cpu()) and ref_pv.shape == pixel_values.shape)
+            if same_work:
                 summary["pixels_max_diff_vs_transformers"] = float(
                     (pixel_values.float().cpu().reshape(ref_pv.shape) - ref_pv.float()).abs().max())
+            elif hf_tower is not None:
+                summary["transformers_skipped"] = (
+                    f"transformers' processor gives pixel_values {tuple(ref_pv.shape)} and grids "
+                    f"{ref_grid.tolist()[:3]}, mmenc's {tuple(pixel_values.shape)} and {grid_thw.tolist()[:3]}: the "
+                    f"two processors' settings differ (a checkpoint folder's preprocessor_config.json sets both)")
         elif hf_tower is not None:  # no grid to compare: the embedding rows each side yields
             theirs, ours = hf_e2e().shape[0], sum(encoder.output_tokens(grid_thw))
             summary["tokens_equal_transformers"] = same_work = theirs == ours

@@ -75,6 +75,13 @@ class Qwen3VisionConfig(TowerConfigBase):
             raise ValueError(f"Qwen3VisionConfig.deepstack_visual_indexes={list(self.deepstack_visual_indexes)} "
                              f"must be distinct layers in 0..{self.depth - 1}")
 
+    def processor_defaults(self) -> dict[str, Any]:
+        """The published checkpoints' image keys at this tower's sizes. mmenc's Qwen3-VL preset sets the same;
+        written out here for a peer built from them (transformers' class defaults are Qwen2-VL's: patch 14)."""
+        return {"patch_size": self.patch_size, "temporal_patch_size": self.temporal_patch_size,
+                "merge_size": self.spatial_merge_size, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
+                "size": {"shortest_edge": 65536, "longest_edge": 16777216}}
+
 
 class Qwen3VisionTower(VisionTower):
     """forward(pixel_values [T, C*tp*p*p], grid_thw int64 [N, 3] on CPU) -> TowerOutput with
