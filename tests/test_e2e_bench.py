@@ -326,3 +326,25 @@ def _grids_of(enc, images) -> list:
         out.append(grid[start:start + n])
         start += n
     return out
+
+
+def test_e2e_bench_on_fixed_frames_and_a_mismatched_processor(tmp_path, capsys):
+    """Gemma 3's tower takes only its trained 4x4-patch frames: the invariance probe falls back to the grids its
+    files gave instead of failing the run; a built-in-like Qwen3-VL folder (no preprocessor_config.json) gets
+    transformers' processor from the same settings as mmenc's, so its transformers rows run."""
+    from mmenc.testing import checkpoints as ck
+
+    gemma, _ = ck.FAMILIES["Gemma3ForConditionalGeneration"].save(tmp_path / "gemma")
+    out = tmp_path / "gemma.json"
+    assert main(["bench", "--model", str(gemma), "--e2e", "--grid", "1x4x4*2", "--warmup", "0", "--iters", "1",
+                 "--stream-images", "0", "--json", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "invariance probe on the files' grids [1, 4, 4] and [1, 4, 4]" in captured.err
+    inv = json.loads(out.read_text())["invariance"]
+    assert inv["small_grid"] == [1, 4, 4] and len(inv["max_abs_diff"]) == 4
+    qwen3, _ = ck.FAMILIES["Qwen3VLForConditionalGeneration"].save(tmp_path / "qwen3")
+    out = tmp_path / "qwen3.json"
+    assert main(["bench", "--model", str(qwen3), "--e2e", "--grid", "1x4x4*2", "--warmup", "0", "--iters", "1",
+                 "--stream-images", "0", "--json", str(out)]) == 0
+    (summary,) = json.loads(out.read_text())["workloads"]
+    assert summary["grids_equal_transformers"] is True and "transformers_skipped" not in summary

@@ -148,7 +148,8 @@ def run_workload(name: str, encoder, paths: list[str], hf_proc, hf_tower, warmup
                                wall_ms(lambda: encoder.encode(paths), device, warmup, iters)))
             rows.append(E2ERow(name, "mmenc tower only eager", n,
                                time_ms(lambda: encoder.encode_pixels(pixel_values, grid_thw), device, warmup, iters)))
-    summary = {"workload": name, "images": n, "preprocess_share": pre_ms / rows[0].ms, "encode_trace": trace.report()}
+    summary = {"workload": name, "images": n, "preprocess_share": pre_ms / rows[0].ms, "encode_trace": trace.report(),
+               "grid_rows": grid_thw.tolist()}
     if hf_proc is not None and (why := hf_rows_unavailable(hf_proc, paths[:1], hf_tower)):
         summary["transformers_skipped"] = why
     elif hf_proc is not None:
@@ -237,7 +238,7 @@ def invariance_probe(encoder, small: tuple[int, int, int], large: tuple[int, int
     gen = torch.Generator().manual_seed(seed)
 
     def pixels(grid):
-        return torch.randn(int(np.prod(grid)), features, generator=gen)
+        return torch.randn(int(np.prod(grid[:3])), features, generator=gen)  # anyres rows: (tiles, s, s, H, W)
 
     me, other, big = pixels(small), pixels(small), pixels(large)
     tokens = encoder.output_tokens(torch.tensor([small]))[0]
