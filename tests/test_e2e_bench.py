@@ -348,3 +348,35 @@ def test_e2e_bench_on_fixed_frames_and_a_mismatched_processor(tmp_path, capsys):
                  "--stream-images", "0", "--json", str(out)]) == 0
     (summary,) = json.loads(out.read_text())["workloads"]
     assert summary["grids_equal_transformers"] is True and "transformers_skipped" not in summary
+
+
+@pytest.mark.parametrize("key", ["CLIPModel", "SiglipModel", "Siglip2Model", "PaliGemmaForConditionalGeneration",
+                                 "LlavaForConditionalGeneration", "InternVLForConditionalGeneration"])
+def test_e2e_transformers_rows_on_its_processor_output(key, tmp_path):
+    """--e2e for towers whose transformers processor answers no grid (whole images, NaFlex batches, Pixtral's
+    padded batch, InternVL's tiles): the reference runs on that output (`from_processor`), and both sides yield
+    the same embedding rows for the files; for whole images, the same values on transformers' pixels."""
+    from mmenc import Encoder
+    from mmenc.bench import e2e
+    from mmenc.bench.hf_reference import build_hf_tower
+    from mmenc.testing import checkpoints as ck
+
+    folder, _ = ck.FAMILIES[key].save(tmp_path / "ckpt")
+    paths = e2e.write_jpegs(tmp_path / "jpegs", [(64, 64), (80, 48)])
+    with Encoder(str(folder), device="cpu") as enc:
+        hf = build_hf_tower(enc.loaded)
+        hf_proc = e2e.hf_image_processor(enc.loaded.hf_config["model_type"], enc.loaded.processor_settings,
+                                         tmp_path / "hf")
+        rows, summary = e2e.run_workload("w", enc, paths, hf_proc, hf, warmup=0, iters=1)
+        assert summary.get("tokens_equal_transformers") is True, summary.get("transformers_skipped")
+        assert "transformers proc+tower" in [r.impl for r in rows]
+        from PIL import Image
+
+        out = hf_proc(images=[Image.open(p).convert("RGB") for p in paths], return_tensors="pt")
+        if out["pixel_values"].dim() == 4 and "image_sizes" not in out and key != "InternVLForConditionalGeneration":
+            p = enc.loaded.config.patch_size
+            n, c, h, w = out["pixel_values"].shape
+            grid = torch.tensor([[1, h // p, w // p]] * n)
+            rows_in = out["pixel_values"].reshape(n, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5)
+            want = enc.encode_pixels(rows_in.reshape(n * (h // p) * (w // p), -1), grid)
+            torch.testing.assert_close(hf.from_processor(out), want, rtol=1e-5, atol=1e-5)

@@ -57,11 +57,26 @@ class VLMTowerAndProjector:
     @torch.inference_mode()
     def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         if self.architecture == "InternVLForConditionalGeneration":
-            return self._internvl(pixel_values, grid_thw)
+            return self._internvl(*self._equal_frames(pixel_values, grid_thw, "InternVL"))
         if self.architecture in SIGLIP_VLMS:
-            return self._siglip(pixel_values, grid_thw)
+            return self._siglip(*self._equal_frames(pixel_values, grid_thw, "PaliGemma / Gemma 3"))
         images, sizes = pixtral_images(pixel_values, grid_thw, self.patch)
-        sizes = torch.tensor(sizes)  # on the host, as the processor returns them (no device syncs when sliced)
+        return self._pixtral(images, torch.tensor(sizes))  # sizes on the host, as the processor returns them
+
+    @torch.inference_mode()
+    def from_processor(self, out) -> torch.Tensor:
+        """transformers' image processor output (--e2e): InternVL's tiles, PaliGemma / Gemma 3's images, or
+        Pixtral's zero-padded batch with image_sizes -> the embeddings of every image, concatenated."""
+        images = out["pixel_values"].to(self.device, next(self.vision.parameters()).dtype, non_blocking=True)
+        h, w = images.shape[-2] // self.patch, images.shape[-1] // self.patch
+        if self.architecture == "InternVLForConditionalGeneration":
+            return self._internvl(images, h, w)
+        if self.architecture in SIGLIP_VLMS:
+            return self._siglip(images, h, w)
+        return self._pixtral(images, torch.as_tensor(out["image_sizes"]))
+
+    def _pixtral(self, images: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+        """Pixtral's zero-padded images [N, C, H, W] with their (height, width) through tower and projector."""
         feats = self.vision(images, image_sizes=sizes).last_hidden_state.squeeze(0)  # [T, D]
         if self.architecture == "Mistral3ForConditionalGeneration":
             return self.projector(feats, sizes)
@@ -78,19 +93,17 @@ class VLMTowerAndProjector:
         (h, w), = sizes
         return pixel_values.reshape(-1, h, w, 3, p, p).permute(0, 3, 1, 4, 2, 5).reshape(-1, 3, h * p, w * p), h, w
 
-    def _siglip(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+    def _siglip(self, images: torch.Tensor, h: int, w: int) -> torch.Tensor:
         """PaliGemma / Gemma 3: SiglipVisionModel's last_hidden_state through the projector, as get_image_features."""
-        images, h, w = self._equal_frames(pixel_values, grid_thw, "PaliGemma / Gemma 3")
         side = self.config.vision_config.image_size // self.patch
         feats = self.vision(pixel_values=images, interpolate_pos_encoding=(h, w) != (side, side)).last_hidden_state
         out = self.projector(feats)
         return out.reshape(-1, out.shape[-1])
 
-    def _internvl(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+    def _internvl(self, tiles: torch.Tensor, h: int, w: int) -> torch.Tensor:
         from transformers.models.internvl.modeling_internvl import InternVLModel
 
         ratio = self.config.downsample_ratio
-        tiles, h, w = self._equal_frames(pixel_values, grid_thw, "InternVL")
         feats = self.vision(pixel_values=tiles).last_hidden_state[:, 1:]  # CLS dropped
         feats = InternVLModel.pixel_shuffle(None, feats.reshape(feats.shape[0], h, w, -1), scale_factor=ratio)
         return self.projector(feats.reshape(-1, feats.shape[-1]))

@@ -106,7 +106,8 @@ class _SiglipInputs(HFTower):
 
 
 class SiglipHFTower(_SiglipInputs):
-    """SiglipVisionModel on [B, C, h*p, w*p] images, one batch per frame size, positions interpolated."""
+    """SiglipVisionModel on [B, C, h*p, w*p] images, one batch per frame size, positions interpolated;
+    `from_processor` on its image processor's batch (--e2e)."""
 
     def convert(self, pixel_values, grid_thw):
         from mmenc.testing.checkpoints import siglip_frames
@@ -122,6 +123,11 @@ class SiglipHFTower(_SiglipInputs):
                 for images in self.inputs(pixel_values, grid_thw)]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
+    @torch.inference_mode()
+    def from_processor(self, out) -> torch.Tensor:
+        images = out["pixel_values"].to(self.device, next(self.module.parameters()).dtype, non_blocking=True)
+        return self.module(pixel_values=images, interpolate_pos_encoding=True).last_hidden_state.flatten(0, 1)
+
 
 class Siglip2HFTower(_SiglipInputs):
     """Siglip2VisionModel on transformers' padded NaFlex batch (pixel_attention_mask, spatial_shapes)."""
@@ -136,6 +142,15 @@ class Siglip2HFTower(_SiglipInputs):
         padded, mask, shapes = self.inputs(pixel_values, grid_thw)
         out = self.module(pixel_values=padded, pixel_attention_mask=mask, spatial_shapes=shapes).last_hidden_state
         return out[mask.bool()]
+
+    @torch.inference_mode()
+    def from_processor(self, out) -> torch.Tensor:
+        """transformers' NaFlex batch as its processor gives it (--e2e) -> the valid tokens' embeddings."""
+        mask = out["pixel_attention_mask"].to(self.device)
+        padded = out["pixel_values"].to(self.device, next(self.module.parameters()).dtype, non_blocking=True)
+        hidden = self.module(pixel_values=padded, pixel_attention_mask=mask,
+                             spatial_shapes=out["spatial_shapes"].to(self.device)).last_hidden_state
+        return hidden[mask.bool()]
 
 
 class ClipHFTower(SiglipHFTower):

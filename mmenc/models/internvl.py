@@ -87,6 +87,13 @@ class InternVisionConfig(TowerConfigBase):
     def temporal_patch_size(self) -> int:
         return 1
 
+    def processor_defaults(self) -> dict[str, Any]:
+        """The published checkpoints' processor keys (mmenc's InternVL processor has the same defaults):
+        GotOcr2ImageProcessor, 448 px tiles, cropping on (InternVLProcessor turns it on when it calls the image
+        processor; the image processor's own defaults are 384 px and off)."""
+        return {"image_processor_type": "GotOcr2ImageProcessor", "crop_to_patches": True,
+                "size": {"height": 448, "width": 448}}
+
     @property
     def side(self) -> int:
         """Patches per side of a native tile (the learned position grid)."""

@@ -87,6 +87,11 @@ class PixtralVisionConfig(TowerConfigBase):
     def temporal_patch_size(self) -> int:
         return 1
 
+    def processor_defaults(self) -> dict[str, Any]:
+        """The processor class the published checkpoints name (sizes stay the processors' own defaults):
+        transformers' processor for a `llava` config without a file would otherwise be LlavaImageProcessor."""
+        return {"image_processor_type": "PixtralImageProcessor"}
+
     @classmethod
     def hf_computed(cls, vision: dict[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
         """The projector's kind and sizes from the top level and text_config; unsupported variants
