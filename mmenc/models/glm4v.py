@@ -17,6 +17,7 @@ tower as t rows of (1, h, w), which is the same computation.
 The downsample is replicated over tensor-parallel ranks; everything else is sharded like the other towers.
 """
 import dataclasses
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -63,6 +64,11 @@ class Glm4vVisionConfig(TowerConfigBase):
         if self.image_size % self.patch_size:
             raise ValueError(f"Glm4vVisionConfig.image_size={self.image_size} must be a multiple of "
                              f"patch_size={self.patch_size} (the learned position grid is image_size/patch_size)")
+
+    def processor_defaults(self) -> dict[str, Any]:
+        """The processor class the published checkpoints name (mmenc's GLM-4.1V processor ignores it;
+        transformers has no processor registered for every GLM model_type)."""
+        return {"image_processor_type": "Glm4vImageProcessor"}
 
     @property
     def num_positions(self) -> int:

@@ -10,6 +10,7 @@ Tokens stay in merge-block order (as the processor emits them), so each merge bl
 the downsample. A (t, h, w) grid row attends per frame, h x w tokens each.
 """
 import dataclasses
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -51,6 +52,11 @@ class GlmOcrVisionConfig(TowerConfigBase):
         self.check_positive("depth", "hidden_size", "num_heads", "intermediate_size", "out_hidden_size",
                             "in_channels", "patch_size", "temporal_patch_size", "spatial_merge_size")
         self.check_rotary_heads()
+
+    def processor_defaults(self) -> dict[str, Any]:
+        """The processor class the published checkpoints name (mmenc's GLM-4.1V processor ignores it;
+        transformers has no processor registered for every GLM model_type)."""
+        return {"image_processor_type": "Glm4vImageProcessor"}
 
 
 class GlmOcrVisionTower(VisionTower):

@@ -204,7 +204,8 @@ FAMILIES: dict[str, FamilyCase] = {
     # qkv bias on here, so that path loads and runs too
     "Glm4vMoeForConditionalGeneration": FamilyCase(functools.partial(save_glm4v, moe=True,
                                                                      vision=dict(attention_bias=True)),
-                                                   hf_glm4v_outputs, _QWEN_PIXELS, "zai-org/GLM-4"),
+                                                   hf_glm4v_outputs, _QWEN_PIXELS, "zai-org/GLM-4",
+        hf_vision=HFVision("glm4v_moe", "Glm4vMoeVisionModel", "Glm4vMoeVisionConfig")),
     "GlmOcrForConditionalGeneration": FamilyCase(save_glm_ocr, hf_tower_outputs, _QWEN_PIXELS, "zai-org/GLM-OCR",
         compile_grids=([[1, 8, 12], [1, 4, 4]], [[1, 4, 4], [1, 4, 4]]),
         hf_vision=HFVision("glm_ocr", "GlmOcrVisionModel", "GlmOcrVisionConfig")),
