@@ -30,10 +30,11 @@ def test_every_family_names_a_processor_kind_of_the_one_table():
 
 # the architectures `mmenc bench` runs transformers' own tower beside (its projected ones aside)
 BENCHED = ["CLIPModel", "CLIPVisionModel", "CLIPVisionModelWithProjection", "GlmOcrForConditionalGeneration",
-           "Glm4vForConditionalGeneration", "Llama4ForConditionalGeneration", "Ovis2ForConditionalGeneration",
-           "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration", "Qwen3OmniMoeForConditionalGeneration",
-           "Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration", "Siglip2Model", "Siglip2VisionModel",
-           "SiglipModel", "SiglipVisionModel"]
+           "Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration", "Llama4ForConditionalGeneration",
+           "Ovis2ForConditionalGeneration", "Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration",
+           "Qwen3OmniMoeForConditionalGeneration", "Qwen3VLForConditionalGeneration",
+           "Qwen3VLMoeForConditionalGeneration", "Siglip2Model", "Siglip2VisionModel", "SiglipModel",
+           "SiglipVisionModel"]
 
 
 def test_bench_reference_comes_from_the_family_table():
@@ -44,6 +45,12 @@ def test_bench_reference_comes_from_the_family_table():
     # PaliGemma / Gemma 3: no tower row of their own; bench runs tower + projector (mmenc/bench/hf_projected.py)
     for arch in ("PaliGemmaForConditionalGeneration", "Gemma3ForConditionalGeneration"):
         assert hf_vision(arch) is None and hf_tower_available(arch) is None
+    # the LLaVA-style families: the whole VLM with a one-layer language model (mmenc/bench/hf_vlm.py)
+    from mmenc.bench.hf_vlm import HF_VLMS
+
+    for arch, family in HF_VLMS.items():
+        assert arch in registry.supported_architectures()
+        assert hf_tower_available(arch, (family.vision_model_types or (None,))[0]) is None, arch
 
 
 @pytest.mark.parametrize("key", sorted(k for k, c in ck.FAMILIES.items() if c.hf_vision and c.hf_tower))
