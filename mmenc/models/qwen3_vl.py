@@ -76,12 +76,12 @@ class Qwen3VisionConfig(TowerConfigBase):
                              f"must be distinct layers in 0..{self.depth - 1}")
 
     def processor_defaults(self) -> dict[str, Any]:
-        """The published checkpoints' image keys at this tower's sizes. mmenc's Qwen3-VL preset sets the same;
-        written out here for a peer built from them (transformers' class defaults are Qwen2-VL's: patch 14)."""
+        """The published checkpoints' processor class and patch keys at this tower's sizes; mmenc's Qwen3-VL
+        preset sets the same, written out for a peer built from them (transformers' class defaults are
+        Qwen2-VL's: patch 14). No pixel bounds: the video processor reads these too, and its bounds differ."""
         return {"image_processor_type": "Qwen2VLImageProcessor", "patch_size": self.patch_size,
-                "temporal_patch_size": self.temporal_patch_size,
-                "merge_size": self.spatial_merge_size, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
-                "size": {"shortest_edge": 65536, "longest_edge": 16777216}}
+                "temporal_patch_size": self.temporal_patch_size, "merge_size": self.spatial_merge_size,
+                "image_mean": [0.5] * 3, "image_std": [0.5] * 3}
 
 
 class Qwen3VisionTower(VisionTower):
